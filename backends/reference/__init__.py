@@ -1,0 +1,1 @@
+"""Pure-PyTorch reference backend: every feature of SEMANTICS.md, any device, any floating dtype."""

@@ -1,0 +1,29 @@
+"""Registers the reference backend with haloattn's plugin manager."""
+
+from haloattn.backend import Backend
+from haloattn.hookspecs import hookimpl
+
+from . import attend
+
+
+class ReferenceBackend(Backend):
+    """Runs everything, everywhere: the executable form of SEMANTICS.md and the test oracle's
+    twin. Memory-bounded (gathers each query's keys chunk by chunk), not fast."""
+
+    name = "reference"
+    priority = 0
+    description = "pure PyTorch, any device and dtype, every feature; memory-bounded, not fast"
+
+    def not_supported_reasons(self, problem):
+        return []
+
+    def forward(self, problem, inputs, config=None):
+        return attend.forward(problem, inputs)
+
+    def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+        return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad)
+
+
+@hookimpl
+def haloattn_register_backends(registry):
+    registry.add(ReferenceBackend())

@@ -1,0 +1,176 @@
+"""The public entry points: attention(), explain(), merge_attentions(), backends()."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from . import ops
+from .backend import AttentionInputs, Backend
+from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
+from .problem import build_problem
+from .tuning import AUTOTUNE_ENV
+
+# Steady-state calls skip validation and dispatch: a dict keyed on everything they depend on.
+_CALLS: dict = {}
+_CALLS_LIMIT = 4096
+
+_OPTION_NAMES = (
+    "window", "stride", "dilation", "causal", "pattern", "shift", "scale", "softcap",
+    "score_mod", "mask_mod", "return_lse", "backend",
+)
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _tensor_key(t: Optional[torch.Tensor]):
+    return None if t is None else (t.shape, t.dtype, t.device)
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    window,
+    *,
+    stride=1,
+    dilation=1,
+    causal=False,
+    pattern: str = "neighborhood",
+    shift=0,
+    scale: Optional[float] = None,
+    softcap: Optional[float] = None,
+    rpb: Optional[torch.Tensor] = None,
+    score_mod: Optional[Callable] = None,
+    mask_mod: Optional[Callable] = None,
+    kq_conv: Optional[torch.Tensor] = None,
+    additional_keys: Optional[torch.Tensor] = None,
+    additional_values: Optional[torch.Tensor] = None,
+    return_lse: bool = False,
+    backend: Optional[str] = None,
+):
+    """Local attention over a 1-D, 2-D or 3-D token grid, exactly as SEMANTICS.md defines it.
+
+    Args:
+        query: ``[B, *spatial, H, D]``. key: ``[B, *spatial, H_kv, D]``. value: ``[B, *spatial, H_kv, D_v]``.
+        window: keys per axis (int, or one per spatial axis).
+        stride, dilation, causal, shift: per axis (an int/bool broadcasts to every axis).
+        pattern: ``"neighborhood"`` (NATTEN's generalized neighbourhood) or ``"window"`` (Swin).
+        scale: score scale, default ``D ** -0.5`` (0.0 is honoured).
+        softcap: ``softcap * tanh(s / softcap)`` on every score.
+        rpb: relative position bias ``[H, 2K1-1, (2K2-1), (2K3-1)]`` (NATTEN's orientation).
+        score_mod, mask_mod: FlexAttention-style functions of flat token indices.
+        kq_conv: Multi-Token-Attention key-query convolution ``[H, c_q, c_k]`` (rank 1).
+        additional_keys, additional_values: ``[B, E, H_kv, D]`` / ``[B, E, H_kv, D_v]`` tokens
+            every query attends to in the same softmax.
+        return_lse: also return the natural-log LSE ``[B, *spatial, H]`` (float32; float64 for
+            float64 inputs).
+        backend: force a backend by name (or a comma list in priority order).
+
+    Returns:
+        ``[B, *spatial, H, D_v]``, or ``(output, lse)`` with ``return_lse=True``.
+    """
+    tensors = (query, key, value, rpb, kq_conv, additional_keys, additional_values)
+    if torch.compiler.is_compiling():
+        options = dict(zip(_OPTION_NAMES, (
+            _hashable(window), _hashable(stride), _hashable(dilation), _hashable(causal), pattern,
+            _hashable(shift), scale, softcap, score_mod, mask_mod, return_lse, backend,
+        )))
+        out, lse = ops.compiled_attention(tensors, options)
+        return (out, lse) if return_lse else out
+
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    call_key = (
+        _tensor_key(query), _tensor_key(key), _tensor_key(value), _tensor_key(rpb), _tensor_key(kq_conv),
+        _tensor_key(additional_keys), _tensor_key(additional_values),
+        _hashable(window), _hashable(stride), _hashable(dilation), _hashable(causal), pattern,
+        _hashable(shift), scale, softcap, score_mod, mask_mod, return_lse, backend, needs_grad,
+        os.environ.get(BACKEND_ENV), os.environ.get(AUTOTUNE_ENV),
+    )
+    try:
+        entry = _CALLS.get(call_key)
+    except TypeError:  # an unhashable argument: let validation name it
+        entry, call_key = None, None
+    if entry is None:
+        problem = build_problem(
+            query, key, value, window, stride=stride, dilation=dilation, causal=causal, pattern=pattern,
+            shift=shift, scale=scale, softcap=softcap, rpb=rpb, score_mod=score_mod, mask_mod=mask_mod,
+            kq_conv=kq_conv, additional_keys=additional_keys, additional_values=additional_values,
+            return_lse=return_lse,
+        )
+        chosen, config = DISPATCHER.select(problem, backend, AttentionInputs(*tensors), needs_grad)
+        entry = (problem, chosen, config)
+        if call_key is not None:
+            if len(_CALLS) >= _CALLS_LIMIT:
+                _CALLS.clear()
+            _CALLS[call_key] = entry
+    problem, chosen, config = entry
+    if needs_grad:
+        out, lse = ops.AttentionFunction.apply(problem, chosen, config, *tensors)
+    else:
+        out, lse = chosen.forward(problem, AttentionInputs(*tensors), config)
+    return (out, lse) if return_lse else out
+
+
+def explain(query, key, value, window, *, backend: Optional[str] = None, verbose: bool = True, **kwargs) -> Explanation:
+    """Every backend's verdict for this call (same arguments as :func:`attention`), and which one
+    would run. Prints the table unless ``verbose=False``; always returns it."""
+    problem = build_problem(query, key, value, window, **kwargs)
+    explanation = DISPATCHER.explain(problem, backend)
+    if verbose:
+        print(explanation)
+    return explanation
+
+
+def register_backend(backend: Backend) -> None:
+    """Add a backend at run time (the same as a plugin's ``registry.add``)."""
+    DISPATCHER.register(backend)
+    clear_caches()
+
+
+def clear_caches() -> None:
+    """Forget cached dispatch decisions (after changing backends or the tuning cache)."""
+    _CALLS.clear()
+    ops._RESOLVED.clear()
+    DISPATCHER.clear_decisions()
+
+
+def backends(all: bool = False):
+    """Names of installed backends that can run on this machine (``all=True``: every installed one)."""
+    return [b.name for b in DISPATCHER.backends() if all or not b.available()]
+
+
+def merge_attentions(outputs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]):
+    """Combine attention results over disjoint key sets into the result over their union.
+
+    ``outputs[i]``: ``[..., H, D_v]``; ``lses[i]``: ``[..., H]`` (natural log). Returns
+    ``(output, lse)``. Numerically stable (max-shifted), differentiable, and exact for rows where
+    some parts saw no key (lse -inf): those parts get weight 0; a row no part saw gives output 0
+    and lse -inf.
+    """
+    if len(outputs) != len(lses) or not outputs:
+        raise ValueError(
+            f"merge_attentions needs one lse per output and at least one of each; got {len(outputs)} outputs "
+            f"and {len(lses)} lses"
+        )
+    for i, (o, l) in enumerate(zip(outputs, lses)):
+        if o.shape[:-1] != l.shape or o.shape != outputs[0].shape:
+            raise ValueError(
+                f"outputs[{i}] has shape {tuple(o.shape)} and lses[{i}] {tuple(l.shape)}; every output must "
+                f"have shape {tuple(outputs[0].shape)} and its lse that shape without the last axis"
+            )
+    lse = torch.stack([l.float() if l.dtype != torch.float64 else l for l in lses])
+    top = lse.amax(dim=0).detach()
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    weights = torch.exp(lse - top)
+    total = weights.sum(dim=0)
+    empty = total == 0
+    merged_lse = torch.where(empty, torch.full_like(total, -math.inf), top + torch.log(torch.where(empty, torch.ones_like(total), total)))
+    share = weights / torch.where(empty, torch.ones_like(total), total)
+    out = sum(share[i].unsqueeze(-1) * outputs[i].to(share.dtype) for i in range(len(outputs)))
+    return out.to(outputs[0].dtype), merged_lse

@@ -1,0 +1,79 @@
+"""What a backend is: a name, a priority, reasons it cannot run a Problem, tuning configs, and a
+forward/backward pair. Built-in and third-party backends subclass :class:`Backend` and hand an
+instance to the registry (see hookspecs.py)."""
+
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Sequence
+
+import torch
+
+from .problem import Problem
+
+
+class AttentionInputs(NamedTuple):
+    """The tensors of one call. Optional ones are None when absent. Layouts as in SEMANTICS.md."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    rpb: Optional[torch.Tensor] = None
+    kq_conv: Optional[torch.Tensor] = None
+    additional_keys: Optional[torch.Tensor] = None
+    additional_values: Optional[torch.Tensor] = None
+
+
+Config = Optional[dict]
+
+
+class Backend:
+    """Base class of every backend.
+
+    Subclasses set ``name`` and ``priority`` (higher runs first when several can run) and
+    implement ``not_supported_reasons``, ``forward`` and ``backward``. ``forward`` returns the
+    output ``[B, *spatial, H, D_v]`` and the float32 LSE ``[B, *spatial, H]``; ``backward`` returns
+    one gradient per entry of :class:`AttentionInputs` (None where the input is absent).
+    """
+
+    name: str = "unnamed"
+    priority: int = 0
+    description: str = ""
+
+    def available(self) -> List[str]:
+        """Reasons this backend cannot run on this machine at all (empty if it can)."""
+        return []
+
+    def not_supported_reasons(self, problem: Problem) -> List[str]:
+        """Human sentences saying why ``problem`` cannot run here; empty means it can."""
+        raise NotImplementedError
+
+    def configs(self, problem: Problem) -> Sequence[Config]:
+        """Tuning candidates for ``problem``; ``None`` stands for the backend's own heuristic."""
+        return [None]
+
+    def forward(self, problem: Problem, inputs: AttentionInputs, config: Config = None):
+        raise NotImplementedError
+
+    def backward(
+        self,
+        problem: Problem,
+        inputs: AttentionInputs,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        grad_out: torch.Tensor,
+        grad_lse: Optional[torch.Tensor],
+        needs_grad: Sequence[bool],
+        config: Config = None,
+    ):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<haloattn backend {self.name!r} priority {self.priority}>"
+
+
+def cuda_capability(device: torch.device) -> Optional[tuple]:
+    """(major, minor) of a CUDA device, or None for other devices."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(device)
+

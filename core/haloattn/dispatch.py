@@ -1,0 +1,243 @@
+"""Choosing a backend for a Problem: plugin loading, forcing, tuning, priority and explanations.
+
+Order of choice: the ``backend=`` argument; ``HALOATTN_BACKEND`` (a name, or a comma list in
+priority order); the tuning cache; the highest-priority backend that supports the problem. A
+forced backend that cannot run raises with its reasons: nothing ever falls back silently.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import tuning
+from .backend import Backend, Config
+from .hookspecs import ENTRY_POINT_GROUP, PROJECT, BackendSpecs
+from .problem import Problem
+
+log = logging.getLogger("haloattn")
+
+BACKEND_ENV = "HALOATTN_BACKEND"
+DISABLED_ENV = "HALOATTN_DISABLED_PLUGINS"
+
+
+class BackendUnavailableError(RuntimeError):
+    """No backend (or no forced backend) can run the problem; the message lists every reason."""
+
+
+class Registry:
+    """Holds the backends; plugins receive it in ``haloattn_register_backends``."""
+
+    def __init__(self):
+        self.backends: Dict[str, Backend] = {}
+
+    def add(self, backend: Backend) -> None:
+        if not isinstance(backend, Backend):
+            raise TypeError(f"registry.add expects a haloattn.Backend instance, got {type(backend).__name__}")
+        if not backend.name or not isinstance(backend.name, str):
+            raise ValueError(f"backend {backend!r} has no name")
+        if backend.name in self.backends and self.backends[backend.name] is not backend:
+            raise ValueError(f"a backend named {backend.name!r} is already registered")
+        self.backends[backend.name] = backend
+
+
+@dataclass
+class Verdict:
+    name: str
+    priority: int
+    reasons: List[str]
+
+    @property
+    def can_run(self) -> bool:
+        return not self.reasons
+
+
+@dataclass
+class Explanation:
+    """Every backend's verdict for a problem, and the one that would run."""
+
+    problem: Problem
+    verdicts: List[Verdict]
+    chosen: Optional[str]
+    config: Config = None
+    why: str = ""
+    plugin_errors: Dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"problem: {self.problem.describe()}"]
+        for v in self.verdicts:
+            mark = "->" if v.name == self.chosen else ("ok" if v.can_run else "no")
+            detail = "can run" if v.can_run else "; ".join(v.reasons)
+            lines.append(f"  {mark} {v.name:<12} priority {v.priority:>4}  {detail}")
+        for name, err in self.plugin_errors.items():
+            lines.append(f"  !! plugin {name!r} failed to load: {err}")
+        if self.chosen:
+            cfg = f" config {self.config}" if self.config else ""
+            lines.append(f"would run: {self.chosen}{cfg} ({self.why})")
+        else:
+            lines.append(f"would run: nothing ({self.why})")
+        return "\n".join(lines)
+
+
+class Dispatcher:
+    def __init__(self):
+        self.registry = Registry()
+        self.plugin_errors: Dict[str, str] = {}
+        self._loaded = False
+        self._lock = threading.RLock()
+        self._decisions: Dict[tuple, Tuple[Backend, Config]] = {}
+        self._logged: set = set()
+
+    # -- plugins -------------------------------------------------------------------------------
+    def _load_plugins(self) -> None:
+        import pluggy
+
+        manager = pluggy.PluginManager(PROJECT)
+        manager.add_hookspecs(BackendSpecs)
+        disabled = {n.strip() for n in os.environ.get(DISABLED_ENV, "").split(",") if n.strip()}
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in disabled or manager.is_registered(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+                manager.register(plugin, name=ep.name)
+            except Exception as exc:  # a broken plugin must never break the host
+                self.plugin_errors[ep.name] = f"{type(exc).__name__}: {exc}"
+                log.warning("haloattn: skipping backend plugin %r (%s): %s", ep.name, ep.value, exc)
+        for impl in manager.hook.haloattn_register_backends.get_hookimpls():
+            try:
+                impl.function(registry=self.registry)
+            except Exception as exc:
+                self.plugin_errors[impl.plugin_name] = f"{type(exc).__name__}: {exc}"
+                log.warning("haloattn: backend plugin %r failed to register: %s", impl.plugin_name, exc)
+
+    def ensure_loaded(self) -> None:
+        if not self._loaded:
+            with self._lock:
+                if not self._loaded:
+                    self._load_plugins()
+                    self._loaded = True
+
+    def register(self, backend: Backend) -> None:
+        self.ensure_loaded()
+        with self._lock:
+            self.registry.add(backend)
+            self._decisions.clear()
+
+    def backends(self) -> List[Backend]:
+        self.ensure_loaded()
+        return sorted(self.registry.backends.values(), key=lambda b: (-b.priority, b.name))
+
+    def get(self, name: str) -> Backend:
+        self.ensure_loaded()
+        try:
+            return self.registry.backends[name]
+        except KeyError:
+            known = ", ".join(sorted(self.registry.backends)) or "none"
+            raise ValueError(f"backend={name!r} does not exist; installed backends: {known}") from None
+
+    # -- choice --------------------------------------------------------------------------------
+    def verdict(self, backend: Backend, problem: Problem) -> Verdict:
+        reasons = list(backend.available())
+        if not reasons:
+            try:
+                reasons = list(backend.not_supported_reasons(problem))
+            except Exception as exc:
+                reasons = [f"not_supported_reasons raised {type(exc).__name__}: {exc}"]
+        return Verdict(backend.name, backend.priority, reasons)
+
+    def _forced(self, forced: Optional[str]) -> Optional[Tuple[str, Tuple[str, ...]]]:
+        if forced is not None:
+            source, value = "backend=", forced
+        else:
+            value = os.environ.get(BACKEND_ENV)
+            source = BACKEND_ENV
+            if not value:
+                return None
+        if not isinstance(value, str):
+            raise TypeError(f"backend={value!r}; expected a backend name or a comma list of names")
+        names = tuple(n.strip() for n in value.split(",") if n.strip())
+        if not names:
+            raise ValueError(f"{source}={value!r} names no backend")
+        for n in names:
+            self.get(n)  # raises for unknown names
+        return source, names
+
+    def explain(self, problem: Problem, forced: Optional[str] = None, autotune: bool = False) -> Explanation:
+        self.ensure_loaded()
+        verdicts = [self.verdict(b, problem) for b in self.backends()]
+        by_name = {v.name: v for v in verdicts}
+        force = self._forced(forced)
+        if force is not None:
+            source, names = force
+            for n in names:
+                if by_name[n].can_run:
+                    config = tuning.cached_config(problem, n)
+                    return Explanation(problem, verdicts, n, config, f"forced by {source}", dict(self.plugin_errors))
+            return Explanation(problem, verdicts, None, None, f"forced by {source} to {', '.join(names)}, which cannot run it", dict(self.plugin_errors))
+        runnable = [v.name for v in verdicts if v.can_run]
+        if not runnable:
+            return Explanation(problem, verdicts, None, None, "no installed backend supports it", dict(self.plugin_errors))
+        winner = tuning.cached_choice(problem, runnable)
+        if winner is not None:
+            return Explanation(problem, verdicts, winner[0], winner[1], "tuning cache", dict(self.plugin_errors))
+        return Explanation(problem, verdicts, runnable[0], None, "highest priority that supports it", dict(self.plugin_errors))
+
+    def select(self, problem: Problem, forced: Optional[str], inputs=None, needs_grad: bool = False) -> Tuple[Backend, Config]:
+        """The backend (and config) to run ``problem``, decided once per signature."""
+        env = os.environ.get(BACKEND_ENV)
+        autotune = tuning.autotune_enabled()
+        key = (problem, forced, env, autotune, needs_grad)
+        decision = self._decisions.get(key)
+        if decision is not None:
+            return decision
+        with self._lock:
+            decision = self._decide(problem, forced, inputs, needs_grad, autotune)
+            self._decisions[key] = decision
+        return decision
+
+    def _decide(self, problem, forced, inputs, needs_grad, autotune) -> Tuple[Backend, Config]:
+        explanation = self.explain(problem, forced)
+        if explanation.chosen is None:
+            raise BackendUnavailableError(
+                f"haloattn cannot run this problem: {explanation.why}.\n{explanation}"
+            )
+        chosen = self.get(explanation.chosen)
+        config = explanation.config
+        if autotune and inputs is not None and explanation.why != "tuning cache":
+            if explanation.why.startswith("forced"):
+                candidates = [chosen]
+            else:
+                candidates = [self.get(v.name) for v in explanation.verdicts if v.can_run]
+            chosen, config = tuning.autotune(problem, candidates, inputs, needs_grad)
+        if log.isEnabledFor(logging.DEBUG) or os.environ.get("HALOATTN_LOG", "").lower() == "debug":
+            signature = (problem, chosen.name)
+            if signature not in self._logged:
+                self._logged.add(signature)
+                _debug_logger().debug(
+                    "haloattn: %s -> backend %r%s (%s)",
+                    problem.describe(), chosen.name, f" config {config}" if config else "", explanation.why,
+                )
+        return chosen, config
+
+    def clear_decisions(self) -> None:
+        with self._lock:
+            self._decisions.clear()
+            self._logged.clear()
+
+
+def _debug_logger() -> logging.Logger:
+    """HALOATTN_LOG=debug turns on haloattn's debug log even when the application set none up."""
+    if os.environ.get("HALOATTN_LOG", "").lower() == "debug" and not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG)
+    return log
+
+
+DISPATCHER = Dispatcher()

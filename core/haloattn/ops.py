@@ -1,0 +1,175 @@
+"""Autograd and torch.library wrappers around a chosen backend.
+
+Eager calls go through :class:`AttentionFunction` (cheapest path). Under ``torch.compile`` the call
+becomes the custom ops ``haloattn::attention`` / ``haloattn::attention_backward``, with fake
+implementations that validate the problem and give output shapes, so a model compiles with
+``fullgraph=True``. Both paths call the same backend ``forward``/``backward``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .backend import AttentionInputs
+from .dispatch import DISPATCHER
+from .problem import build_problem
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _full_grads(problem, backend, config, inputs, out, lse, grad_out, grad_lse, needs):
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    return backend.backward(problem, inputs, out, lse, grad_out, grad_lse, needs, config)
+
+
+class AttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, problem, backend, config, *tensors):
+        inputs = AttentionInputs(*tensors)
+        out, lse = backend.forward(problem, inputs, config)
+        ctx.problem, ctx.backend, ctx.config = problem, backend, config
+        ctx.save_for_backward(*tensors, out, lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, grad_lse):
+        *tensors, out, lse = ctx.saved_tensors
+        needs = ctx.needs_input_grad[3:]
+        grads = _full_grads(
+            ctx.problem, ctx.backend, ctx.config, AttentionInputs(*tensors), out, lse, grad_out, grad_lse, needs
+        )
+        return (None, None, None, *grads)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile path. Non-tensor arguments travel as a spec string (a key into _SPECS) because
+# custom ops take only tensors and simple values; score_mod/mask_mod are kept by reference here.
+_SPECS: dict = {}
+_RESOLVED: dict = {}
+
+
+@torch._dynamo.assume_constant_result
+def spec_key(options: tuple) -> str:
+    """Register call options (hashable tuple) and return their constant key for the graph."""
+    key = _SPECS.get(("key", options))
+    if key is None:
+        key = f"spec{len(_SPECS)}"
+        _SPECS[("key", options)] = key
+        _SPECS[key] = options
+    return key
+
+
+def _options(spec: str) -> dict:
+    names, values = _SPECS[spec]
+    return dict(zip(names, values))
+
+
+def _resolve(spec: str, inputs: AttentionInputs):
+    signature = (spec,) + tuple(
+        None if t is None else (t.shape, t.dtype, t.device) for t in inputs
+    )
+    resolved = _RESOLVED.get(signature)
+    if resolved is None:
+        options = _options(spec)
+        forced = options.pop("backend")
+        problem = _problem(inputs, options)
+        backend, config = DISPATCHER.select(problem, forced)
+        resolved = _RESOLVED[signature] = (problem, backend, config)
+    return resolved
+
+
+def _problem(inputs: AttentionInputs, options: dict):
+    q, k, v, rpb, kq, ak, av = inputs
+    return build_problem(q, k, v, rpb=rpb, kq_conv=kq, additional_keys=ak, additional_values=av, **options)
+
+
+@torch.library.custom_op("haloattn::attention", mutates_args=())
+def attention_op(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rpb: Optional[torch.Tensor],
+    kq_conv: Optional[torch.Tensor],
+    additional_keys: Optional[torch.Tensor],
+    additional_values: Optional[torch.Tensor],
+    spec: str,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    inputs = AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values)
+    problem, backend, config = _resolve(spec, inputs)
+    out, lse = backend.forward(problem, inputs, config)
+    return out, lse
+
+
+@attention_op.register_fake
+def _attention_fake(query, key, value, rpb, kq_conv, additional_keys, additional_values, spec):
+    options = _options(spec)
+    options.pop("backend")
+    _problem(AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values), options)
+    out = query.new_empty(*query.shape[:-1], value.shape[-1])
+    lse = query.new_empty(query.shape[:-1], dtype=lse_dtype(query.dtype))
+    return out, lse
+
+
+@torch.library.custom_op("haloattn::attention_backward", mutates_args=())
+def attention_backward_op(
+    grad_out: torch.Tensor,
+    grad_lse: Optional[torch.Tensor],
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rpb: Optional[torch.Tensor],
+    kq_conv: Optional[torch.Tensor],
+    additional_keys: Optional[torch.Tensor],
+    additional_values: Optional[torch.Tensor],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    spec: str,
+    needs: List[bool],
+) -> List[torch.Tensor]:
+    inputs = AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values)
+    problem, backend, config = _resolve(spec, inputs)
+    grads = _full_grads(problem, backend, config, inputs, out, lse, grad_out, grad_lse, needs)
+    return [g for g, n in zip(grads, needs) if n]
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(grad_out, grad_lse, query, key, value, rpb, kq_conv, ak, av, out, lse, spec, needs):
+    inputs = (query, key, value, rpb, kq_conv, ak, av)
+    return [torch.empty_like(t) for t, n in zip(inputs, needs) if n]
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, spec = inputs
+    out, lse = output
+    ctx.spec = spec
+    ctx.present = [t is not None for t in tensors]
+    ctx.save_for_backward(*(t for t in tensors if t is not None), out, lse)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    saved = list(ctx.saved_tensors)
+    out, lse = saved[-2:]
+    it = iter(saved[:-2])
+    tensors = [next(it) if p else None for p in ctx.present]
+    needs = [bool(n) and p for n, p in zip(ctx.needs_input_grad[:7], ctx.present)]
+    grads = torch.ops.haloattn.attention_backward(grad_out, grad_lse, *tensors, out, lse, ctx.spec, needs)
+    it = iter(grads)
+    return (*(next(it) if n else None for n in needs), None)
+
+
+attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def compiled_attention(tensors: Sequence[Optional[torch.Tensor]], options: dict):
+    """The call as a custom op (used while torch.compile traces)."""
+    key = spec_key((tuple(options), tuple(options.values())))
+    return torch.ops.haloattn.attention(*tensors, key)
+

@@ -1,0 +1,346 @@
+"""Problem: the frozen, hashable description of one attention call, validated before any backend
+runs. Every rule of SEMANTICS.md that can be checked up front is checked here, and each error names
+the argument, the axis, the value and what is allowed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .geometry import Axis
+
+PATTERNS = ("neighborhood", "window")
+FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+PerAxis = Union[int, bool, Sequence[int], Sequence[bool]]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a backend needs to decide whether it can run a call, and to run it."""
+
+    batch: int
+    spatial: Tuple[int, ...]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    pattern: str
+    axes: Tuple[Axis, ...]
+    scale: float
+    softcap: Optional[float] = None
+    has_rpb: bool = False
+    kq_conv_shape: Optional[Tuple[int, int]] = None  # (c_q, c_k)
+    extra_tokens: int = 0
+    score_mod: Optional[Callable] = field(default=None, compare=True)
+    mask_mod: Optional[Callable] = field(default=None, compare=True)
+    return_lse: bool = False
+
+    @property
+    def rank(self) -> int:
+        return len(self.spatial)
+
+    @property
+    def tokens(self) -> int:
+        return math.prod(self.spatial)
+
+    @property
+    def window(self) -> Tuple[int, ...]:
+        return tuple(a.window for a in self.axes)
+
+    @property
+    def stride(self) -> Tuple[int, ...]:
+        return tuple(a.stride for a in self.axes)
+
+    @property
+    def dilation(self) -> Tuple[int, ...]:
+        return tuple(a.dilation for a in self.axes)
+
+    @property
+    def causal(self) -> Tuple[bool, ...]:
+        return tuple(a.causal for a in self.axes)
+
+    @property
+    def shift(self) -> Tuple[int, ...]:
+        return tuple(a.shift for a in self.axes)
+
+    @property
+    def has_mods(self) -> bool:
+        return self.score_mod is not None or self.mask_mod is not None
+
+    @property
+    def window_tokens(self) -> int:
+        """Keys each query sees at most (window volume)."""
+        return math.prod(self.window)
+
+    def describe(self) -> str:
+        shape = "x".join(map(str, self.spatial))
+        win = "x".join(map(str, self.window))
+        parts = [
+            f"{self.pattern} rank {self.rank} grid {shape} window {win}",
+            f"B={self.batch} H={self.heads}/{self.kv_heads} D={self.head_dim}/{self.value_dim}",
+            str(self.dtype).replace("torch.", ""),
+            str(self.device),
+        ]
+        if any(s > 1 for s in self.stride):
+            parts.append("stride " + "x".join(map(str, self.stride)))
+        if any(d > 1 for d in self.dilation):
+            parts.append("dilation " + "x".join(map(str, self.dilation)))
+        if any(self.causal):
+            parts.append("causal " + "x".join("T" if c else "F" for c in self.causal))
+        if any(self.shift):
+            parts.append("shift " + "x".join(map(str, self.shift)))
+        for flag, name in (
+            (self.has_rpb, "rpb"),
+            (self.softcap is not None, "softcap"),
+            (self.kq_conv_shape is not None, "kq_conv"),
+            (self.extra_tokens > 0, f"+{self.extra_tokens} tokens"),
+            (self.score_mod is not None, "score_mod"),
+            (self.mask_mod is not None, "mask_mod"),
+        ):
+            if flag:
+                parts.append(name)
+        return ", ".join(parts)
+
+
+def _per_axis(name: str, value: PerAxis, rank: int, kind: type) -> tuple:
+    """Broadcast an int/bool (or check a sequence) to one value per spatial axis."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != rank:
+            raise ValueError(
+                f"{name}={tuple(value)!r} has {len(value)} entries but the token grid has rank {rank}; "
+                f"give one value per spatial axis or a single {kind.__name__}"
+            )
+        items = tuple(value)
+    else:
+        items = (value,) * rank
+    out = []
+    for axis, item in enumerate(items):
+        if kind is bool:
+            if not isinstance(item, bool):
+                raise TypeError(f"{name} on axis {axis} is {item!r}; expected a bool")
+        else:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise TypeError(f"{name} on axis {axis} is {item!r} ({type(item).__name__}); expected an int")
+        out.append(item)
+    return tuple(out)
+
+
+def _check_tensor(name: str, t, *, min_dim: int = 1):
+    if not torch.is_tensor(t):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOATING_DTYPES:
+        raise TypeError(
+            f"{name} has dtype {t.dtype}; allowed: float16, bfloat16, float32, float64"
+        )
+
+
+def build_problem(
+    query,
+    key,
+    value,
+    window,
+    *,
+    stride=1,
+    dilation=1,
+    causal=False,
+    pattern="neighborhood",
+    shift=0,
+    scale=None,
+    softcap=None,
+    rpb=None,
+    score_mod=None,
+    mask_mod=None,
+    kq_conv=None,
+    additional_keys=None,
+    additional_values=None,
+    return_lse=False,
+) -> Problem:
+    """Validate the arguments of ``haloattn.attention`` and describe them as a Problem."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, t)
+    if query.dim() not in (4, 5, 6):
+        raise ValueError(
+            f"query has {query.dim()} dimensions (shape {tuple(query.shape)}); expected "
+            "[B, *spatial, H, D] with 1, 2 or 3 spatial axes (4, 5 or 6 dimensions)"
+        )
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != query.dim():
+            raise ValueError(
+                f"{name} has {t.dim()} dimensions (shape {tuple(t.shape)}) but query has {query.dim()}; "
+                f"all three are [B, *spatial, heads, dim]"
+            )
+    rank = query.dim() - 3
+    batch, spatial = query.shape[0], tuple(query.shape[1:-2])
+    heads, head_dim = query.shape[-2], query.shape[-1]
+    kv_heads = key.shape[-2]
+    for axis, extent in enumerate(spatial):
+        if extent < 1:
+            raise ValueError(f"query spatial axis {axis} is empty (length {extent}); every axis needs >= 1 token")
+    if batch < 1 or heads < 1 or head_dim < 1:
+        raise ValueError(f"query shape {tuple(query.shape)} has an empty batch, head or head_dim axis")
+    for name, t in (("key", key), ("value", value)):
+        if t.shape[0] != batch:
+            raise ValueError(f"{name} batch {t.shape[0]} does not match query batch {batch}")
+        for axis in range(rank):
+            if t.shape[1 + axis] != spatial[axis]:
+                raise ValueError(
+                    f"{name} spatial axis {axis} has length {t.shape[1 + axis]} but query's has {spatial[axis]}; "
+                    "query, key and value share one token grid"
+                )
+    if value.shape[-2] != kv_heads:
+        raise ValueError(f"value has {value.shape[-2]} heads but key has {kv_heads}; they must match")
+    if kv_heads < 1 or heads % kv_heads != 0:
+        raise ValueError(
+            f"query heads {heads} is not divisible by key/value heads {kv_heads}; "
+            "GQA/MQA needs H % H_kv == 0"
+        )
+    if key.shape[-1] != head_dim:
+        raise ValueError(f"key head_dim {key.shape[-1]} does not match query head_dim {head_dim}")
+    value_dim = value.shape[-1]
+    if value_dim < 1:
+        raise ValueError("value has an empty head dimension")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(
+            f"query, key and value must share one dtype; got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if key.device != query.device or value.device != query.device:
+        raise ValueError(
+            f"query, key and value must be on one device; got {query.device}, {key.device}, {value.device}"
+        )
+
+    if not isinstance(pattern, str) or pattern not in PATTERNS:
+        raise ValueError(f"pattern={pattern!r} is unknown; allowed: {', '.join(map(repr, PATTERNS))}")
+    windows = _per_axis("window", window, rank, int)
+    strides = _per_axis("stride", stride, rank, int)
+    dilations = _per_axis("dilation", dilation, rank, int)
+    causals = _per_axis("causal", causal, rank, bool)
+    shifts = _per_axis("shift", shift, rank, int)
+    axes = []
+    for a in range(rank):
+        L, K, S, Dl, s = spatial[a], windows[a], strides[a], dilations[a], shifts[a]
+        if K < 1:
+            raise ValueError(f"window on axis {a} is {K}; it must be >= 1")
+        if Dl < 1:
+            raise ValueError(f"dilation on axis {a} is {Dl}; it must be >= 1")
+        if K * Dl > L:
+            raise ValueError(
+                f"window {K} x dilation {Dl} = {K * Dl} on axis {a} exceeds the axis length {L}; "
+                f"allowed: window * dilation <= {L}"
+            )
+        if not 1 <= S <= K:
+            raise ValueError(f"stride on axis {a} is {S}; allowed: 1 <= stride <= window ({K})")
+        if pattern == "window":
+            if S != 1:
+                raise ValueError(
+                    f"stride on axis {a} is {S} but pattern 'window' has no stride; use stride=1 "
+                    "(stride groups queries of pattern 'neighborhood')"
+                )
+            if not 0 <= s < K:
+                raise ValueError(f"shift on axis {a} is {s}; allowed: 0 <= shift < window ({K})")
+        elif s != 0:
+            raise ValueError(
+                f"shift on axis {a} is {s} but pattern is 'neighborhood'; shift applies to pattern 'window' only"
+            )
+        axes.append(Axis(L, K, S, Dl, causals[a], s))
+
+    if scale is None:
+        scale = head_dim ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale={scale!r}; expected a finite float (or None for head_dim ** -0.5)")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0 or not math.isfinite(softcap):
+            raise ValueError(f"softcap={softcap!r}; expected a finite float > 0, or None")
+        softcap = float(softcap)
+
+    if rpb is not None:
+        _check_tensor("rpb", rpb)
+        expected = (heads,) + tuple(2 * k - 1 for k in windows)
+        if tuple(rpb.shape) != expected:
+            raise ValueError(
+                f"rpb has shape {tuple(rpb.shape)}; expected [H, 2K-1 per axis] = {expected}"
+            )
+        _same_place("rpb", rpb, query, parameter=True)
+
+    kq_conv_shape = None
+    if kq_conv is not None:
+        _check_tensor("kq_conv", kq_conv)
+        if rank != 1:
+            raise ValueError(f"kq_conv needs a rank-1 token grid; this grid has rank {rank} ({spatial})")
+        if kq_conv.dim() != 3:
+            raise ValueError(f"kq_conv has shape {tuple(kq_conv.shape)}; expected [H, c_q, c_k]")
+        h, c_q, c_k = kq_conv.shape
+        if h != heads:
+            raise ValueError(f"kq_conv has {h} heads; expected one kernel per query head ({heads})")
+        if c_q < 1 or c_k < 1 or c_k % 2 == 0:
+            raise ValueError(f"kq_conv kernel is c_q={c_q} x c_k={c_k}; c_q >= 1 and c_k must be odd")
+        _same_place("kq_conv", kq_conv, query, parameter=True)
+        kq_conv_shape = (c_q, c_k)
+
+    extra = 0
+    if (additional_keys is None) != (additional_values is None):
+        given = "additional_keys" if additional_values is None else "additional_values"
+        missing = "additional_values" if additional_values is None else "additional_keys"
+        raise ValueError(f"{given} was given without {missing}; pass both or neither")
+    if additional_keys is not None:
+        for name, t, dim in (
+            ("additional_keys", additional_keys, head_dim),
+            ("additional_values", additional_values, value_dim),
+        ):
+            _check_tensor(name, t)
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != kv_heads or t.shape[3] != dim:
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)}; expected [B, E, H_kv, {'D' if dim == head_dim else 'D_v'}] "
+                    f"= [{batch}, E, {kv_heads}, {dim}]"
+                )
+            _same_place(name, t, query)
+        if additional_keys.shape[1] != additional_values.shape[1]:
+            raise ValueError(
+                f"additional_keys has {additional_keys.shape[1]} tokens but additional_values has "
+                f"{additional_values.shape[1]}"
+            )
+        extra = additional_keys.shape[1]
+        if extra < 1:
+            raise ValueError("additional_keys has no tokens (E = 0); pass None instead")
+
+    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+
+    return Problem(
+        batch=batch,
+        spatial=spatial,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        value_dim=value_dim,
+        dtype=query.dtype,
+        device=query.device,
+        pattern=pattern,
+        axes=tuple(axes),
+        scale=float(scale),
+        softcap=softcap,
+        has_rpb=rpb is not None,
+        kq_conv_shape=kq_conv_shape,
+        extra_tokens=extra,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        return_lse=return_lse,
+    )
+
+
+def _same_place(name: str, t: torch.Tensor, query: torch.Tensor, parameter: bool = False):
+    # Learned tables (rpb, kq_conv) usually stay float32 under autocast: allow that too.
+    allowed = (query.dtype, torch.float32) if parameter else (query.dtype,)
+    if t.dtype not in allowed:
+        names = " or ".join(str(d) for d in dict.fromkeys(allowed))
+        raise TypeError(f"{name} has dtype {t.dtype}; allowed: {names} (query is {query.dtype})")
+    if t.device != query.device:
+        raise ValueError(f"{name} is on {t.device} but query is on {query.device}")

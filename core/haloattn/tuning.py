@@ -1,0 +1,286 @@
+"""On-disk autotune cache: which (backend, config) is fastest for a problem signature.
+
+``HALOATTN_AUTOTUNE=1`` (or ``haloattn tune``) times every candidate once per signature and stores
+the winner. One JSON file per (device, capability, haloattn, torch, triton, driver versions) under
+``HALOATTN_CACHE_DIR`` (default: the platform's user cache directory). Writes merge with what is on
+disk and replace the file atomically under a file lock, so many processes sharing one file lose no
+entry; an unreadable or mismatched file is ignored with a warning and rewritten.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from functools import lru_cache
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .problem import Problem
+
+AUTOTUNE_ENV = "HALOATTN_AUTOTUNE"
+CACHE_DIR_ENV = "HALOATTN_CACHE_DIR"
+FORMAT = 1
+
+_lock = threading.Lock()
+_memory: Dict[str, "TuningFile"] = {}
+
+
+def autotune_enabled() -> bool:
+    return os.environ.get(AUTOTUNE_ENV, "") not in ("", "0", "false", "False")
+
+
+def cache_dir() -> str:
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return configured
+    try:
+        import platformdirs
+
+        return platformdirs.user_cache_dir("haloattn")
+    except ImportError:  # platformdirs is a dependency; this only guards odd environments
+        return os.path.join(os.path.expanduser("~"), ".cache", "haloattn")
+
+
+def _driver_version() -> str:
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return str(version.value)
+    return "none"
+
+
+@lru_cache(maxsize=None)
+def device_metadata(device_type: str, index: int) -> Dict[str, str]:
+    """What a tuning result depends on besides the problem: the file is keyed on all of it."""
+    from . import __version__
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name(index)
+        capability = "%d.%d" % torch.cuda.get_device_capability(index)
+        driver = _driver_version()
+    else:
+        name = f"{device_type}:{platform.machine()}:{platform.processor() or 'unknown'}"
+        capability = "none"
+        driver = "none"
+    return {
+        "format": str(FORMAT),
+        "device": name,
+        "capability": capability,
+        "haloattn": __version__,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "driver": driver,
+    }
+
+
+def cache_path(device: torch.device) -> str:
+    meta = device_metadata(device.type, device.index if device.index is not None else 0)
+    digest = hashlib.sha1(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+    slug = "".join(c if c.isalnum() else "-" for c in meta["device"]).strip("-")[:40]
+    return os.path.join(cache_dir(), f"tuning-{slug}-{digest}.json")
+
+
+def signature(problem: Problem, needs_grad: bool = False) -> str:
+    """A stable text key for a problem (mods by qualified name: their code is not hashed)."""
+    def name(fn):
+        return None if fn is None else f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+    fields = {
+        "pattern": problem.pattern,
+        "grid": problem.spatial,
+        "axes": [[a.window, a.stride, a.dilation, int(a.causal), a.shift] for a in problem.axes],
+        "B": problem.batch,
+        "H": [problem.heads, problem.kv_heads],
+        "D": [problem.head_dim, problem.value_dim],
+        "dtype": str(problem.dtype).replace("torch.", ""),
+        "rpb": problem.has_rpb,
+        "softcap": problem.softcap is not None,
+        "kq_conv": problem.kq_conv_shape,
+        "extra": problem.extra_tokens,
+        "mods": [name(problem.score_mod), name(problem.mask_mod)],
+        "grad": needs_grad,
+    }
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+class TuningFile:
+    """One cache file: its metadata and entries, read once and refreshed on every write."""
+
+    def __init__(self, path: str, metadata: Dict[str, str]):
+        self.path = path
+        self.metadata = metadata
+        self.entries: Dict[str, dict] = self._read()
+
+    def _read(self) -> Dict[str, dict]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            warnings.warn(f"haloattn: ignoring unreadable tuning cache {self.path} ({exc}); it will be rewritten")
+            return {}
+        if not isinstance(data, dict) or data.get("_metadata") != self.metadata or not isinstance(data.get("entries"), dict):
+            warnings.warn(
+                f"haloattn: ignoring tuning cache {self.path}: it was written for another device or "
+                "version (or is malformed); it will be rewritten"
+            )
+            return {}
+        return data["entries"]
+
+    def store(self, new_entries: Dict[str, dict]) -> None:
+        """Merge ``new_entries`` with the file's current content and replace it atomically."""
+        from filelock import FileLock
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        with FileLock(self.path + ".lock"):
+            merged = self._read()
+            merged.update(new_entries)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".tuning-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump({"_metadata": self.metadata, "entries": merged}, f, indent=1, sort_keys=True)
+                os.replace(tmp, self.path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+            self.entries = merged
+
+
+def tuning_file(device: torch.device) -> TuningFile:
+    path = cache_path(device)
+    with _lock:
+        tf = _memory.get(path)
+        if tf is None:
+            meta = device_metadata(device.type, device.index if device.index is not None else 0)
+            tf = _memory[path] = TuningFile(path, meta)
+        return tf
+
+
+def forget_loaded_files() -> None:
+    """Drop in-memory copies so the next lookup re-reads disk (after import or in tests)."""
+    with _lock:
+        _memory.clear()
+
+
+def cached_entry(problem: Problem, needs_grad: bool = False) -> Optional[dict]:
+    return tuning_file(problem.device).entries.get(signature(problem, needs_grad))
+
+
+def cached_choice(problem: Problem, runnable: Sequence[str]) -> Optional[Tuple[str, Optional[dict]]]:
+    """The stored winner, if it is still among the backends that can run the problem."""
+    for needs_grad in (False, True):
+        entry = cached_entry(problem, needs_grad)
+        if entry and entry.get("backend") in runnable:
+            return entry["backend"], entry.get("config")
+    return None
+
+
+def cached_config(problem: Problem, backend_name: str) -> Optional[dict]:
+    """A config stored for ``backend_name`` (used when that backend is forced)."""
+    for needs_grad in (False, True):
+        entry = cached_entry(problem, needs_grad)
+        if entry and entry.get("backend") == backend_name:
+            return entry.get("config")
+    return None
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn, device: torch.device, warmup: int = 1, repeat: int = 5) -> float:
+    """Median wall time of ``fn()`` in milliseconds, synchronising the device around each call."""
+    for _ in range(warmup):
+        fn()
+    _synchronize(device)
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        _synchronize(device)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def autotune(problem: Problem, candidates, inputs, needs_grad: bool):
+    """Time every (backend, config) candidate on ``inputs``; store and return the fastest."""
+    from .backend import AttentionInputs
+
+    trials: List[Tuple[object, Optional[dict]]] = [(b, c) for b in candidates for c in b.configs(problem)]
+    detached = AttentionInputs(*(t.detach() if t is not None else None for t in inputs))
+    needs = [t is not None for t in detached]
+    results: Dict[str, float] = {}
+    best = None
+    show_progress = len(trials) > 1 and sys.stderr.isatty()
+    for n, (backend, config) in enumerate(trials, 1):
+        label = backend.name if config is None else f"{backend.name} {json.dumps(config, sort_keys=True)}"
+        if show_progress:
+            bar = "#" * (20 * n // len(trials))
+            print(f"\rhaloattn tuning [{bar:<20}] {n}/{len(trials)} {label[:50]:<50}", end="", file=sys.stderr, flush=True)
+
+        def step(backend=backend, config=config):
+            out, lse = backend.forward(problem, detached, config)
+            if needs_grad:
+                backend.backward(problem, detached, out, lse, torch.ones_like(out), None, needs, config)
+
+        try:
+            ms = time_call(step, problem.device)
+        except Exception as exc:  # a candidate that fails is skipped, and says why
+            warnings.warn(f"haloattn tuning: {label} failed ({type(exc).__name__}: {exc}); skipped")
+            continue
+        results[label] = ms
+        if best is None or ms < best[2]:
+            best = (backend, config, ms)
+    if show_progress:
+        print(file=sys.stderr)
+    if best is None:
+        raise RuntimeError(f"haloattn tuning: every candidate failed for {problem.describe()}")
+    entry = {"backend": best[0].name, "config": best[1], "ms": round(best[2], 6), "candidates_ms": results}
+    tuning_file(problem.device).store({signature(problem, needs_grad): entry})
+    return best[0], best[1]
+
+
+def export_cache(device: torch.device, destination: str) -> int:
+    """Copy this device's cache file to ``destination``; returns the number of entries."""
+    tf = tuning_file(device)
+    tf.entries = tf._read()
+    with open(destination, "w", encoding="utf-8") as f:
+        json.dump({"_metadata": tf.metadata, "entries": tf.entries}, f, indent=1, sort_keys=True)
+    return len(tf.entries)
+
+
+def import_cache(device: torch.device, source: str) -> int:
+    """Merge the entries of an exported file into this device's cache (same metadata only)."""
+    with open(source, encoding="utf-8") as f:
+        data = json.load(f)
+    tf = tuning_file(device)
+    if not isinstance(data, dict) or data.get("_metadata") != tf.metadata:
+        raise ValueError(
+            f"{source} was tuned for {data.get('_metadata') if isinstance(data, dict) else 'unknown'}; "
+            f"this machine is {tf.metadata}: import refuses results from another device or version"
+        )
+    tf.store(data.get("entries", {}))
+    return len(data.get("entries", {}))

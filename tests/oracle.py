@@ -1,0 +1,169 @@
+"""An independent float64 oracle of SEMANTICS.md for small problems.
+
+Written from the contract's text alone (no haloattn code): the attention pattern is decided pair by
+pair with plain Python loops, then dense attention runs over the full N x N score matrix in
+float64. Slow and quadratic on purpose: only for the tiny problems tests use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+
+def _axis_attends(L, K, S, Dl, causal, i, j):
+    if j % Dl != i % Dl:
+        return False
+    g = i % Dl
+    x, y = i // Dl, j // Dl
+    Lg = -(-(L - g) // Dl)
+    if causal:
+        leader = min((x // S) * S + S - 1, Lg - 1)
+        return max(leader - K + 1, 0) <= y <= x
+    leader = min((x // S) * S + S // 2, Lg - 1)
+    start = min(max(leader - K // 2, 0), Lg - K)
+    return start <= y < start + K
+
+
+def _axis_window(W, s, Dl, causal, i, j):
+    if j % Dl != i % Dl:
+        return False
+    x, y = i // Dl, j // Dl
+
+    def wid(c):
+        return (c + W - s) // W if s > 0 else c // W
+
+    return wid(x) == wid(y) and (not causal or y <= x)
+
+
+def _per_axis(v, rank):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * rank
+
+
+def pattern_mask(spatial, window, stride=1, dilation=1, causal=False, pattern="neighborhood", shift=0):
+    """[N, N] bool: query token (row) attends key token (column)."""
+    rank = len(spatial)
+    K, S, Dl, C, s = (_per_axis(v, rank) for v in (window, stride, dilation, causal, shift))
+    coords = list(itertools.product(*(range(L) for L in spatial)))
+    N = len(coords)
+    mask = torch.zeros(N, N, dtype=torch.bool)
+    for qi, qc in enumerate(coords):
+        for ki, kc in enumerate(coords):
+            ok = True
+            for a in range(rank):
+                if pattern == "window":
+                    ok = _axis_window(K[a], s[a], Dl[a], C[a], qc[a], kc[a])
+                else:
+                    ok = _axis_attends(spatial[a], K[a], S[a], Dl[a], C[a], qc[a], kc[a])
+                if not ok:
+                    break
+            mask[qi, ki] = ok
+    return mask
+
+
+def attention(
+    query, key, value, window, *, stride=1, dilation=1, causal=False, pattern="neighborhood", shift=0,
+    scale=None, softcap=None, rpb=None, score_mod=None, mask_mod=None, kq_conv=None,
+    additional_keys=None, additional_values=None,
+):
+    """Returns (out, lse) in float64. Inputs in any dtype (upcast first)."""
+    q, k, v = (t.double() for t in (query, key, value))
+    B, *spatial, H, D = q.shape
+    Hkv, Dv = k.shape[-2], v.shape[-1]
+    rank = len(spatial)
+    N = math.prod(spatial)
+    G = H // Hkv
+    K = _per_axis(window, rank)
+    Dl = _per_axis(dilation, rank)
+    scale = D ** -0.5 if scale is None else scale
+    keep = pattern_mask(spatial, window, stride, dilation, causal, pattern, shift)
+
+    qf = q.reshape(B, N, H, D).permute(0, 2, 1, 3)  # B H N D
+    kf = k.reshape(B, N, Hkv, D).permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
+    vf = v.reshape(B, N, Hkv, Dv).permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
+    raw = scale * qf @ kf.transpose(-1, -2)  # B H N N
+
+    b_idx = torch.arange(B).view(B, 1, 1, 1)
+    h_idx = torch.arange(H).view(1, H, 1, 1)
+    q_idx = torch.arange(N).view(1, 1, N, 1)
+    kv_idx = torch.arange(N).view(1, 1, 1, N)
+    keep4 = keep.view(1, 1, N, N).expand(B, H, N, N)
+    if mask_mod is not None:
+        keep4 = keep4 & torch.as_tensor(mask_mod(b_idx, h_idx, q_idx, kv_idx)).bool()
+
+    s = raw
+    if kq_conv is not None:
+        W = kq_conv.double()
+        c_q, c_k = W.shape[1:]
+        S0 = torch.where(keep4, raw, torch.zeros((), dtype=raw.dtype))
+        C = torch.zeros_like(S0)
+        for a in range(c_q):
+            for t in range(c_k):
+                di = -(c_q - 1) + a
+                dj = -(c_k - 1) // 2 + t
+                shifted = torch.zeros_like(S0)
+                # shifted[i, j] = S0[i + di, j + dj] where in range
+                i0, i1 = max(0, -di), min(N, N - di)
+                j0, j1 = max(0, -dj), min(N, N - dj)
+                if i0 < i1 and j0 < j1:
+                    shifted[..., i0:i1, j0:j1] = S0[..., i0 + di:i1 + di, j0 + dj:j1 + dj]
+                C = C + W[:, a, t].view(1, H, 1, 1) * shifted
+        s = C
+    if rpb is not None:
+        coords = list(itertools.product(*(range(L) for L in spatial)))
+        bias = torch.zeros(H, N, N, dtype=torch.float64)
+        table = rpb.double()
+        for qi, qc in enumerate(coords):
+            for ki, kc in enumerate(coords):
+                if keep[qi, ki]:
+                    idx = tuple(kc[a] // Dl[a] - qc[a] // Dl[a] + K[a] - 1 for a in range(rank))
+                    bias[:, qi, ki] = table[(slice(None),) + idx]
+        s = s + bias.unsqueeze(0)
+    if score_mod is not None:
+        s = score_mod(s, b_idx, h_idx, q_idx, kv_idx)
+
+    if additional_keys is not None:
+        ak = additional_keys.double().permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
+        av = additional_values.double().permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
+        E = ak.shape[2]
+        se = scale * qf @ ak.transpose(-1, -2)
+        e_idx = (N + torch.arange(E)).view(1, 1, 1, E)
+        if score_mod is not None:
+            se = score_mod(se, b_idx, h_idx, q_idx, e_idx)
+        keep_e = torch.ones(B, H, N, E, dtype=torch.bool)
+        if mask_mod is not None:
+            keep_e = keep_e & torch.as_tensor(mask_mod(b_idx, h_idx, q_idx, e_idx)).bool()
+        s = torch.cat([s, se], dim=-1)
+        keep4 = torch.cat([keep4, keep_e], dim=-1)
+        vf = torch.cat([vf, av], dim=2)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+
+    s = torch.where(keep4, s, torch.full((), -math.inf, dtype=s.dtype))
+    lse = torch.logsumexp(s, dim=-1)  # -inf for empty rows
+    p = torch.where(keep4, torch.exp(s - torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1)), 0.0)
+    out = p @ vf  # empty rows: 0
+    out = out.permute(0, 2, 1, 3).reshape(B, *spatial, H, Dv)
+    lse = lse.permute(0, 2, 1).reshape(B, *spatial, H)
+    return out, lse
+
+
+def rel_error(x, ref):
+    """||x - ref|| / ||ref||, in float64; NaN anywhere gives inf."""
+    x, ref = x.double(), ref.double()
+    if torch.isnan(x).any():
+        return math.inf
+    denom = ref.norm().item()
+    diff = (x - ref).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+TOLERANCE = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.5e-2,
+}
+LSE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
