@@ -129,3 +129,19 @@ def ravel(coords, shape):
     for c, extent in zip(coords, shape):
         flat = flat * extent + c
     return flat
+
+
+def axis_pairs(axis: Axis, pattern: str) -> int:
+    """Attended (query, key) pairs on one axis: the sum of every coordinate's key count."""
+    coords = torch.arange(axis.length)
+    _, lo, hi = key_range(axis, pattern, coords)
+    return int((hi - lo).clamp(min=0).sum())
+
+
+def attended_pairs(axes, pattern: str) -> int:
+    """Attended pairs of the whole grid (per batch and head). The N-D pattern is the AND of the
+    per-axis ones, so the count factorises over axes."""
+    total = 1
+    for axis in axes:
+        total *= axis_pairs(axis, pattern)
+    return total

@@ -1,0 +1,255 @@
+"""The ``haloattn`` command: ``info``, ``profile`` (the main job), ``tune`` and ``show``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from typing import List, Optional
+
+import torch
+
+from . import __version__, tuning
+from .api import clear_caches
+from .backend import AttentionInputs
+from .dispatch import DISPATCHER
+from .geometry import attended_pairs
+from .problem import build_problem
+
+DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64}
+
+
+# -- argument parsing -----------------------------------------------------------------------------
+def _ints(text: str) -> List[int]:
+    try:
+        return [int(t) for t in text.lower().replace(",", "x").split("x") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of ints like 64x64 or 7") from None
+
+
+def _bools(text: str) -> List[bool]:
+    table = {"1": True, "t": True, "true": True, "y": True, "0": False, "f": False, "false": False, "n": False}
+    try:
+        return [table[t] for t in text.lower().replace(",", "x").split("x") if t]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of booleans like 1x0 or true") from None
+
+
+def _per_axis(values: List, rank: int, name: str):
+    if len(values) == 1:
+        return values * rank
+    if len(values) != rank:
+        raise SystemExit(f"haloattn: --{name} has {len(values)} values but --shape has {rank} axes")
+    return values
+
+
+def _problem_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", type=_ints, default=[64, 64], help="token grid, e.g. 64x64 (default) or 32768 or 16x48x48")
+    parser.add_argument("--window", type=_ints, default=[7], help="window per axis (default 7)")
+    parser.add_argument("--stride", type=_ints, default=[1])
+    parser.add_argument("--dilation", type=_ints, default=[1])
+    parser.add_argument("--causal", type=_bools, default=[False], help="per axis, e.g. 1x0")
+    parser.add_argument("--pattern", choices=("neighborhood", "window"), default="neighborhood")
+    parser.add_argument("--shift", type=_ints, default=[0], help="window pattern only")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=None, help="GQA/MQA key/value heads (default: --heads)")
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--backward", action="store_true", help="also time forward+backward")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _make_inputs(args):
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    rank = len(args.shape)
+    kv_heads = args.kv_heads or args.heads
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    q = randn(args.batch, *args.shape, args.heads, args.head_dim)
+    k = randn(args.batch, *args.shape, kv_heads, args.head_dim)
+    v = randn(args.batch, *args.shape, kv_heads, args.head_dim)
+    options = dict(
+        window=_per_axis(args.window, rank, "window"),
+        stride=_per_axis(args.stride, rank, "stride"),
+        dilation=_per_axis(args.dilation, rank, "dilation"),
+        causal=_per_axis(args.causal, rank, "causal"),
+        pattern=args.pattern,
+        shift=_per_axis(args.shift, rank, "shift"),
+    )
+    return (q, k, v), options
+
+
+# -- info -------------------------------------------------------------------------------------------
+def _cache_summary(device: torch.device) -> str:
+    path = tuning.cache_path(device)
+    if not os.path.exists(path):
+        return f"{path} (empty: no file yet)"
+    entries = len(tuning.tuning_file(device).entries)
+    return f"{path} ({entries} entries, {os.path.getsize(path)} bytes)"
+
+
+def cmd_info(args) -> int:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError as exc:
+        triton_version = f"not installed ({exc})"
+    print(f"haloattn {__version__}")
+    print(f"python   {platform.python_version()} ({sys.executable})")
+    print(f"torch    {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+    print(f"triton   {triton_version}")
+    devices = [torch.device("cpu")]
+    print("devices:")
+    print(f"  cpu: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores".rstrip())
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            cap = torch.cuda.get_device_capability(i)
+            print(f"  cuda:{i}: {torch.cuda.get_device_name(i)}, capability {cap[0]}.{cap[1]}")
+            devices.append(torch.device("cuda", i))
+    else:
+        print("  cuda: none visible to torch")
+    print("backends (priority order):")
+    for backend in DISPATCHER.backends():
+        reasons = backend.available()
+        verdict = "available" if not reasons else "unavailable: " + "; ".join(reasons)
+        print(f"  {backend.name:<14} priority {backend.priority:>4}  {verdict}")
+        if backend.description:
+            print(f"  {'':<14} {backend.description}")
+    for name, error in DISPATCHER.plugin_errors.items():
+        print(f"  {name:<14} plugin failed to load: {error}")
+    print("tuning cache:")
+    for device in devices:
+        print(f"  {device}: {_cache_summary(device)}")
+    print(f"  autotune {'on' if tuning.autotune_enabled() else 'off'} ({tuning.AUTOTUNE_ENV}=1 turns it on)")
+    return 0
+
+
+# -- profile ----------------------------------------------------------------------------------------
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = (x.double() - ref.double()).norm().item()
+    denom = ref.double().norm().item()
+    if x.isnan().any():
+        return float("nan")
+    return diff / denom if denom else diff
+
+
+def cmd_profile(args) -> int:
+    tensors, options = _make_inputs(args)
+    problem = build_problem(*tensors, **options)
+    inputs = AttentionInputs(*tensors)
+    pairs = attended_pairs(problem.axes, problem.pattern) * problem.batch * problem.heads
+    fwd_flops = 2 * pairs * (problem.head_dim + problem.value_dim)
+    print(f"problem: {problem.describe()}")
+    print(f"attended pairs: {pairs:,} ({fwd_flops / 1e9:.3f} GFLOP forward)")
+
+    reference = DISPATCHER.get("reference")
+    exact = AttentionInputs(*(t.detach().double() for t in tensors), None, None, None, None)
+    ref_problem = build_problem(*exact[:3], **options)
+    ref_out, _ = reference.forward(ref_problem, exact)
+    grad_out = torch.randn_like(ref_out)
+
+    rows, skipped = [], []
+    for backend in DISPATCHER.backends():
+        verdict = DISPATCHER.verdict(backend, problem)
+        if not verdict.can_run:
+            skipped.append((backend.name, verdict.reasons))
+            continue
+        out, lse = backend.forward(problem, inputs, None)
+        error = _rel(out, ref_out)
+        fwd_ms = tuning.time_call(lambda: backend.forward(problem, inputs, None), problem.device, repeat=args.repeat)
+        row = [backend.name, f"{fwd_ms:.3f}", f"{fwd_flops / fwd_ms / 1e9:.4g}"]
+        if args.backward:
+            go = grad_out.to(out.dtype)
+            needs = (True, True, True, False, False, False, False)
+
+            def step():
+                o, l = backend.forward(problem, inputs, None)
+                backend.backward(problem, inputs, o, l, go, None, needs, None)
+
+            both_ms = tuning.time_call(step, problem.device, repeat=args.repeat)
+            row += [f"{both_ms:.3f}", f"{3.5 * fwd_flops / both_ms / 1e9:.4g}"]
+        row.append(f"{error:.2e}")
+        rows.append(row)
+
+    header = ["backend", "fwd ms", "fwd TFLOP/s"]
+    if args.backward:
+        header += ["fwd+bwd ms", "fwd+bwd TFLOP/s"]
+    header.append("rel err vs fp64 reference")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    for name, reasons in skipped:
+        print(f"not run: {name}: {'; '.join(reasons)}")
+    return 0
+
+
+# -- tune / show ------------------------------------------------------------------------------------
+def cmd_tune(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.export_path:
+        n = tuning.export_cache(device, args.export_path)
+        print(f"exported {n} entries to {args.export_path}")
+        return 0
+    if args.import_path:
+        n = tuning.import_cache(device, args.import_path)
+        clear_caches()
+        print(f"imported {n} entries from {args.import_path}")
+        return 0
+    tensors, options = _make_inputs(args)
+    problem = build_problem(*tensors, **options)
+    candidates = [b for b in DISPATCHER.backends() if DISPATCHER.verdict(b, problem).can_run]
+    backend, config = tuning.autotune(problem, candidates, AttentionInputs(*tensors), args.backward)
+    entry = tuning.cached_entry(problem, args.backward)
+    print(f"problem: {problem.describe()}")
+    for label, ms in sorted(entry["candidates_ms"].items(), key=lambda kv: kv[1]):
+        print(f"  {ms:10.3f} ms  {label}")
+    print(f"winner: {backend.name}{' ' + json.dumps(config) if config else ''} -> {tuning.cache_path(problem.device)}")
+    clear_caches()
+    return 0
+
+
+def cmd_show(args) -> int:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tf = tuning.tuning_file(device)
+    print(f"{tf.path}: {len(tf.entries)} entries")
+    print(json.dumps(tf.metadata, indent=1))
+    for signature, entry in sorted(tf.entries.items()):
+        print(f"{signature}\n  -> {entry['backend']} {json.dumps(entry.get('config'))} {entry.get('ms')} ms")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="haloattn", description="Fast local attention for PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, devices, backends and why each can or cannot run, tuning cache")
+    profile = sub.add_parser("profile", help="time every backend that can run a problem and check it against the reference")
+    _problem_arguments(profile)
+    profile.add_argument("--repeat", type=int, default=10, help="timed repetitions (median reported)")
+    tune = sub.add_parser("tune", help="autotune one problem into the on-disk cache, or export/import the cache")
+    _problem_arguments(tune)
+    tune.add_argument("--export", dest="export_path", metavar="PATH", help="write this device's cache to PATH")
+    tune.add_argument("--import", dest="import_path", metavar="PATH", help="merge an exported cache into this device's")
+    show = sub.add_parser("show", help="print the tuning cache of a device")
+    show.add_argument("--device", default=None)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = {"info": cmd_info, "profile": cmd_profile, "tune": cmd_tune, "show": cmd_show}[args.command]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
