@@ -249,13 +249,13 @@ def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, need
     go = grad_out.reshape(problem.batch, problem.tokens, problem.heads, -1)
     gl = grad_lse.reshape(problem.batch, problem.tokens, problem.heads) if grad_lse is not None else None
     for start, stop in chunks(problem):
-        with torch.enable_grad():
+        with torch.enable_grad():  # backward runs with grad mode off: build every output inside
             o, l = attend_rows(problem, leaves, start, stop)
-        outputs, seeds = [o], [go[:, start:stop].to(o.dtype)]
-        if gl is not None:
-            finite = torch.isfinite(l)
-            outputs.append(torch.where(finite, l, torch.zeros_like(l)))
-            seeds.append(gl[:, start:stop].to(l.dtype))
+            outputs, seeds = [o], [go[:, start:stop].to(o.dtype)]
+            if gl is not None:
+                finite = torch.isfinite(l)
+                outputs.append(torch.where(finite, l, torch.zeros_like(l)))
+                seeds.append(gl[:, start:stop].to(l.dtype))
         partial = torch.autograd.grad(outputs, [leaves[i] for i in targets], seeds, allow_unused=True)
         for i, g in zip(targets, partial):
             if g is not None:
