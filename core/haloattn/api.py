@@ -84,6 +84,12 @@ def attention(
         out, lse = ops.compiled_attention(tensors, options)
         return (out, lse) if return_lse else out
 
+    if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
+        # not a tensor: let validation name the argument (the cache key would raise AttributeError)
+        build_problem(
+            query, key, value, window, rpb=rpb, kq_conv=kq_conv, additional_keys=additional_keys,
+            additional_values=additional_values,
+        )
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     call_key = (
         _tensor_key(query), _tensor_key(key), _tensor_key(value), _tensor_key(rpb), _tensor_key(kq_conv),

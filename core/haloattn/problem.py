@@ -182,8 +182,11 @@ def build_problem(
     for axis, extent in enumerate(spatial):
         if extent < 1:
             raise ValueError(f"query spatial axis {axis} is empty (length {extent}); every axis needs >= 1 token")
-    if batch < 1 or heads < 1 or head_dim < 1:
-        raise ValueError(f"query shape {tuple(query.shape)} has an empty batch, head or head_dim axis")
+    for what, extent in (("batch", batch), ("heads", heads), ("head_dim", head_dim)):
+        if extent < 1:
+            raise ValueError(
+                f"query shape {tuple(query.shape)} has an empty {what} axis (length 0); it needs >= 1"
+            )
     for name, t in (("key", key), ("value", value)):
         if t.shape[0] != batch:
             raise ValueError(f"{name} batch {t.shape[0]} does not match query batch {batch}")
