@@ -1,0 +1,206 @@
+"""Host side of the short-window kernels: a Problem becomes rank-3 launch arguments, the rpb table
+becomes the dense per-head ``BLOCK x BLOCK`` bias tile the kernels read, and the kernels' partial
+results (GQA dK/dV per query head, rpb gradient per program) are reduced here, deterministically."""
+
+from __future__ import annotations
+
+import functools
+import os
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import triton
+
+from .window_kernels import window_backward_kernel, window_forward_kernel
+
+MAX_WINDOW_TOKENS = 256
+MAX_HEAD_DIM = 128
+
+
+class WindowLaunch(NamedTuple):
+    """Per-problem launch constants, every axis padded in front to rank 3 (length 1, window 1)."""
+
+    lengths: Tuple[int, int, int]
+    windows: Tuple[int, int, int]
+    dilations: Tuple[int, int, int]
+    causal: Tuple[bool, bool, bool]
+    offsets: Tuple[int, int, int]  # window w of an axis starts at group coordinate w * W - offset
+    windows_per_axis: Tuple[int, int, int]  # per dilation group (the largest group's count)
+    num_windows: int
+    block: int
+    block_d: int
+    block_dv: int
+
+
+def plan(problem) -> WindowLaunch:
+    pad = 3 - problem.rank
+    axes = problem.axes
+    lengths = (1,) * pad + tuple(a.length for a in axes)
+    windows = (1,) * pad + tuple(a.window for a in axes)
+    dilations = (1,) * pad + tuple(a.dilation for a in axes)
+    causal = (False,) * pad + tuple(a.causal for a in axes)
+    # With shift s the first window of an axis is [0, s): window w starts at w * W - (W - s).
+    offsets = (0,) * pad + tuple((a.window - a.shift) % a.window for a in axes)
+    per_axis = []
+    for L, W, Dl, off in zip(lengths, windows, dilations, offsets):
+        largest_group = -(-L // Dl)
+        per_axis.append((largest_group - 1 + off) // W + 1)
+    # Every axis enumerates (dilation group, window); windows that fall outside a short group are
+    # empty and their programs store nothing.
+    num_windows = problem.batch * math.prod(n * d for n, d in zip(per_axis, dilations))
+    return WindowLaunch(
+        lengths, windows, dilations, causal, offsets, tuple(per_axis), num_windows,
+        block=max(16, triton.next_power_of_2(math.prod(windows))),
+        block_d=max(16, triton.next_power_of_2(problem.head_dim)),
+        block_dv=max(16, triton.next_power_of_2(problem.value_dim)),
+    )
+
+
+def _strides(t: torch.Tensor, rank: int, with_head: bool = True):
+    """(batch, axis0, axis1, axis2, [head, dim]) strides with the spatial axes padded to rank 3."""
+    s = t.stride()
+    spatial = (0,) * (3 - rank) + tuple(s[1:1 + rank])
+    tail = tuple(s[1 + rank:]) if with_head else (s[1 + rank],)
+    return (s[0],) + spatial + tail
+
+
+def _grid_args(launch: WindowLaunch, problem):
+    return (
+        problem.batch, *launch.lengths, *launch.windows_per_axis, *launch.offsets, *launch.dilations,
+        launch.num_windows,
+    )
+
+
+def _meta(launch: WindowLaunch, problem, inputs_dtype):
+    return dict(
+        W0=launch.windows[0], W1=launch.windows[1], W2=launch.windows[2],
+        CAUSAL0=launch.causal[0], CAUSAL1=launch.causal[1], CAUSAL2=launch.causal[2],
+        BLOCK=launch.block, BLOCK_D=launch.block_d, BLOCK_DV=launch.block_dv,
+        HAS_SOFTCAP=problem.softcap is not None,
+        # float32 inputs get float32 products, as the contract's tolerances expect (no TF32).
+        PRECISION="ieee" if inputs_dtype == torch.float32 else "tf32",
+        UPCAST=inputs_dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=4 if launch.block <= 64 else 8,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _bias_index(windows: Tuple[int, int, int], block: int, device: torch.device):
+    """For every (query slot, key slot) of the tile, the flat rpb-table index of key minus query
+    per axis plus W - 1 (NATTEN's orientation), and whether both slots are window slots."""
+    volume = math.prod(windows)
+    slot = torch.arange(block, device=device)
+    coords = []
+    rest = slot
+    for W in reversed(windows):
+        coords.append(rest % W)
+        rest = rest // W
+    coords.reverse()
+    index = torch.zeros(block, block, dtype=torch.long, device=device)
+    for c, W in zip(coords, windows):
+        index = index * (2 * W - 1) + (c[None, :] - c[:, None] + W - 1)
+    inside = (slot[:, None] < volume) & (slot[None, :] < volume)
+    return torch.where(inside, index, 0), inside
+
+
+def dense_bias(rpb: torch.Tensor, launch: WindowLaunch) -> torch.Tensor:
+    """``[H, BLOCK, BLOCK]`` float32 bias tile gathered from the ``[H, 2W-1, ...]`` table."""
+    index, inside = _bias_index(launch.windows, launch.block, rpb.device)
+    table = rpb.detach().reshape(rpb.shape[0], -1).float()
+    return torch.where(inside, table[:, index], 0.0).contiguous()
+
+
+def table_gradient(dbias: torch.Tensor, rpb: torch.Tensor, launch: WindowLaunch) -> torch.Tensor:
+    """Fold the ``[H, BLOCK, BLOCK]`` bias-tile gradient into the rpb table's shape. Uses a one-hot
+    matrix product rather than index_add so the sum order is fixed (deterministic on CUDA)."""
+    index, inside = _bias_index(launch.windows, launch.block, dbias.device)
+    table_size = rpb[0].numel()
+    one_hot = torch.zeros(launch.block * launch.block, table_size, device=dbias.device)
+    one_hot[torch.arange(index.numel(), device=dbias.device), index.reshape(-1)] = inside.reshape(-1).float()
+    grad = dbias.reshape(dbias.shape[0], -1) @ one_hot
+    return grad.reshape(rpb.shape).to(rpb.dtype)
+
+
+def _programs(launch: WindowLaunch, problem, windows_per_program: int) -> int:
+    return problem.heads * triton.cdiv(launch.num_windows, windows_per_program)
+
+
+def _backward_windows_per_program(launch: WindowLaunch, problem, device: torch.device) -> int:
+    """Windows one backward program walks. More windows per program means fewer rpb-gradient
+    partials to store and sum; enough programs must remain to fill the device."""
+    if not problem.has_rpb:
+        return 1
+    if device.type == "cuda":
+        target_programs = 16 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target_programs = 4
+    pairs = launch.num_windows * problem.heads
+    return max(1, min(64, pairs // target_programs))
+
+
+def forward(problem, inputs, config=None):
+    q, k, v, rpb = inputs.query, inputs.key, inputs.value, inputs.rpb
+    launch = plan(problem)
+    rank = problem.rank
+    out = q.new_empty(*q.shape[:-1], problem.value_dim)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    bias = dense_bias(rpb, launch) if rpb is not None else lse  # unused pointer when no rpb
+    windows_per_program = (config or {}).get("windows_per_program", 1)
+    grid = (_programs(launch, problem, windows_per_program),)
+    window_forward_kernel[grid](
+        q, k, v, out, lse, bias,
+        *_strides(q, rank), *_strides(k, rank), *_strides(v, rank), *_strides(out, rank),
+        *_strides(lse, rank, with_head=False),
+        *_grid_args(launch, problem), windows_per_program,
+        problem.heads, problem.heads // problem.kv_heads, problem.head_dim, problem.value_dim,
+        problem.scale, problem.softcap or 1.0,
+        HAS_BIAS=rpb is not None,
+        **_meta(launch, problem, q.dtype),
+    )
+    return out, lse
+
+
+def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+    q, k, v, rpb = inputs.query, inputs.key, inputs.value, inputs.rpb
+    launch = plan(problem)
+    rank = problem.rank
+    group = problem.heads // problem.kv_heads
+    dq = torch.empty_like(q)
+    # GQA: dK/dV are written per query head in float32 and summed over each group below.
+    if group == 1:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+    else:
+        dk = torch.empty(*q.shape, dtype=torch.float32, device=q.device)
+        dv = torch.empty(*q.shape[:-1], problem.value_dim, dtype=torch.float32, device=q.device)
+    bias_grad = rpb is not None and needs_grad[3]
+    windows_per_program = _backward_windows_per_program(launch, problem, q.device)
+    programs = _programs(launch, problem, windows_per_program)
+    dbias = (
+        torch.empty(programs, launch.block, launch.block, dtype=torch.float32, device=q.device)
+        if bias_grad else lse
+    )
+    bias = dense_bias(rpb, launch) if rpb is not None else lse
+    if grad_lse is not None:
+        grad_lse = grad_lse.contiguous()
+    lse = lse.contiguous()
+    window_backward_kernel[(programs,)](
+        q, k, v, out, lse, grad_out, grad_lse if grad_lse is not None else lse, bias, dq, dk, dv, dbias,
+        *_strides(q, rank), *_strides(k, rank), *_strides(v, rank), *_strides(out, rank),
+        *_strides(lse, rank, with_head=False), *_strides(grad_out, rank),
+        *_strides(dq, rank), *_strides(dk, rank), *_strides(dv, rank),
+        *_grid_args(launch, problem), windows_per_program,
+        problem.heads, group, problem.head_dim, problem.value_dim,
+        problem.scale, problem.softcap or 1.0,
+        HAS_BIAS=rpb is not None, BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None,
+        **_meta(launch, problem, q.dtype),
+    )
+    if group > 1:
+        dk = dk.unflatten(-2, (problem.kv_heads, group)).sum(-2).to(k.dtype)
+        dv = dv.unflatten(-2, (problem.kv_heads, group)).sum(-2).to(v.dtype)
+    drpb: Optional[torch.Tensor] = None
+    if bias_grad:
+        per_head = dbias.view(-1, problem.heads, launch.block, launch.block).sum(0)
+        drpb = table_gradient(per_head, rpb, launch)
+    grads = [dq, dk, dv, drpb, None, None, None]
+    return [g if need else None for g, need in zip(grads, needs_grad)]
