@@ -96,7 +96,7 @@ def attention(
         _tensor_key(additional_keys), _tensor_key(additional_values),
         _hashable(window), _hashable(stride), _hashable(dilation), _hashable(causal), pattern,
         _hashable(shift), scale, softcap, score_mod, mask_mod, return_lse, backend, needs_grad,
-        os.environ.get(BACKEND_ENV), os.environ.get(AUTOTUNE_ENV),
+        torch.is_grad_enabled(), os.environ.get(BACKEND_ENV), os.environ.get(AUTOTUNE_ENV),
     )
     try:
         entry = _CALLS.get(call_key)

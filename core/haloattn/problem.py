@@ -314,6 +314,7 @@ def build_problem(
     for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    _reject_trainable_score_mod(score_mod, heads, query.device)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
 
@@ -337,6 +338,24 @@ def build_problem(
         mask_mod=mask_mod,
         return_lse=return_lse,
     )
+
+
+def _reject_trainable_score_mod(score_mod, heads: int, device) -> None:
+    # Backends treat score_mod as a function of its arguments and constants: a captured tensor
+    # that requires grad would silently get no gradient. One probe call on a single score tells
+    # exactly whether the result depends on such a tensor. (mask_mod returns booleans: no gradient
+    # can flow through it.)
+    if score_mod is None or not torch.is_grad_enabled():
+        return
+    index = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    heads_index = torch.arange(heads, device=device).view(1, 1, heads, 1)
+    probe = score_mod(torch.zeros(1, 1, heads, 1, device=device), index, heads_index, index, index)
+    if torch.is_tensor(probe) and probe.requires_grad:
+        raise ValueError(
+            "score_mod reads a tensor that requires grad; haloattn treats captured tensors as constants "
+            "and would give it no gradient. Pass a learned relative bias as rpb= (it gets a gradient), "
+            "or capture a detached tensor if no gradient is wanted"
+        )
 
 
 def _same_place(name: str, t: torch.Tensor, query: torch.Tensor, parameter: bool = False):
