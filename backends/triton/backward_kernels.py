@@ -1,0 +1,313 @@
+"""Deterministic backward: dQ Q-major, dK/dV KV-major, no atomics anywhere.
+
+* ``dq_kernel``: one program per (query tile, head, batch), the forward's walk over key tiles,
+  recomputing P from the saved LSE. It also writes dS of each attended pair into a
+  ``[B, H, N, prod(K)]`` buffer when rpb needs a gradient (every (query, slot) is written once).
+* ``dkdv_kernel``: one program per (key tile, kv head, batch); it walks the query tiles that see
+  the key tile (inverse rule, a box because the ranges are monotone) for each of the G query heads
+  that share the kv head, so GQA needs no atomics and no copies.
+* ``extra_dkdv_kernel``: gradients of the additional tokens, one program per (block of extra
+  tokens, kv head, batch), over every query of the G heads.
+"""
+
+import triton
+import triton.language as tl
+
+from .forward_kernel import query_tile
+from .index_math import group_length, key_range, query_range, split3
+from .scores import LOG2E, finish_scores, relative_bias, within
+
+
+@triton.jit
+def softcap_chain(ds, t, HAS_SOFTCAP: tl.constexpr):
+    """d(softcap * tanh(u / softcap)) / du = 1 - tanh^2."""
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    return ds
+
+
+@triton.jit
+def dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, RPB, DSB, AK, AV,
+    sqb, sq0, sq1, sq2, sqh,
+    skb, sk0, sk1, sk2, skh,
+    svb, sv0, sv1, sv2, svh,
+    sdob, sdo0, sdo1, sdo2, sdoh,
+    slb, sl0, sl1, sl2, slh,
+    sdqb, sdq0, sdq1, sdq2, sdqh,
+    srh, sr0, sr1, sr2,
+    sakb, sake, sakh, savb, save, savh,
+    H, G, E, HEAD_D, HEAD_DV,
+    L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NT0, NT1, NT2,
+    scale, softcap,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
+    TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
+    TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_RPB: tl.constexpr, RPB_GRAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
+    LARGE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
+    BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    kvh = h // G
+    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tl.program_id(0), L0, L1, L2, D0, D1, D2, NT0, NT1, NT2)
+    xs0, xs1, xs2 = t0 * TM0, t1 * TM1, t2 * TM2
+    m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
+    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
+    q_ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
+    i0, i1, i2 = g0 + D0 * x0, g1 + D1 * x1, g2 + D2 * x2
+    if LARGE:
+        i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    bh = (b.to(tl.int64), h.to(tl.int64))
+    q = tl.load(Q + (bh[0] * sqb + bh[1] * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :],
+                mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+    do = tl.load(DO + (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
+                 mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    l_rows = bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
+    lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E
+    delta = tl.load(DELTA + l_rows, mask=q_ok, other=0.0)
+
+    lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
+    lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
+    lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
+    xl0 = tl.minimum(xs0 + TM0 - 1, Lg0 - 1)
+    xl1 = tl.minimum(xs1 + TM1 - 1, Lg1 - 1)
+    xl2 = tl.minimum(xs2 + TM2 - 1, Lg2 - 1)
+    ulo0, all_hi0 = key_range(xs0, Lg0, K0, S0, SH0, C0, WINDOW)
+    ulo1, all_hi1 = key_range(xs1, Lg1, K1, S1, SH1, C1, WINDOW)
+    ulo2, all_hi2 = key_range(xs2, Lg2, K2, S2, SH2, C2, WINDOW)
+    all_lo0, uhi0 = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
+    all_lo1, uhi1 = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
+    all_lo2, uhi2 = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
+    nk1 = tl.cdiv(uhi1 - ulo1, TN1)
+    nk2 = tl.cdiv(uhi2 - ulo2, TN2)
+    n_tiles = tl.cdiv(uhi0 - ulo0, TN0) * nk1 * nk2
+
+    n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
+    k_base = K + bh[0] * skb + kvh.to(tl.int64) * skh
+    v_base = V + bh[0] * svb + kvh.to(tl.int64) * svh
+    if RPB_GRAD:
+        # Row of the dS buffer: ((b * H + h) * N + flat query) * prod(K).
+        ds_rows = ((bh[0] * H + bh[1]) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for j in range(0, n_tiles):
+        j0, j1, j2 = split3(j, nk1, nk2)
+        ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
+        y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
+        k_ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
+        k0, k1, k2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
+        if LARGE:
+            k0, k1, k2 = k0.to(tl.int64), k1.to(tl.int64), k2.to(tl.int64)
+        kt = tl.load(k_base + (k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d[None, :],
+                     mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+        vt = tl.load(v_base + (k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
+                     mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+        qk = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+        if HAS_RPB:
+            bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
+        else:
+            bias = 0.0
+        s, t = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+        p = tl.math.exp2(s - lse2[:, None])
+        partial = ((ys0 < all_lo0) | (ys0 + TN0 > all_hi0) | (ys1 < all_lo1) | (ys1 + TN1 > all_hi1)
+                   | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
+        if partial:
+            p = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True), p, 0.0)
+        dp = tl.dot(do, tl.trans(vt), input_precision=PRECISION)
+        ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
+        dq = tl.dot(ds.to(kt.dtype), kt, dq, input_precision=PRECISION)
+        if RPB_GRAD:
+            slot = ((y0[None, :] - lo0[:, None]) * K1 + (y1[None, :] - lo1[:, None])) * K2 + (y2[None, :] - lo2[:, None])
+            seen = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True) & q_ok[:, None]
+            tl.store(DSB + ds_rows[:, None] + slot, ds, mask=seen)
+
+    if HAS_EXTRA:
+        e_off = tl.arange(0, BLOCK_N)
+        ak_base = AK + bh[0] * sakb + kvh.to(tl.int64) * sakh
+        av_base = AV + bh[0] * savb + kvh.to(tl.int64) * savh
+        for e0 in range(0, E, BLOCK_N):
+            e = e0 + e_off
+            e_ok = e < E
+            kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+            vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+            qk = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+            s, t = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
+            p = tl.where(e_ok[None, :], tl.math.exp2(s - lse2[:, None]), 0.0)
+            dp = tl.dot(do, tl.trans(vt), input_precision=PRECISION)
+            ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
+            dq = tl.dot(ds.to(kt.dtype), kt, dq, input_precision=PRECISION)
+
+    dq_rows = bh[0] * sdqb + bh[1] * sdqh + i0 * sdq0 + i1 * sdq1 + i2 * sdq2
+    tl.store(DQ + dq_rows[:, None] + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=q_ok[:, None] & (d[None, :] < HEAD_D))
+
+
+@triton.jit
+def dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, RPB,
+    sqb, sq0, sq1, sq2, sqh,
+    skb, sk0, sk1, sk2, skh,
+    svb, sv0, sv1, sv2, svh,
+    sdob, sdo0, sdo1, sdo2, sdoh,
+    slb, sl0, sl1, sl2, slh,
+    sdkb, sdk0, sdk1, sdk2, sdkh,
+    sdvb, sdv0, sdv1, sdv2, sdvh,
+    srh, sr0, sr1, sr2,
+    G, HEAD_D, HEAD_DV,
+    L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NK0, NK1, NK2,
+    scale, softcap,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
+    TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
+    TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    LARGE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
+    BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
+    kvh = tl.program_id(1)
+    b = tl.program_id(2)
+    # The key tile: TN0 x TN1 x TN2 group coordinates in one dilation group per axis.
+    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tl.program_id(0), L0, L1, L2, D0, D1, D2, NK0, NK1, NK2)
+    ys0, ys1, ys2 = t0 * TN0, t1 * TN1, t2 * TN2
+    n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
+    y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
+    k_ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
+    k0, k1, k2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
+    if LARGE:
+        k0, k1, k2 = k0.to(tl.int64), k1.to(tl.int64), k2.to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    b64, kvh64 = b.to(tl.int64), kvh.to(tl.int64)
+    kt = tl.load(K + (b64 * skb + kvh64 * skh + k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d[None, :],
+                 mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+    vt = tl.load(V + (b64 * svb + kvh64 * svh + k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
+                 mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+
+    # Queries that see any key of the tile (inverse rule, monotone: first and last key suffice).
+    yl0 = tl.minimum(ys0 + TN0 - 1, Lg0 - 1)
+    yl1 = tl.minimum(ys1 + TN1 - 1, Lg1 - 1)
+    yl2 = tl.minimum(ys2 + TN2 - 1, Lg2 - 1)
+    qlo0, _ = query_range(ys0, Lg0, K0, S0, SH0, C0, WINDOW)
+    qlo1, _ = query_range(ys1, Lg1, K1, S1, SH1, C1, WINDOW)
+    qlo2, _ = query_range(ys2, Lg2, K2, S2, SH2, C2, WINDOW)
+    _, qhi0 = query_range(yl0, Lg0, K0, S0, SH0, C0, WINDOW)
+    _, qhi1 = query_range(yl1, Lg1, K1, S1, SH1, C1, WINDOW)
+    _, qhi2 = query_range(yl2, Lg2, K2, S2, SH2, C2, WINDOW)
+    nq1 = tl.cdiv(qhi1 - qlo1, TM1)
+    nq2 = tl.cdiv(qhi2 - qlo2, TM2)
+    nq = tl.cdiv(qhi0 - qlo0, TM0) * nq1 * nq2
+
+    m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dvacc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    for it in range(0, G * nq):
+        h = kvh * G + it // nq
+        j0, j1, j2 = split3(it % nq, nq1, nq2)
+        xs0, xs1, xs2 = qlo0 + j0 * TM0, qlo1 + j1 * TM1, qlo2 + j2 * TM2
+        x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
+        q_ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
+        i0, i1, i2 = g0 + D0 * x0, g1 + D1 * x1, g2 + D2 * x2
+        if LARGE:
+            i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
+        h64 = h.to(tl.int64)
+        q = tl.load(Q + (b64 * sqb + h64 * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :],
+                    mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+        do = tl.load(DO + (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
+                     mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+        l_rows = b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
+        # Rows outside the grid get lse = +inf, hence P = 0: they add nothing.
+        lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E
+        delta = tl.load(DELTA + l_rows, mask=q_ok, other=0.0)
+        qkT = tl.dot(kt, tl.trans(q), input_precision=PRECISION)
+        if HAS_RPB:
+            bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, False)
+        else:
+            bias = 0.0
+        sT, tT = finish_scores(qkT, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+        pT = tl.math.exp2(sT - lse2[None, :])
+        xl0 = tl.minimum(xs0 + TM0 - 1, Lg0 - 1)
+        xl1 = tl.minimum(xs1 + TM1 - 1, Lg1 - 1)
+        xl2 = tl.minimum(xs2 + TM2 - 1, Lg2 - 1)
+        _, all_hi0 = key_range(xs0, Lg0, K0, S0, SH0, C0, WINDOW)
+        _, all_hi1 = key_range(xs1, Lg1, K1, S1, SH1, C1, WINDOW)
+        _, all_hi2 = key_range(xs2, Lg2, K2, S2, SH2, C2, WINDOW)
+        all_lo0, _ = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
+        all_lo1, _ = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
+        all_lo2, _ = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
+        partial = ((ys0 < all_lo0) | (ys0 + TN0 > all_hi0) | (ys1 < all_lo1) | (ys1 + TN1 > all_hi1)
+                   | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
+        if partial:
+            lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
+            lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
+            lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
+            pT = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, False), pT, 0.0)
+        dvacc = tl.dot(pT.to(do.dtype), do, dvacc, input_precision=PRECISION)
+        dpT = tl.dot(vt, tl.trans(do), input_precision=PRECISION)
+        dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PRECISION)
+
+    tl.store(DK + (b64 * sdkb + kvh64 * sdkh + k0 * sdk0 + k1 * sdk1 + k2 * sdk2)[:, None] + d[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d[None, :] < HEAD_D))
+    tl.store(DV + (b64 * sdvb + kvh64 * sdvh + k0 * sdv0 + k1 * sdv1 + k2 * sdv2)[:, None] + dv[None, :],
+             dvacc.to(DV.dtype.element_ty), mask=k_ok[:, None] & (dv[None, :] < HEAD_DV))
+
+
+@triton.jit
+def extra_dkdv_kernel(
+    Q, AK, AV, DO, LSE, DELTA, DAK, DAV,
+    sqb, sq0, sq1, sq2, sqh,
+    sakb, sake, sakh, savb, save, savh,
+    sdob, sdo0, sdo1, sdo2, sdoh,
+    slb, sl0, sl1, sl2, slh,
+    sdakb, sdake, sdakh, sdavb, sdave, sdavh,
+    G, E, HEAD_D, HEAD_DV, L0, L1, L2,
+    scale, softcap,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, LARGE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    kvh = tl.program_id(1)
+    b = tl.program_id(2)
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = e < E
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    b64, kvh64 = b.to(tl.int64), kvh.to(tl.int64)
+    kt = tl.load(AK + (b64 * sakb + kvh64 * sakh + e * sake)[:, None] + d[None, :],
+                 mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+    vt = tl.load(AV + (b64 * savb + kvh64 * savh + e * save)[:, None] + dv[None, :],
+                 mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    N = L0 * L1 * L2
+    n_blocks = tl.cdiv(N, BLOCK_M)
+    dk = tl.zeros([BLOCK_E, BLOCK_D], tl.float32)
+    dvacc = tl.zeros([BLOCK_E, BLOCK_DV], tl.float32)
+    rows = tl.arange(0, BLOCK_M)
+    for it in range(0, G * n_blocks):
+        h64 = (kvh * G + it // n_blocks).to(tl.int64)
+        flat = (it % n_blocks) * BLOCK_M + rows
+        q_ok = flat < N
+        i0, i1, i2 = split3(flat, L1, L2)
+        if LARGE:
+            i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
+        q = tl.load(Q + (b64 * sqb + h64 * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :],
+                    mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+        do = tl.load(DO + (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
+                     mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+        l_rows = b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
+        lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E
+        delta = tl.load(DELTA + l_rows, mask=q_ok, other=0.0)
+        qkT = tl.dot(kt, tl.trans(q), input_precision=PRECISION)
+        sT, tT = finish_scores(qkT, 0.0, scale, softcap, False, HAS_SOFTCAP)
+        pT = tl.where(e_ok[:, None], tl.math.exp2(sT - lse2[None, :]), 0.0)
+        dvacc = tl.dot(pT.to(do.dtype), do, dvacc, input_precision=PRECISION)
+        dpT = tl.dot(vt, tl.trans(do), input_precision=PRECISION)
+        dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PRECISION)
+    tl.store(DAK + (b64 * sdakb + kvh64 * sdakh + e * sdake)[:, None] + d[None, :],
+             (dk * scale).to(DAK.dtype.element_ty), mask=e_ok[:, None] & (d[None, :] < HEAD_D))
+    tl.store(DAV + (b64 * sdavb + kvh64 * sdavh + e * sdave)[:, None] + dv[None, :],
+             dvacc.to(DAV.dtype.element_ty), mask=e_ok[:, None] & (dv[None, :] < HEAD_DV))

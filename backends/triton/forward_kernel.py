@@ -1,0 +1,147 @@
+"""Fused neighbourhood / window attention forward, one program per (query tile, head, batch).
+
+Every problem is run as rank 3 (missing leading axes have length 1, window 1), so one kernel
+serves ranks 1-3. The query tile is a box of TM0 x TM1 x TM2 group coordinates inside one
+dilation group per axis (token ``g + Dl * x``: dilation is a strided address, never a copy). The
+keys any query of the tile sees form a box (the ranges are monotone), which the program walks in
+TN0 x TN1 x TN2 key tiles; only tiles not seen in full by every query of the tile pay for the
+per-pair mask. Tensors are read in place through their strides ([B, *spatial, H, D]).
+"""
+
+import triton
+import triton.language as tl
+
+from .index_math import group_length, key_range, split3
+from .scores import LN2, finish_scores, relative_bias, within
+
+
+@triton.jit
+def query_tile(pid, L0, L1, L2, D0, D1, D2, NT0, NT1, NT2):
+    """Program id -> (dilation group, first group coordinate, group length) per axis."""
+    c0, c1, c2 = split3(pid, D1 * NT1, D2 * NT2)
+    g0, g1, g2 = c0 // NT0, c1 // NT1, c2 // NT2
+    return (g0, (c0 % NT0), group_length(L0, g0, D0),
+            g1, (c1 % NT1), group_length(L1, g1, D1),
+            g2, (c2 % NT2), group_length(L2, g2, D2))
+
+
+@triton.jit
+def forward_kernel(
+    Q, K, V, O, LSE, RPB, AK, AV,
+    sqb, sq0, sq1, sq2, sqh,
+    skb, sk0, sk1, sk2, skh,
+    svb, sv0, sv1, sv2, svh,
+    sob, so0, so1, so2, soh,
+    slb, sl0, sl1, sl2, slh,
+    srh, sr0, sr1, sr2,
+    sakb, sake, sakh, savb, save, savh,
+    G, E, HEAD_D, HEAD_DV,
+    L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NT0, NT1, NT2,
+    scale, softcap,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
+    TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
+    TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
+    LARGE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
+    BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    kvh = h // G
+    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tl.program_id(0), L0, L1, L2, D0, D1, D2, NT0, NT1, NT2)
+    xs0, xs1, xs2 = t0 * TM0, t1 * TM1, t2 * TM2
+
+    m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
+    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
+    q_ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
+    i0, i1, i2 = g0 + D0 * x0, g1 + D1 * x1, g2 + D2 * x2
+    if LARGE:
+        i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2
+    q = tl.load(Q + q_rows[:, None] + d[None, :], mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+
+    lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
+    lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
+    lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
+    # Union of the tile's key ranges, and the intersection (keys every query of the tile sees).
+    xl0 = tl.minimum(xs0 + TM0 - 1, Lg0 - 1)
+    xl1 = tl.minimum(xs1 + TM1 - 1, Lg1 - 1)
+    xl2 = tl.minimum(xs2 + TM2 - 1, Lg2 - 1)
+    ulo0, all_hi0 = key_range(xs0, Lg0, K0, S0, SH0, C0, WINDOW)
+    ulo1, all_hi1 = key_range(xs1, Lg1, K1, S1, SH1, C1, WINDOW)
+    ulo2, all_hi2 = key_range(xs2, Lg2, K2, S2, SH2, C2, WINDOW)
+    all_lo0, uhi0 = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
+    all_lo1, uhi1 = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
+    all_lo2, uhi2 = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
+    nk1 = tl.cdiv(uhi1 - ulo1, TN1)
+    nk2 = tl.cdiv(uhi2 - ulo2, TN2)
+    n_tiles = tl.cdiv(uhi0 - ulo0, TN0) * nk1 * nk2
+
+    n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
+    k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
+    v_base = V + b.to(tl.int64) * svb + kvh.to(tl.int64) * svh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for j in range(0, n_tiles):
+        j0, j1, j2 = split3(j, nk1, nk2)
+        ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
+        y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
+        k_ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
+        k0, k1, k2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
+        if LARGE:
+            k0, k1, k2 = k0.to(tl.int64), k1.to(tl.int64), k2.to(tl.int64)
+        kt = tl.load(k_base + (k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d[None, :],
+                     mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+        qk = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+        if HAS_RPB:
+            bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
+        else:
+            bias = 0.0
+        s, _ = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+        partial = ((ys0 < all_lo0) | (ys0 + TN0 > all_hi0) | (ys1 < all_lo1) | (ys1 + TN1 > all_hi1)
+                   | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
+        if partial:
+            s = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(v_base + (k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
+                     mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+        acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+
+    if HAS_EXTRA:
+        e_off = tl.arange(0, BLOCK_N)
+        ak_base = AK + b.to(tl.int64) * sakb + kvh.to(tl.int64) * sakh
+        av_base = AV + b.to(tl.int64) * savb + kvh.to(tl.int64) * savh
+        for e0 in range(0, E, BLOCK_N):
+            e = e0 + e_off
+            e_ok = e < E
+            kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+            qk = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+            s, _ = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
+            s = tl.where(e_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_use[:, None])
+            alpha = tl.math.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+            acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None], input_precision=PRECISION)
+            m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    o_rows = b.to(tl.int64) * sob + h.to(tl.int64) * soh + i0 * so0 + i1 * so1 + i2 * so2
+    tl.store(O + o_rows[:, None] + dv[None, :], out.to(O.dtype.element_ty), mask=q_ok[:, None] & (dv[None, :] < HEAD_DV))
+    l_rows = b.to(tl.int64) * slb + h.to(tl.int64) * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
+    tl.store(LSE + l_rows, lse, mask=q_ok)

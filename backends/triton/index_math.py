@@ -1,0 +1,67 @@
+"""Per-axis window rules of SEMANTICS.md as Triton device functions.
+
+They mirror ``haloattn.geometry`` (``neighborhood_range``, ``window_range``, ``query_range``,
+``window_query_range``) formula for formula, in dilation-group units. Every argument is a
+non-negative integer (scalar or tensor), so Triton's truncating ``//`` equals floor division.
+All ranges are monotone non-decreasing in the coordinate: the union over a box of queries (or
+keys) is ``[range(first).lo, range(last).hi)``, which the kernels use to bound their loops.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def key_range(x, Lg, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """Keys ``[lo, hi)`` that group coordinate ``x`` sees on one axis (forward rule)."""
+    if WINDOW:
+        # shift == 0 gives (x // K) * K as well, so one formula covers W-MSA and SW-MSA.
+        raw = ((x + K - shift) // K) * K - (K - shift)
+        lo = tl.maximum(raw, 0)
+        hi = tl.minimum(raw + K, Lg)
+        if CAUSAL:
+            hi = tl.minimum(hi, x + 1)
+    else:
+        if CAUSAL:
+            leader = tl.minimum((x // S) * S + S - 1, Lg - 1)
+            lo = tl.maximum(leader - K + 1, 0)
+            hi = x + 1
+        else:
+            leader = tl.minimum((x // S) * S + S // 2, Lg - 1)
+            lo = tl.minimum(tl.maximum(leader - K // 2, 0), Lg - K)
+            hi = lo + K
+    return lo, hi
+
+
+@triton.jit
+def query_range(y, Lg, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """Queries ``[lo, hi)`` that see group key ``y`` on one axis (inverse rule)."""
+    if WINDOW:
+        raw = ((y + K - shift) // K) * K - (K - shift)
+        lo = tl.maximum(raw, 0)
+        hi = tl.minimum(raw + K, Lg)
+        if CAUSAL:
+            lo = y + 0 * lo
+    else:
+        if CAUSAL:
+            lo = y
+            hi = tl.minimum(((y + K) // S + (y + K >= Lg).to(tl.int32)) * S, Lg)
+        else:
+            right = K // 2 + K % 2 - 1
+            off = S - S // 2 - 1
+            # y - right + off >= 0 whenever y >= K; the unselected branch may be garbage.
+            lo = tl.where(y >= K, (tl.maximum(y - right + off, 0) // S) * S, 0)
+            hi = tl.where(y >= Lg - K, Lg, ((y + K // 2 + off + 1) // S) * S)
+    return lo, hi
+
+
+@triton.jit
+def split3(t, E1, E2):
+    """Row-major coordinates of ``t`` in a box whose two fastest extents are ``E1``, ``E2``."""
+    return t // (E1 * E2), (t // E2) % E1, t % E2
+
+
+@triton.jit
+def group_length(L, g, Dl):
+    """Tokens of dilation group ``g`` on an axis of length ``L``: ``ceil((L - g) / Dl)``."""
+    return (L - g + Dl - 1) // Dl

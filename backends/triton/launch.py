@@ -1,0 +1,255 @@
+"""Host side of the Triton neighbourhood backend: strides, grids and kernel launches.
+
+Problems of rank 1 and 2 run as rank 3 with leading axes of length 1 (window 1, stride 0), so
+the kernels have one shape. Only tile sizes, causal flags, the pattern and feature flags are
+compile-time constants; lengths, windows, strides and dilations are runtime ints, so new grids or
+batch sizes do not recompile.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import triton
+
+from haloattn.backend import AttentionInputs
+from haloattn.geometry import key_range, unravel
+from haloattn.problem import Problem
+
+from . import tiles
+from .plugin import interpreting
+from .backward_kernels import dkdv_kernel, dq_kernel, extra_dkdv_kernel
+from .forward_kernel import forward_kernel
+
+if interpreting():
+    from .interpreter_compat import install
+
+    install()
+
+INT32_LIMIT = 2**31 - 1
+EXTRA_BLOCK = 64
+
+
+def _pad3(values, fill) -> list:
+    values = list(values)
+    return [fill] * (3 - len(values)) + values
+
+
+def token_strides(t: torch.Tensor, rank: int) -> list:
+    """(batch, axis0, axis1, axis2, head) strides of a [B, *spatial, H(, D)] tensor, rank 3."""
+    s = t.stride()
+    return [s[0]] + _pad3(s[1:1 + rank], 0) + [s[1 + rank]]
+
+
+def _unit_last(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    # Kernels vectorise over the head dim; any other layout is read through strides.
+    if t is None or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
+
+
+def _span(t: Optional[torch.Tensor]) -> int:
+    if t is None:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
+
+
+def needs_int64(*tensors) -> bool:
+    return max(_span(t) for t in tensors) > INT32_LIMIT
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _block(dim: int) -> int:
+    return max(16, triton.next_power_of_2(dim))
+
+
+class Geometry:
+    """The per-axis runtime arguments shared by every kernel, padded to rank 3."""
+
+    def __init__(self, problem: Problem):
+        axes = problem.axes
+        self.L = _pad3([a.length for a in axes], 1)
+        self.K = _pad3([a.window for a in axes], 1)
+        self.S = _pad3([a.stride for a in axes], 1)
+        self.Dl = _pad3([a.dilation for a in axes], 1)
+        self.shift = _pad3([a.shift for a in axes], 0)
+        self.causal = _pad3([a.causal for a in axes], False)
+        self.window = problem.pattern == "window"
+
+    def tiles_per_group(self, tile: List[int]) -> List[int]:
+        return [triton.cdiv(-(-L // d), t) for L, d, t in zip(self.L, self.Dl, _pad3(tile, 1))]
+
+    def grid0(self, tile: List[int]) -> int:
+        return math.prod(d * n for d, n in zip(self.Dl, self.tiles_per_group(tile)))
+
+    def runtime_args(self, tile: List[int]) -> list:
+        return [*self.L, *self.K, *self.S, *self.Dl, *self.shift, *self.tiles_per_group(tile)]
+
+    def constexprs(self) -> dict:
+        return dict(C0=self.causal[0], C1=self.causal[1], C2=self.causal[2], WINDOW=self.window)
+
+
+def _tile_constexprs(q: List[int], kv: List[int], rank: int) -> dict:
+    q3, kv3 = _pad3(q, 1), _pad3(kv, 1)
+    return dict(TM0=q3[0], TM1=q3[1], TM2=q3[2], TN0=kv3[0], TN1=kv3[1], TN2=kv3[2])
+
+
+def _rpb_strides(rpb: Optional[torch.Tensor], rank: int) -> list:
+    if rpb is None:
+        return [0, 0, 0, 0]
+    s = rpb.stride()
+    return [s[0]] + _pad3(s[1:], 0)
+
+
+def _extra_strides(t: Optional[torch.Tensor]) -> list:
+    if t is None:
+        return [0, 0, 0]
+    return [t.stride(0), t.stride(1), t.stride(2)]
+
+
+def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    cfg = tiles.normalise(config, problem)["fwd"]
+    q, k, v = (_unit_last(t) for t in inputs[:3])
+    ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
+    rpb = inputs.rpb
+    B, H, r = problem.batch, problem.heads, problem.rank
+    out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    geo = Geometry(problem)
+    grid = (geo.grid0(cfg["q"]), H, B)
+    forward_kernel[grid](
+        q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
+        *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(out, r),
+        *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
+        H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim,
+        *geo.runtime_args(cfg["q"]),
+        problem.scale, problem.softcap or 1.0,
+        **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
+        BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim),
+        HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
+        LARGE=needs_int64(q, k, v, out), PRECISION=_precision(q.dtype),
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
+    )
+    return out, lse
+
+
+def relative_table_index(problem: Problem, device) -> torch.Tensor:
+    """[N, prod(K)]: flat rpb-table index of each (query, slot) of the dQ kernel's dS buffer.
+    Slot p of query x on an axis is key ``lo(x) + p``; slots past the query's count hold zeros."""
+    coords = unravel(torch.arange(problem.tokens, device=device), problem.spatial)
+    index = torch.zeros(problem.tokens, *problem.window, dtype=torch.long, device=device)
+    for a, axis in enumerate(problem.axes):
+        _, lo, _ = key_range(axis, problem.pattern, coords[a])
+        rel = lo - coords[a] // axis.dilation + axis.window - 1  # [N]
+        shape = [problem.tokens] + [1] * problem.rank
+        shape[1 + a] = axis.window
+        slots = torch.arange(axis.window, device=device)
+        per_axis = (rel[:, None] + slots[None, :]).view(shape)
+        index = index * (2 * axis.window - 1) + per_axis
+    return index.reshape(problem.tokens, -1)
+
+
+def rpb_gradient(problem: Problem, ds: torch.Tensor, rpb: torch.Tensor) -> torch.Tensor:
+    """Deterministic scatter-add of dS [B, H, N, P] into the table: sort by table index, then
+    segment sums as differences of a float64 prefix sum (no atomics, any device)."""
+    H = problem.heads
+    table = math.prod(2 * k - 1 for k in problem.window)
+    index = relative_table_index(problem, ds.device).flatten()
+    order = torch.argsort(index, stable=True)
+    values = ds.sum(0).reshape(H, -1)[:, order].double()
+    prefix = torch.nn.functional.pad(values.cumsum(1), (1, 0))
+    counts = torch.bincount(index, minlength=table)
+    ends = counts.cumsum(0)
+    sums = prefix[:, ends] - prefix[:, ends - counts]
+    return sums.to(rpb.dtype).view(rpb.shape)
+
+
+def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+    cfgs = tiles.normalise(config, problem)
+    q, k, v = (_unit_last(t) for t in inputs[:3])
+    ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
+    rpb = inputs.rpb
+    do = _unit_last(grad_out)
+    B, H, Hkv, r = problem.batch, problem.heads, problem.kv_heads, problem.rank
+    G = H // Hkv
+    # delta = rowsum(dO * O) - dLSE: dS = P * (dP - delta) covers both outputs' gradients.
+    delta = (do.float() * out.float()).sum(-1)
+    if grad_lse is not None:
+        delta = delta - grad_lse.float()
+    lse = lse.contiguous()
+    delta = delta.contiguous()
+    geo = Geometry(problem)
+    large = needs_int64(q, k, v, do, out)
+    precision = _precision(q.dtype)
+    softcap = problem.softcap or 1.0
+    feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=precision,
+                   BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim))
+    need_q, need_k, need_v, need_rpb, _, need_ak, need_av = (bool(n) for n in needs_grad)
+    need_rpb = need_rpb and rpb is not None
+    need_ak = need_ak and ak is not None
+    need_av = need_av and av is not None
+    lse_strides = token_strides(lse.unsqueeze(-1), r)
+    dq = dk = dv = drpb = dak = dav = None
+
+    if need_q or need_rpb:
+        cfg = cfgs["dq"]
+        dq = torch.empty_like(q)
+        ds_buffer = (torch.zeros(B, H, problem.tokens, problem.window_tokens, dtype=torch.float32, device=q.device)
+                     if need_rpb else q)
+        dq_kernel[(geo.grid0(cfg["q"]), H, B)](
+            q, k, v, do, lse, delta, dq, rpb if rpb is not None else q, ds_buffer,
+            ak if ak is not None else q, av if av is not None else q,
+            *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
+            *lse_strides, *token_strides(dq, r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
+            H, G, problem.extra_tokens, problem.head_dim, problem.value_dim,
+            *geo.runtime_args(cfg["q"]), problem.scale, softcap,
+            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
+            HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
+            num_warps=cfg["warps"], num_stages=cfg["stages"],
+        )
+        if need_rpb:
+            drpb = rpb_gradient(problem, ds_buffer, rpb)
+        if not need_q:
+            dq = None
+
+    if need_k or need_v:
+        cfg = cfgs["dkdv"]
+        dk = torch.empty_like(k)
+        dv = torch.empty_like(v)
+        dkdv_kernel[(geo.grid0(cfg["kv"]), Hkv, B)](
+            q, k, v, do, lse, delta, dk, dv, rpb if rpb is not None else q,
+            *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
+            *lse_strides, *token_strides(dk, r), *token_strides(dv, r), *_rpb_strides(rpb, r),
+            G, problem.head_dim, problem.value_dim,
+            *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
+            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
+            HAS_RPB=rpb is not None,
+            num_warps=cfg["warps"], num_stages=cfg["stages"],
+        )
+        dk = dk if need_k else None
+        dv = dv if need_v else None
+
+    if need_ak or need_av:
+        dak = torch.empty_like(ak)
+        dav = torch.empty_like(av)
+        extra_dkdv_kernel[(triton.cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B)](
+            q, ak, av, do, lse, delta, dak, dav,
+            *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
+            *lse_strides, *_extra_strides(dak), *_extra_strides(dav),
+            G, problem.extra_tokens, problem.head_dim, problem.value_dim, *geo.L,
+            problem.scale, softcap,
+            BLOCK_M=64, BLOCK_E=EXTRA_BLOCK, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
+            PRECISION=precision, BLOCK_D=feature["BLOCK_D"], BLOCK_DV=feature["BLOCK_DV"],
+            num_warps=4, num_stages=2,
+        )
+        dak = dak if need_ak else None
+        dav = dav if need_av else None
+
+    return (dq, dk, dv, drpb, None, dak, dav)

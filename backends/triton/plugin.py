@@ -1,0 +1,100 @@
+"""Registers the Triton neighbourhood backend (`triton`) with haloattn's plugin manager.
+
+Fused forward and deterministic backward for patterns "neighborhood" and "window" on ranks 1-3,
+every per-axis window / stride / dilation / causal / shift, GQA/MQA, D_v != D, head dims up to
+256, float16 / bfloat16 / float32 (tf32 when ``torch.backends.cuda.matmul.allow_tf32``), scale,
+softcap, rpb, additional tokens and the LSE. On CPU tensors it runs only under
+``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), so ordinary CPU users keep the reference.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List
+
+import torch
+
+from haloattn.backend import Backend, cuda_capability
+from haloattn.hookspecs import hookimpl
+
+MAX_HEAD_DIM = 256
+INTERPRET_ENV = "TRITON_INTERPRET"
+
+
+def interpreting() -> bool:
+    return os.environ.get(INTERPRET_ENV, "") not in ("", "0")
+
+
+def _triton_import_error():
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising something else
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+class TritonBackend(Backend):
+    name = "triton"
+    priority = 100
+    description = "fused Triton kernels for neighbourhood and window attention, forward and deterministic backward"
+
+    def available(self) -> List[str]:
+        error = _triton_import_error()
+        if error:
+            return [f"Triton cannot be imported ({error})"]
+        if not torch.cuda.is_available() and not interpreting():
+            return [
+                "no CUDA device: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
+                "in the interpreter, for tests)"
+            ]
+        return []
+
+    def not_supported_reasons(self, problem) -> List[str]:
+        reasons = []
+        device = problem.device
+        if device.type == "cpu":
+            if not interpreting():
+                reasons.append(
+                    "device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
+                    "in the interpreter, for tests)"
+                )
+        elif device.type != "cuda":
+            reasons.append(f"device {device.type}: Triton runs on CUDA devices")
+        else:
+            capability = cuda_capability(device)
+            if capability is not None and capability < (8, 0):
+                reasons.append(
+                    f"CUDA capability {capability[0]}.{capability[1]} is below 8.0 (Ampere), which these kernels need"
+                )
+        if problem.dtype == torch.float64:
+            reasons.append("float64 runs on the reference backend")
+        for value, what in ((problem.head_dim, "head_dim"), (problem.value_dim, "value head_dim (D_v)")):
+            if value > MAX_HEAD_DIM:
+                reasons.append(f"{what} {value} exceeds {MAX_HEAD_DIM}")
+        if problem.score_mod is not None:
+            reasons.append("score_mod is not supported (arbitrary Python functions need the flex or reference backend)")
+        if problem.mask_mod is not None:
+            reasons.append("mask_mod is not supported (arbitrary Python functions need the flex or reference backend)")
+        if problem.kq_conv_shape is not None:
+            reasons.append("kq_conv (key-query convolution) is not supported by this kernel")
+        return reasons
+
+    def configs(self, problem):
+        from . import tiles
+
+        return tiles.candidate_configs(problem)
+
+    def forward(self, problem, inputs, config=None):
+        from . import launch
+
+        return launch.forward(problem, inputs, config)
+
+    def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+        from . import launch
+
+        return launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
+
+
+@hookimpl
+def haloattn_register_backends(registry):
+    registry.add(TritonBackend())

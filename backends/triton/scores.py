@@ -1,0 +1,68 @@
+"""Score pipeline of SEMANTICS.md section 5 for one (query tile, key tile) pair, in Triton.
+
+Scores leave these helpers in the log2 domain (multiplied by log2(e)) so the softmax uses exp2;
+the tanh of softcap is returned too because its derivative is needed by the backward pass.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+LN2: tl.constexpr = 0.6931471805599453
+
+
+@triton.jit
+def tanh(x):
+    # 1 - 2 / (e^{2x} + 1) saturates cleanly to +-1 (inf / 0 in the exponent) and needs no libdevice,
+    # so the interpreter runs it too.
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2,
+                  ROWS_ARE_QUERIES: tl.constexpr):
+    """rpb[h, y - x + K - 1] per axis for every pair of the tile (clamped: masked pairs may fall
+    outside the table and are discarded later)."""
+    if ROWS_ARE_QUERIES:
+        r0 = y0[None, :] - x0[:, None]
+        r1 = y1[None, :] - x1[:, None]
+        r2 = y2[None, :] - x2[:, None]
+    else:
+        r0 = y0[:, None] - x0[None, :]
+        r1 = y1[:, None] - x1[None, :]
+        r2 = y2[:, None] - x2[None, :]
+    r0 = tl.minimum(tl.maximum(r0 + K0 - 1, 0), 2 * K0 - 2)
+    r1 = tl.minimum(tl.maximum(r1 + K1 - 1, 0), 2 * K1 - 2)
+    r2 = tl.minimum(tl.maximum(r2 + K2 - 1, 0), 2 * K2 - 2)
+    return tl.load(RPB + h * srh + r0 * sr0 + r1 * sr1 + r2 * sr2).to(tl.float32)
+
+
+@triton.jit
+def finish_scores(qk, bias, scale, softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """From raw dot products to log2-domain scores; also returns tanh(s / softcap) (or 0)."""
+    if HAS_BIAS or HAS_SOFTCAP:
+        s = qk * scale
+        if HAS_BIAS:
+            s = s + bias
+        if HAS_SOFTCAP:
+            t = tanh(s / softcap)
+            s = t * (softcap * LOG2E)
+        else:
+            t = s
+            s = s * LOG2E
+    else:
+        s = qk * (scale * LOG2E)
+        t = s
+    return s, t
+
+
+@triton.jit
+def within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, ROWS_ARE_QUERIES: tl.constexpr):
+    """Pair mask: key (y0, y1, y2) lies in the query's per-axis ranges on every axis."""
+    if ROWS_ARE_QUERIES:
+        return ((y0[None, :] >= lo0[:, None]) & (y0[None, :] < hi0[:, None])
+                & (y1[None, :] >= lo1[:, None]) & (y1[None, :] < hi1[:, None])
+                & (y2[None, :] >= lo2[:, None]) & (y2[None, :] < hi2[:, None]))
+    return ((y0[:, None] >= lo0[None, :]) & (y0[:, None] < hi0[None, :])
+            & (y1[:, None] >= lo1[None, :]) & (y1[:, None] < hi1[None, :])
+            & (y2[:, None] >= lo2[None, :]) & (y2[:, None] < hi2[None, :]))
