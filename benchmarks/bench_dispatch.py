@@ -1,5 +1,6 @@
-"""Dispatch overhead: a cached haloattn.attention() call versus calling the chosen backend's
-forward directly, on a problem so small that the kernel time is negligible.
+"""Dispatch overhead: a cached haloattn.attention() call versus running the chosen backend
+directly (its forward; with --grad, its differentiable run, the autograd Function around it), on
+a backend that does no work, so only the cost of haloattn's own Python remains.
 
     python benchmarks/bench_dispatch.py [--device cpu|cuda] [--calls 20000] [--grad]
 
@@ -17,7 +18,7 @@ import torch
 
 import haloattn
 from haloattn.backend import AttentionInputs
-from haloattn.dispatch import DISPATCHER
+from haloattn.ops import AttentionFunction
 from haloattn.problem import build_problem
 
 
@@ -63,8 +64,12 @@ def main() -> None:
     def through_api():
         return haloattn.attention(q, k, v, 3, backend="bench_null")
 
-    def direct():
-        return null.forward(problem, inputs, None)
+    if args.grad:
+        def direct():
+            return AttentionFunction.apply(problem, null, None, *inputs)
+    else:
+        def direct():
+            return null.forward(problem, inputs, None)
 
     through_api()
     api_us, direct_us = [], []
@@ -73,7 +78,7 @@ def main() -> None:
         direct_us.append(per_call_us(direct, args.calls))
     api, base = statistics.median(api_us), statistics.median(direct_us)
     mode = "autograd" if args.grad else "inference"
-    print(f"device {device}, {mode}: attention() {api:.2f} us/call, backend.forward direct {base:.2f} us/call")
+    print(f"device {device}, {mode}: attention() {api:.2f} us/call, backend run directly {base:.2f} us/call")
     print(f"dispatch overhead per cached call: {api - base:.2f} us (limit 20 us)")
 
 

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from haloattn.backend import AttentionInputs
+from haloattn.backend import AttentionInputs, recording_autograd
 from haloattn.geometry import key_range, ravel, unravel
 from haloattn.problem import Problem
 
@@ -249,7 +249,7 @@ def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, need
     go = grad_out.reshape(problem.batch, problem.tokens, problem.heads, -1)
     gl = grad_lse.reshape(problem.batch, problem.tokens, problem.heads) if grad_lse is not None else None
     for start, stop in chunks(problem):
-        with torch.enable_grad():  # backward runs with grad mode off: build every output inside
+        with recording_autograd():  # backward runs with grad mode off: build every output inside
             o, l = attend_rows(problem, leaves, start, stop)
             outputs, seeds = [o], [go[:, start:stop].to(o.dtype)]
             if gl is not None:

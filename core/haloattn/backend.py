@@ -4,6 +4,7 @@ instance to the registry (see hookspecs.py)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import List, NamedTuple, Optional, Sequence
 
 import torch
@@ -77,3 +78,21 @@ def cuda_capability(device: torch.device) -> Optional[tuple]:
         return None
     return torch.cuda.get_device_capability(device)
 
+
+
+@contextlib.contextmanager
+def recording_autograd():
+    """Record autograd even where the dispatcher has switched it off.
+
+    A backend whose backward differentiates a recomputation with ``torch.autograd.grad`` (the
+    reference does) runs inside the ``haloattn::attention_backward`` custom op under
+    torch.compile, where autograd keys are excluded from dispatch. This re-includes them (keeping
+    autocast off) for the duration of the block.
+    """
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    autocast = [k for k in torch._C.DispatchKey.__members__.values() if k.name.startswith("Autocast") and exclude.has(k)]
+    keep = torch._C.DispatchKeySet(autocast[0]) if autocast else torch._C.DispatchKeySet(torch._C.DispatchKey.Undefined)
+    for key in autocast[1:]:
+        keep = keep.add(key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keep), torch.enable_grad():
+        yield
