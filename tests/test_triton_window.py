@@ -1,0 +1,156 @@
+"""Backend ``triton_window`` on CPU through Triton's interpreter, against the float64 oracle:
+forward, LSE and every gradient (query, key, value, rpb) for each window feature."""
+
+import os
+
+# The interpreter must be chosen before the kernels are defined (at their first import).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import haloattn  # noqa: E402
+
+import oracle  # noqa: E402
+
+pytest.importorskip("triton")
+
+BACKEND = "triton_window"
+
+
+def _per_axis(value, rank):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,) * rank
+
+
+def check_against_oracle(spatial, window, *, dtype=torch.float32, heads=2, kv_heads=None, head_dim=16,
+                         value_dim=None, batch=1, rpb=True, grad_lse=True, packed=False, **options):
+    """Run the backend and the oracle on fresh random inputs; compare output, LSE and gradients."""
+    options = dict(pattern="window", **options)
+    kv_heads = kv_heads or heads
+    value_dim = value_dim or head_dim
+    gen = torch.Generator().manual_seed(hash((spatial, window, str(dtype), heads, head_dim)) % 2**31)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    if packed:
+        # q, k, v as strided views of one [B, *spatial, 3, H, D] projection, as Swin produces them.
+        qkv = randn(batch, *spatial, 3, heads, head_dim).requires_grad_(True)
+        q, k, v = qkv.unbind(-3)
+        leaves = [qkv]
+    else:
+        q = randn(batch, *spatial, heads, head_dim).requires_grad_(True)
+        k = randn(batch, *spatial, kv_heads, head_dim).requires_grad_(True)
+        v = randn(batch, *spatial, kv_heads, value_dim).requires_grad_(True)
+        leaves = [q, k, v]
+    table = None
+    if rpb:
+        shape = (heads,) + tuple(2 * w - 1 for w in _per_axis(window, len(spatial)))
+        table = (torch.randn(*shape, generator=gen) * 0.5).requires_grad_(True)
+        leaves.append(table)
+
+    out, lse = haloattn.attention(q, k, v, window, rpb=table, return_lse=True, backend=BACKEND, **options)
+    grad_out = torch.randn(out.shape, generator=gen).to(dtype)
+    grad_lse_in = torch.randn(lse.shape, generator=gen) if grad_lse else torch.zeros_like(lse)
+    grads = torch.autograd.grad((out * grad_out).sum() + (lse * grad_lse_in).sum(), leaves)
+
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in leaves]
+    if packed:
+        rq, rk, rv = ref_leaves[0].unbind(-3)
+    else:
+        rq, rk, rv = ref_leaves[:3]
+    ref_table = ref_leaves[-1] if rpb else None
+    ref_out, ref_lse = oracle.attention(rq, rk, rv, window, rpb=ref_table, **options)
+    ref_grads = torch.autograd.grad(
+        (ref_out * grad_out.double()).sum() + (ref_lse * grad_lse_in.double()).sum(), ref_leaves
+    )
+
+    tol = oracle.TOLERANCE[dtype]
+    assert out.dtype == dtype and out.shape == ref_out.shape
+    assert oracle.rel_error(out, ref_out) < tol, "output"
+    assert (lse.double() - ref_lse).abs().max().item() < oracle.LSE_TOLERANCE[dtype], "lse"
+    names = ["qkv"] if packed else ["query", "key", "value"]
+    names += ["rpb"] if rpb else []
+    for name, got, ref in zip(names, grads, ref_grads):
+        assert oracle.rel_error(got, ref) < tol, f"gradient of {name}: {oracle.rel_error(got, ref):.2e}"
+
+
+CASES = {
+    # name: (spatial, window, options)
+    "1d_blocks": ((8,), 4, {}),
+    "1d_shift_ragged": ((11,), 4, dict(shift=2)),
+    "2d_swin_shift": ((6, 6), 3, dict(shift=1)),
+    "2d_partial_edges": ((7, 5), (3, 2), dict(shift=(2, 1))),
+    "2d_grid_attention": ((8, 6), (2, 3), dict(dilation=(4, 2))),
+    "2d_dilation_ragged_shift": ((7, 6), (3, 2), dict(dilation=(2, 2), shift=(1, 0))),
+    "2d_causal_axis": ((6, 6), 3, dict(causal=(True, False), shift=1)),
+    "3d_video": ((4, 5, 6), (2, 3, 3), dict(shift=(1, 1, 2))),
+    "3d_causal_time": ((4, 4, 4), 2, dict(causal=(True, False, False), shift=(0, 1, 1))),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_window_features_float32(name):
+    spatial, window, options = CASES[name]
+    check_against_oracle(spatial, window, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    check_against_oracle((6, 7), 3, dtype=dtype, shift=1)
+
+
+def test_head_dim_30_like_swinir():
+    check_against_oracle((6, 6), 3, head_dim=30, value_dim=30, shift=1)
+
+
+def test_gqa_and_value_dim():
+    check_against_oracle((6, 6), 3, heads=4, kv_heads=2, head_dim=16, value_dim=32, shift=1)
+
+
+def test_packed_qkv_views_read_in_place():
+    check_against_oracle((6, 6), 3, packed=True, shift=1, batch=2)
+
+
+def test_softcap_and_scale():
+    check_against_oracle((6, 6), 3, shift=1, softcap=1.5, scale=0.7)
+
+
+def test_without_rpb_or_lse_gradient():
+    check_against_oracle((6, 6), 3, shift=2, rpb=False, grad_lse=False)
+
+
+def test_float32_rpb_under_half_inputs():
+    # rpb is a float32 parameter while q/k/v are 16-bit (autocast); its gradient stays float32.
+    check_against_oracle((4, 4), 2, dtype=torch.float16, shift=1)
+
+
+def test_chosen_automatically_for_window_pattern():
+    q = torch.randn(1, 6, 6, 2, 16)
+    explanation = haloattn.explain(q, q, q, 3, pattern="window", shift=1, verbose=False)
+    assert explanation.chosen == BACKEND
+
+
+def _reasons(monkeypatch=None, **kwargs):
+    from haloattn.backends.triton.window_plugin import TritonWindowBackend
+
+    spatial = kwargs.pop("spatial", (32, 32))
+    dtype = kwargs.pop("dtype", torch.float32)
+    q = torch.randn(1, *spatial, 2, 16, dtype=dtype)
+    problem = haloattn.build_problem(q, q, q, kwargs.pop("window", 7), **kwargs)
+    return TritonWindowBackend().not_supported_reasons(problem)
+
+
+def test_reasons_are_precise(monkeypatch):
+    assert _reasons(pattern="window") == []
+    assert _reasons() == ["pattern 'neighborhood' runs on backend 'triton'"]
+    assert _reasons(pattern="window", window=(16, 32)) == [
+        "window 16x32 has 512 tokens > 256: the neighbourhood kernel (backend 'triton') runs it"
+    ]
+    assert _reasons(pattern="window", dtype=torch.float64) == ["float64 runs on the reference backend"]
+    assert _reasons(pattern="window", score_mod=lambda s, b, h, q, k: s) == [
+        "score_mod is not supported (the reference backend runs it)"
+    ]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    (reason,) = _reasons(pattern="window")
+    assert reason.startswith("device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1")
