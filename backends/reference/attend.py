@@ -14,10 +14,11 @@ from typing import Optional, Tuple
 import torch
 
 from haloattn.backend import AttentionInputs, recording_autograd
-from haloattn.geometry import key_range, ravel, unravel
 from haloattn.problem import Problem
 
-# Bytes one chunk's gathered keys/values and scores may take; bounds peak memory.
+from .blocks import GatheredRows, TilePlan, mix_rows
+
+# Bytes one block's gathered keys/values and scores may take; bounds peak memory.
 CHUNK_BYTES = 256 * 2**20
 
 
@@ -25,61 +26,45 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def rows_per_chunk(problem: Problem) -> int:
+def _bytes_per_row(problem: Problem, keys: int, keys_shared_by: int) -> int:
+    """Memory one query row costs: scores and their softmax intermediates per head, plus its
+    share of gathered keys/values (shared by ``keys_shared_by`` rows in a tile)."""
     itemsize = 8 if problem.dtype == torch.float64 else 4
-    conv_rows = problem.kq_conv_shape[0] * problem.kq_conv_shape[1] if problem.kq_conv_shape else 1
-    per_row = problem.batch * itemsize * (
-        problem.window_tokens * problem.kv_heads * (problem.head_dim + problem.value_dim)
-        + 6 * problem.heads * (problem.window_tokens * conv_rows + problem.extra_tokens)
-    )
-    return max(1, min(problem.tokens, CHUNK_BYTES // per_row))
+    conv = problem.kq_conv_shape[0] * problem.kq_conv_shape[1] if problem.kq_conv_shape else 1
+    scores = 6 * problem.heads * (keys * conv + problem.extra_tokens) + 2 * keys
+    gathered = keys * problem.kv_heads * (problem.head_dim + problem.value_dim) / keys_shared_by
+    return int(problem.batch * itemsize * (scores + gathered)) + 16 * keys * (problem.rank + 2)
 
 
-def chunks(problem: Problem):
-    step = rows_per_chunk(problem)
+def blocks(problem: Problem, device):
+    """The blocks of query rows that together cover the grid, each within CHUNK_BYTES."""
+    if problem.kq_conv_shape is None:
+        plan = TilePlan(problem, device)
+        per_tile = plan.rows_per_tile * _bytes_per_row(problem, plan.keys_per_tile, plan.rows_per_tile)
+        step = max(1, CHUNK_BYTES // per_tile)
+        for start in range(0, plan.tiles, step):
+            yield plan.block(start, min(start + step, plan.tiles))
+        return
+    step = max(1, min(problem.tokens, CHUNK_BYTES // _bytes_per_row(problem, problem.window_tokens, 1)))
     for start in range(0, problem.tokens, step):
-        yield start, min(start + step, problem.tokens)
+        yield ConvRows(problem, start, min(start + step, problem.tokens), device)
 
 
-class Candidates:
-    """The grid keys a block of query rows may see: flat indices, validity, rpb indices."""
+class ConvRows:
+    """Rows ``[start, stop)`` for the key-query convolution: it also needs the scores of the
+    ``c_q - 1`` rows before the block, so those are gathered too (``pad`` of them)."""
 
-    def __init__(self, problem: Problem, rows: torch.Tensor):
-        n = rows.numel()
-        coords = unravel(rows, problem.spatial)
-        key_coords, valid, rel, self.ranges = [], [], [], []
-        for a, axis in enumerate(problem.axes):
-            group, lo, hi = key_range(axis, problem.pattern, coords[a])
-            self.ranges.append((group, lo, hi))
-            y = lo[:, None] + torch.arange(axis.window, device=rows.device)[None, :]
-            ok = y < hi[:, None]
-            j = (y * axis.dilation + group[:, None]).clamp(max=axis.length - 1)
-            r = (y - (coords[a] // axis.dilation)[:, None] + axis.window - 1).clamp(0, 2 * axis.window - 2)
-            shape = [n] + [1] * problem.rank
-            shape[1 + a] = axis.window
-            key_coords.append(j.view(shape))
-            valid.append(ok.view(shape))
-            rel.append(r.view(shape))
-        full = [n] + list(problem.window)
-        self.index = ravel(key_coords, problem.spatial).expand(full).reshape(n, -1)
-        mask = valid[0]
-        for v in valid[1:]:
-            mask = mask & v
-        self.valid = mask.expand(full).reshape(n, -1)
-        self.relative = [r.expand(full).reshape(n, -1) for r in rel]
+    def __init__(self, problem: Problem, start: int, stop: int, device):
+        self.pad = problem.kq_conv_shape[0] - 1
+        self.extended = torch.arange(start - self.pad, stop, device=device)
+        self.gathered = GatheredRows(problem, self.extended.clamp(min=0))
+        self.rows = self.gathered.rows[self.pad:]
+        self.row_valid = None
+        self.kv_index = self.gathered.kv_index[self.pad:]
+        self.relative = [r[self.pad:] for r in self.gathered.relative]
 
-
-def _gather(tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """tokens [B, N, Hkv, D], index [n, P] -> [B, n, P, Hkv, D]."""
-    picked = tokens.index_select(1, index.reshape(-1))
-    return picked.view(tokens.shape[0], *index.shape, *tokens.shape[2:])
-
-
-def _grouped_scores(q: torch.Tensor, k: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """q [B, n, H, D], k [B, n, P, Hkv, D] -> q.k [B, n, H, P] (query head h uses kv head h // G)."""
-    B, n, H, D = q.shape
-    q5 = q.view(B, n, kv_heads, H // kv_heads, D)
-    return torch.einsum("bnkgd,bnpkd->bnkgp", q5, k).reshape(B, n, H, -1)
+    def mix(self, weights, v, kv_heads):
+        return mix_rows(weights, v, self.kv_index, kv_heads)
 
 
 def _mod_indices(problem: Problem, device, rows: torch.Tensor):
@@ -98,23 +83,24 @@ def _apply_mask_mod(problem: Problem, keep: torch.Tensor, b, h, q_idx, kv_idx) -
     return (keep & allowed.bool()).expand(problem.batch, -1, problem.heads, -1)
 
 
-def _key_query_conv(problem: Problem, s0: torch.Tensor, cand: Candidates, ext_rows, weight, pad: int):
+def _key_query_conv(problem: Problem, s0: torch.Tensor, block: ConvRows, weight):
     """Section 6: convolve the (masked, scaled) scores over (query, key) offsets, rank 1.
 
-    ``s0`` holds the scores of the extended rows ``ext_rows`` (``pad`` rows before the chunk) over
-    their own candidate keys; a source pair (i', j') outside i''s candidates has S0 = 0.
+    ``s0`` holds the scores of the block's extended rows over their own candidate keys; a source
+    pair (i', j') outside i''s candidates has S0 = 0.
     """
     axis = problem.axes[0]
     c_q, c_k = problem.kq_conv_shape
     half = (c_k - 1) // 2
-    n = ext_rows.numel() - pad
-    group, lo, hi = cand.ranges[0]
-    target_keys = cand.index[pad:]  # [n, K] flat = coordinate on a rank-1 grid
+    pad = block.pad
+    n = block.extended.numel() - pad
+    group, lo, hi = block.gathered.ranges[0]
+    target_keys = block.kv_index  # [n, K] flat = coordinate on a rank-1 grid
     out = torch.zeros_like(s0[:, pad:])
     for a in range(c_q):
         src = slice(a, a + n)
         src_group, src_lo, src_hi = group[src, None], lo[src, None], hi[src, None]
-        src_in_grid = (ext_rows[src] >= 0)[:, None]
+        src_in_grid = (block.extended[src] >= 0)[:, None]
         for t in range(c_k):
             j = target_keys + (t - half)
             pos = j // axis.dilation - src_lo
@@ -132,44 +118,46 @@ def _key_query_conv(problem: Problem, s0: torch.Tensor, cand: Candidates, ext_ro
     return out
 
 
-def attend_rows(problem: Problem, inputs: AttentionInputs, start: int, stop: int):
-    """Output [B, n, H, D_v] and LSE [B, n, H] (compute dtype) of query rows ``[start, stop)``.
+def _convolved_scores(problem: Problem, inputs: AttentionInputs, block: ConvRows, b, h):
+    """Scores of the block's rows after the key-query convolution, and the pattern/mask keep."""
+    extended = block.gathered
+    _, _, q_ext = _mod_indices(problem, inputs.query.device, extended.rows)
+    keep = _apply_mask_mod(problem, extended.keep[None, :, None, :], b, h, q_ext, extended.kv_index[None, :, None, :])
+    raw = extended.scores(inputs.query, inputs.key, problem.kv_heads) * problem.scale
+    s0 = torch.where(keep, raw, torch.zeros((), dtype=raw.dtype, device=raw.device))
+    scores = _key_query_conv(problem, s0, block, inputs.kq_conv.to(raw.dtype))
+    return scores, keep[:, block.pad:]
+
+
+def attend_block(problem: Problem, inputs: AttentionInputs, block):
+    """Output [B, n, H, D_v] and LSE [B, n, H] (compute dtype) of a block's query rows.
 
     ``inputs`` are flattened to ``[B, N, heads, dim]`` and already in the compute dtype.
     """
-    q, k, v = inputs.query, inputs.key, inputs.value
+    q = inputs.query
     device = q.device
-    pad = problem.kq_conv_shape[0] - 1 if problem.kq_conv_shape else 0
-    ext_rows = torch.arange(start - pad, stop, device=device)
-    cand = Candidates(problem, ext_rows.clamp(min=0))
-    q_rows = q.index_select(1, ext_rows.clamp(min=0))
-    b, h, q_idx = _mod_indices(problem, device, ext_rows.clamp(min=0))
-    kv_idx = cand.index[None, :, None, :]
-    keep = _apply_mask_mod(problem, cand.valid[None, :, None, :], b, h, q_idx, kv_idx)
-
-    scores = _grouped_scores(q_rows, _gather(k, cand.index), problem.kv_heads) * problem.scale
-    if inputs.kq_conv is not None:
-        s0 = torch.where(keep, scores, torch.zeros((), dtype=scores.dtype, device=device))
-        scores = _key_query_conv(problem, s0, cand, ext_rows, inputs.kq_conv.to(scores.dtype), pad)
-        keep = keep[:, pad:]
-        kv_idx = kv_idx[:, pad:]
-        q_idx = q_idx[:, pad:]
-        cand_index = cand.index[pad:]
-        relative = [r[pad:] for r in cand.relative]
+    b, h, q_idx = _mod_indices(problem, device, block.rows)
+    needs_kv_index = problem.has_mods
+    kv_idx = block.kv_index[None, :, None, :] if needs_kv_index else None
+    if problem.kq_conv_shape is not None:
+        scores, keep = _convolved_scores(problem, inputs, block, b, h)
     else:
-        cand_index, relative = cand.index, cand.relative
+        keep = _apply_mask_mod(problem, block.keep[None, :, None, :], b, h, q_idx, kv_idx)
+        scores = block.scores(q, inputs.key, problem.kv_heads) * problem.scale
     if inputs.rpb is not None:
-        bias = inputs.rpb.to(scores.dtype)[(slice(None), *relative)]  # [H, n, P]
+        bias = inputs.rpb.to(scores.dtype)[(slice(None), *block.relative)]  # [H, n, P]
         scores = scores + bias.permute(1, 0, 2).unsqueeze(0)
     if problem.score_mod is not None:
         scores = problem.score_mod(scores, b, h, q_idx, kv_idx)
-    values = _gather(v, cand_index)
+    grid_keys = scores.shape[-1]
 
     if problem.extra_tokens:
-        ak, av = inputs.additional_keys, inputs.additional_values
-        q_target = q_rows[:, pad:]
-        extra = torch.einsum("bnkgd,bekd->bnkge", q_target.view(*q_target.shape[:2], problem.kv_heads, -1, q.shape[-1]), ak)
-        extra = extra.reshape(*q_target.shape[:3], -1) * problem.scale
+        ak = inputs.additional_keys
+        q_rows = q.index_select(1, block.rows)
+        extra = torch.einsum(
+            "bnkgd,bekd->bnkge", q_rows.view(*q_rows.shape[:2], problem.kv_heads, -1, q.shape[-1]), ak
+        )
+        extra = extra.reshape(*q_rows.shape[:3], -1) * problem.scale
         extra_idx = (problem.tokens + torch.arange(problem.extra_tokens, device=device)).view(1, 1, 1, -1)
         if problem.score_mod is not None:
             extra = problem.score_mod(extra, b, h, q_idx, extra_idx)
@@ -186,19 +174,24 @@ def attend_rows(problem: Problem, inputs: AttentionInputs, start: int, stop: int
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     weights = torch.exp(masked - row_max)
     total = weights.sum(dim=-1)
-    P = cand_index.shape[1]
-    B, n, H = weights.shape[:3]
-    G = H // problem.kv_heads
-    grid_w = weights[..., :P].reshape(B, n, problem.kv_heads, G, P)
-    out = torch.einsum("bnkgp,bnpkd->bnkgd", grid_w, values)
+    out = block.mix(weights[..., :grid_keys], inputs.value, problem.kv_heads)
     if problem.extra_tokens:
-        extra_w = weights[..., P:].reshape(B, n, problem.kv_heads, G, -1)
-        out = out + torch.einsum("bnkge,bekd->bnkgd", extra_w, inputs.additional_values)
-    out = out.reshape(B, n, H, -1)
+        B, n, H = weights.shape[:3]
+        extra_w = weights[..., grid_keys:].reshape(B, n, problem.kv_heads, H // problem.kv_heads, -1)
+        out = out + torch.einsum("bnkge,bekd->bnkgd", extra_w, inputs.additional_values).reshape(B, n, H, -1)
     empty = total == 0
     out = out / torch.where(empty, torch.ones_like(total), total).unsqueeze(-1)
     lse = torch.where(empty, torch.full_like(total, -math.inf), row_max.squeeze(-1) + torch.log(total))
     return out, lse
+
+
+def _written_rows(block):
+    """Positions within the block, and grid rows, of the block's real queries (tiles at the end
+    of an axis are ragged: their padding rows are computed but never written)."""
+    if block.row_valid is None:
+        return None, block.rows
+    positions = block.row_valid.nonzero().squeeze(1)
+    return positions, block.rows.index_select(0, positions)
 
 
 def flatten(problem: Problem, inputs: AttentionInputs, dtype: torch.dtype) -> AttentionInputs:
@@ -230,15 +223,18 @@ def forward(problem: Problem, inputs: AttentionInputs) -> Tuple[torch.Tensor, to
     out = torch.empty(B, N, H, problem.value_dim, dtype=problem.dtype, device=problem.device)
     lse = torch.empty(B, N, H, dtype=lse_dtype(problem), device=problem.device)
     with torch.no_grad():
-        for start, stop in chunks(problem):
-            o, l = attend_rows(problem, work, start, stop)
-            out[:, start:stop] = o.to(out.dtype)
-            lse[:, start:stop] = l.to(lse.dtype)
+        for block in blocks(problem, problem.device):
+            o, l = attend_block(problem, work, block)
+            positions, rows = _written_rows(block)
+            if positions is not None:
+                o, l = o.index_select(1, positions), l.index_select(1, positions)
+            out.index_copy_(1, rows, o.to(out.dtype))
+            lse.index_copy_(1, rows, l.to(lse.dtype))
     return out.view(B, *problem.spatial, H, -1), lse.view(B, *problem.spatial, H)
 
 
 def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, needs_grad):
-    """Gradients by recomputing each chunk under autograd: memory stays bounded by one chunk."""
+    """Gradients by recomputing each block under autograd: memory stays bounded by one block."""
     work = flatten(problem, inputs, compute_dtype(problem.dtype))
     leaves = [
         t.detach().requires_grad_(bool(ng)) if t is not None else None for t, ng in zip(work, needs_grad)
@@ -248,14 +244,18 @@ def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, need
     grads = [None] * len(leaves)
     go = grad_out.reshape(problem.batch, problem.tokens, problem.heads, -1)
     gl = grad_lse.reshape(problem.batch, problem.tokens, problem.heads) if grad_lse is not None else None
-    for start, stop in chunks(problem):
+    for block in blocks(problem, problem.device):
+        # Padding rows of ragged tiles are recomputed too; a zero seed keeps them out of the sums.
+        real = None if block.row_valid is None else block.row_valid.view(1, -1, 1)
         with recording_autograd():  # backward runs with grad mode off: build every output inside
-            o, l = attend_rows(problem, leaves, start, stop)
-            outputs, seeds = [o], [go[:, start:stop].to(o.dtype)]
+            o, l = attend_block(problem, leaves, block)
+            seed = go.index_select(1, block.rows).to(o.dtype)
+            outputs, seeds = [o], [seed if real is None else seed * real.unsqueeze(-1)]
             if gl is not None:
                 finite = torch.isfinite(l)
                 outputs.append(torch.where(finite, l, torch.zeros_like(l)))
-                seeds.append(gl[:, start:stop].to(l.dtype))
+                seed = gl.index_select(1, block.rows).to(l.dtype)
+                seeds.append(seed if real is None else seed * real)
         partial = torch.autograd.grad(outputs, [leaves[i] for i in targets], seeds, allow_unused=True)
         for i, g in zip(targets, partial):
             if g is not None:

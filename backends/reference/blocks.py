@@ -1,0 +1,203 @@
+"""Blocks of query rows and the grid keys they may see, in the two shapes the reference uses.
+
+* :class:`TileBoxes` (the default): query tiles that are boxes in the grid, each with the box of
+  keys covering every neighbourhood in the tile. Scores are one small matrix product per tile
+  (fast on CPUs and GPUs), and only the pattern mask is per element. Tiles live inside one
+  dilation group per axis, so dilation costs nothing extra.
+* :class:`GatheredRows`: every query row with its own list of at most ``window`` keys per axis.
+  Needed by the key-query convolution, which looks up scores of neighbouring rows by key.
+
+Both expose the same interface to attend.py: ``rows`` (flat query indices), ``row_valid``,
+``keep`` ``[n, P]``, ``kv_index`` ``[n, P]``, ``relative`` (per-axis rpb indices ``[n, P]``),
+``scores(q, k)`` and ``mix(weights, v)``. Memory grows with the block, never with ``N x N``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List
+
+import torch
+
+from haloattn.geometry import Axis, key_range, ravel, unravel
+from haloattn.problem import Problem
+
+# Largest query tile edge per rank: small enough that a tile's key box stays close to the
+# neighbourhood it covers (about 2x per axis), large enough for an efficient matrix product.
+TILE_EDGE = {1: 64, 2: 8, 3: 4}
+
+
+def _gather(tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """tokens [B, N, Hkv, D], index [...] -> [B, *index.shape, Hkv, D]."""
+    picked = tokens.index_select(1, index.reshape(-1))
+    return picked.view(tokens.shape[0], *index.shape, *tokens.shape[2:])
+
+
+class AxisTiles:
+    """One axis cut into query tiles (inside one dilation group each) and their key boxes."""
+
+    def __init__(self, axis: Axis, pattern: str, edge: int, device):
+        Dl, K = axis.dilation, axis.window
+        groups, starts = [], []
+        for g in range(min(Dl, axis.length)):
+            for x0 in range(0, axis.group_length(g), edge):
+                groups.append(g)
+                starts.append(x0)
+        g = torch.tensor(groups, device=device)[:, None]
+        x = torch.tensor(starts, device=device)[:, None] + torch.arange(edge, device=device)[None, :]
+        group_len = (axis.length - g + Dl - 1) // Dl
+        self.query_valid = x < group_len
+        x = torch.minimum(x, group_len - 1)
+        _, lo, hi = key_range(axis, pattern, g + Dl * x)
+        big = axis.length + 1
+        box_lo = torch.where(self.query_valid, lo, big).amin(dim=1, keepdim=True)
+        box_hi = torch.where(self.query_valid, hi, -big).amax(dim=1, keepdim=True)
+        self.box = int((box_hi - box_lo).max())
+        start = torch.minimum(box_lo, group_len - self.box).clamp(min=0)
+        y = start + torch.arange(self.box, device=device)[None, :]
+        key_valid = y < group_len
+        y_in = torch.minimum(y, group_len - 1)
+        self.count = len(starts)
+        self.edge = edge
+        self.query_coord = g + Dl * x
+        self.key_coord = g + Dl * y_in
+        self.keep = (
+            self.query_valid[:, :, None]
+            & key_valid[:, None, :]
+            & (lo[:, :, None] <= y[:, None, :])
+            & (y[:, None, :] < hi[:, :, None])
+        )
+        self.relative = (y_in[:, None, :] - x[:, :, None] + K - 1).clamp(0, 2 * K - 2)
+
+
+def _all(masks: List[torch.Tensor]) -> torch.Tensor:
+    out = masks[0]
+    for m in masks[1:]:
+        out = out & m
+    return out
+
+
+def _outer(per_axis: List[torch.Tensor], trailing: bool) -> List[torch.Tensor]:
+    """Views of per-axis ``[c, n_a]`` (or ``[c, T_a, P_a]``) tensors that broadcast to the
+    product layout ``[c, T_1.., (P_1..)]``."""
+    rank = len(per_axis)
+    views = []
+    for a, t in enumerate(per_axis):
+        if trailing:  # [c, T_a, P_a] -> [c, 1.., T_a, 1.., 1.., P_a, 1..]
+            shape = [t.shape[0]] + [1] * (2 * rank)
+            shape[1 + a] = t.shape[1]
+            shape[1 + rank + a] = t.shape[2]
+        else:
+            shape = [t.shape[0]] + [1] * rank
+            shape[1 + a] = t.shape[1]
+        views.append(t.reshape(shape))
+    return views
+
+
+class TilePlan:
+    """Every axis's tiles; hands out :class:`TileBoxes` for chunks of tiles."""
+
+    def __init__(self, problem: Problem, device):
+        edge = TILE_EDGE[problem.rank]
+        self.problem = problem
+        self.axes = [
+            AxisTiles(a, problem.pattern, max(1, min(edge, 1 << (a.window - 1).bit_length(), a.length)), device)
+            for a in problem.axes
+        ]
+        self.tiles = math.prod(t.count for t in self.axes)
+        self.rows_per_tile = math.prod(t.edge for t in self.axes)
+        self.keys_per_tile = math.prod(t.box for t in self.axes)
+
+    def block(self, start: int, stop: int) -> "TileBoxes":
+        return TileBoxes(self, start, stop)
+
+
+class TileBoxes:
+    def __init__(self, plan: TilePlan, start: int, stop: int):
+        problem = plan.problem
+        device = plan.axes[0].keep.device
+        ids = unravel(torch.arange(start, stop, device=device), tuple(t.count for t in plan.axes))
+        c = stop - start
+        self.tiles, self.per_tile, self.box = c, plan.rows_per_tile, plan.keys_per_tile
+        queries = _outer([t.query_coord[i] for t, i in zip(plan.axes, ids)], trailing=False)
+        keys = _outer([t.key_coord[i] for t, i in zip(plan.axes, ids)], trailing=False)
+        self.rows = ravel(queries, problem.spatial).expand(c, *(t.edge for t in plan.axes)).reshape(-1)
+        self.key_index = ravel(keys, problem.spatial).expand(c, *(t.box for t in plan.axes)).reshape(c, -1)
+        valid = _all(_outer([t.query_valid[i] for t, i in zip(plan.axes, ids)], trailing=False))
+        self.row_valid = valid.expand(c, *(t.edge for t in plan.axes)).reshape(-1)
+        full = [c] + [t.edge for t in plan.axes] + [t.box for t in plan.axes]
+        mask = _all(_outer([t.keep[i] for t, i in zip(plan.axes, ids)], trailing=True))
+        self.keep = mask.expand(full).reshape(c * self.per_tile, self.box)
+        self._relative = (plan, ids, full)
+
+    @property
+    def relative(self) -> List[torch.Tensor]:
+        plan, ids, full = self._relative
+        views = _outer([t.relative[i] for t, i in zip(plan.axes, ids)], trailing=True)
+        return [v.expand(full).reshape(-1, self.box) for v in views]
+
+    @property
+    def kv_index(self) -> torch.Tensor:
+        return self.key_index[:, None, :].expand(-1, self.per_tile, -1).reshape(-1, self.box)
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, kv_heads: int) -> torch.Tensor:
+        """q.k of every row with its tile's key box: [B, n, H, P] by one product per tile."""
+        B, H, D = q.shape[0], q.shape[2], q.shape[3]
+        G = H // kv_heads
+        c, T, P = self.tiles, self.per_tile, self.box
+        qt = q.index_select(1, self.rows).view(B, c, T, kv_heads, G, D).permute(0, 1, 3, 4, 2, 5)
+        kt = _gather(k, self.key_index).permute(0, 1, 3, 4, 2)  # [B, c, Hkv, D, P]
+        s = qt.reshape(B, c, kv_heads, G * T, D) @ kt
+        return s.view(B, c, kv_heads, G, T, P).permute(0, 1, 4, 2, 3, 5).reshape(B, c * T, H, P)
+
+    def mix(self, weights: torch.Tensor, v: torch.Tensor, kv_heads: int) -> torch.Tensor:
+        """weights [B, n, H, P] times the tile's values -> [B, n, H, D_v]."""
+        B, H = weights.shape[0], weights.shape[2]
+        G = H // kv_heads
+        c, T, P = self.tiles, self.per_tile, self.box
+        w = weights.view(B, c, T, kv_heads, G, P).permute(0, 1, 3, 4, 2, 5).reshape(B, c, kv_heads, G * T, P)
+        vt = _gather(v, self.key_index).permute(0, 1, 3, 2, 4)  # [B, c, Hkv, P, Dv]
+        out = w @ vt
+        return out.view(B, c, kv_heads, G, T, -1).permute(0, 1, 4, 2, 3, 5).reshape(B, c * T, H, -1)
+
+
+class GatheredRows:
+    """Query rows ``rows`` with each row's own keys: at most ``window`` per axis."""
+
+    def __init__(self, problem: Problem, rows: torch.Tensor):
+        n = rows.numel()
+        self.rows = rows
+        self.row_valid = None
+        coords = unravel(rows, problem.spatial)
+        key_coords, valid, rel, self.ranges = [], [], [], []
+        for a, axis in enumerate(problem.axes):
+            group, lo, hi = key_range(axis, problem.pattern, coords[a])
+            self.ranges.append((group, lo, hi))
+            y = lo[:, None] + torch.arange(axis.window, device=rows.device)[None, :]
+            ok = y < hi[:, None]
+            j = (y * axis.dilation + group[:, None]).clamp(max=axis.length - 1)
+            r = (y - (coords[a] // axis.dilation)[:, None] + axis.window - 1).clamp(0, 2 * axis.window - 2)
+            shape = [n] + [1] * problem.rank
+            shape[1 + a] = axis.window
+            key_coords.append(j.view(shape))
+            valid.append(ok.view(shape))
+            rel.append(r.view(shape))
+        full = [n] + list(problem.window)
+        self.kv_index = ravel(key_coords, problem.spatial).expand(full).reshape(n, -1)
+        self.keep = _all(valid).expand(full).reshape(n, -1)
+        self.relative = [r.expand(full).reshape(n, -1) for r in rel]
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, kv_heads: int) -> torch.Tensor:
+        B, H, D = q.shape[0], q.shape[2], q.shape[3]
+        q5 = q.index_select(1, self.rows).view(B, -1, kv_heads, H // kv_heads, D)
+        return torch.einsum("bnkgd,bnpkd->bnkgp", q5, _gather(k, self.kv_index)).reshape(B, q5.shape[1], H, -1)
+
+    def mix(self, weights: torch.Tensor, v: torch.Tensor, kv_heads: int) -> torch.Tensor:
+        return mix_rows(weights, v, self.kv_index, kv_heads)
+
+
+def mix_rows(weights: torch.Tensor, v: torch.Tensor, kv_index: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """weights [B, n, H, P] over each row's own keys ``kv_index`` [n, P] -> [B, n, H, D_v]."""
+    B, n, H, P = weights.shape
+    w = weights.reshape(B, n, kv_heads, H // kv_heads, P)
+    return torch.einsum("bnkgp,bnpkd->bnkgd", w, _gather(v, kv_index)).reshape(B, n, H, -1)
