@@ -2,12 +2,15 @@
 forward, LSE and every gradient (query, key, value, rpb) for each window feature."""
 
 import os
+import zlib
 
-# The interpreter must be chosen before the kernels are defined (at their first import).
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+# Without a GPU the kernels run in Triton's interpreter, which must be chosen before they are
+# defined (at their first import). tests/test_window_gpu.py reuses check_against_oracle on CUDA.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import haloattn  # noqa: E402
 
@@ -23,15 +26,16 @@ def _per_axis(value, rank):
 
 
 def check_against_oracle(spatial, window, *, dtype=torch.float32, heads=2, kv_heads=None, head_dim=16,
-                         value_dim=None, batch=1, rpb=True, grad_lse=True, packed=False, **options):
+                         value_dim=None, batch=1, rpb=True, grad_lse=True, packed=False, device="cpu",
+                         **options):
     """Run the backend and the oracle on fresh random inputs; compare output, LSE and gradients."""
     options = dict(pattern="window", **options)
     kv_heads = kv_heads or heads
     value_dim = value_dim or head_dim
-    gen = torch.Generator().manual_seed(hash((spatial, window, str(dtype), heads, head_dim)) % 2**31)
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((spatial, window, dtype, heads, head_dim, options)).encode()))
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype)
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
     if packed:
         # q, k, v as strided views of one [B, *spatial, 3, H, D] projection, as Swin produces them.
@@ -46,15 +50,15 @@ def check_against_oracle(spatial, window, *, dtype=torch.float32, heads=2, kv_he
     table = None
     if rpb:
         shape = (heads,) + tuple(2 * w - 1 for w in _per_axis(window, len(spatial)))
-        table = (torch.randn(*shape, generator=gen) * 0.5).requires_grad_(True)
+        table = (torch.randn(*shape, generator=gen) * 0.5).to(device).requires_grad_(True)
         leaves.append(table)
 
     out, lse = haloattn.attention(q, k, v, window, rpb=table, return_lse=True, backend=BACKEND, **options)
-    grad_out = torch.randn(out.shape, generator=gen).to(dtype)
-    grad_lse_in = torch.randn(lse.shape, generator=gen) if grad_lse else torch.zeros_like(lse)
+    grad_out = randn(*out.shape)
+    grad_lse_in = torch.randn(lse.shape, generator=gen).to(device) if grad_lse else torch.zeros_like(lse)
     grads = torch.autograd.grad((out * grad_out).sum() + (lse * grad_lse_in).sum(), leaves)
 
-    ref_leaves = [t.detach().double().requires_grad_(True) for t in leaves]
+    ref_leaves = [t.detach().cpu().double().requires_grad_(True) for t in leaves]
     if packed:
         rq, rk, rv = ref_leaves[0].unbind(-3)
     else:
@@ -62,12 +66,13 @@ def check_against_oracle(spatial, window, *, dtype=torch.float32, heads=2, kv_he
     ref_table = ref_leaves[-1] if rpb else None
     ref_out, ref_lse = oracle.attention(rq, rk, rv, window, rpb=ref_table, **options)
     ref_grads = torch.autograd.grad(
-        (ref_out * grad_out.double()).sum() + (ref_lse * grad_lse_in.double()).sum(), ref_leaves
+        (ref_out * grad_out.cpu().double()).sum() + (ref_lse * grad_lse_in.cpu().double()).sum(), ref_leaves
     )
 
     tol = oracle.TOLERANCE[dtype]
     assert out.dtype == dtype and out.shape == ref_out.shape
-    assert oracle.rel_error(out, ref_out) < tol, "output"
+    out, lse, grads = out.cpu(), lse.cpu(), [g.cpu() for g in grads]
+    assert oracle.rel_error(out, ref_out) < tol, f"output: {oracle.rel_error(out, ref_out):.2e}"
     assert (lse.double() - ref_lse).abs().max().item() < oracle.LSE_TOLERANCE[dtype], "lse"
     names = ["qkv"] if packed else ["query", "key", "value"]
     names += ["rpb"] if rpb else []

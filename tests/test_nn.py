@@ -1,0 +1,81 @@
+"""haloattn.nn modules: they compute projection -> attention (SEMANTICS.md) -> projection, train
+(gradients reach every parameter, rpb included), and convert Swin's bias table exactly."""
+
+import itertools
+
+import pytest
+import torch
+
+import haloattn.nn as hnn
+import oracle
+
+
+def _reference_block(module, x):
+    """The module's computation spelled out with the float64 oracle."""
+    x = x.double()
+    qkv = torch.nn.functional.linear(x, module.qkv.weight.double(), module.qkv.bias.double())
+    q, k, v = qkv.unflatten(-1, (3, module.num_heads, module.head_dim)).unbind(-3)
+    out, _ = oracle.attention(
+        q, k, v, module.window, stride=module.stride, dilation=module.dilation, causal=module.causal,
+        pattern=module.pattern, shift=module.shift,
+        rpb=None if module.rpb is None else module.rpb.double(),
+    )
+    return torch.nn.functional.linear(out.flatten(-2), module.proj.weight.double(), module.proj.bias.double())
+
+
+@pytest.mark.parametrize(
+    "module, spatial",
+    [
+        (hnn.NeighborhoodAttention1d(16, 2, 3, rpb=True), (9,)),
+        (hnn.NeighborhoodAttention2d(16, 2, (3, 2), dilation=(2, 1), causal=(True, False)), (7, 5)),
+        (hnn.NeighborhoodAttention3d(16, 2, 2, stride=2, rpb=True), (4, 3, 4)),
+        (hnn.WindowAttention(16, 2, 3, shift=1), (7, 6)),
+        (hnn.WindowAttention(16, 2, (2, 3, 3), shift=(1, 1, 2)), (3, 6, 5)),
+        (hnn.WindowAttention(16, 2, (3, 3), dilation=2, rpb=False), (6, 6)),
+    ],
+    ids=["na1d_rpb", "na2d_dilated_causal", "na3d_strided_rpb", "window2d_shift", "window3d", "grid_attention"],
+)
+def test_module_matches_oracle_and_trains(module, spatial):
+    with torch.no_grad():  # random rpb, so a wrong orientation cannot hide behind Swin's tiny init
+        if module.rpb is not None:
+            module.rpb.normal_()
+    x = torch.randn(2, *spatial, 16)
+    out = module(x)
+    assert out.shape == x.shape
+    assert oracle.rel_error(out, _reference_block(module, x)) < 1e-5
+    out.square().mean().backward()
+    for name, parameter in module.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+
+
+def test_window_attention_rank_follows_window():
+    assert hnn.WindowAttention(8, 2, 7).rank == 2
+    assert hnn.WindowAttention(8, 2, (2, 7, 7)).rank == 3
+    assert hnn.WindowAttention(8, 2, 7).rpb.shape == (2, 13, 13)
+
+
+def test_wrong_input_rank_is_named():
+    with pytest.raises(ValueError, match=r"WindowAttention expects \[B, \*spatial, C\] with 2 spatial axes"):
+        hnn.WindowAttention(8, 2, 3)(torch.randn(2, 9, 8))
+
+
+def test_autocast_with_float32_rpb():
+    module = hnn.WindowAttention(16, 2, 3, shift=1)
+    x = torch.randn(1, 6, 6, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module(x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert module.rpb.grad is not None and module.rpb.grad.dtype == torch.float32
+
+
+def test_swin_table_to_rpb_matches_swin_index():
+    """Swin indexes its table by query minus key, row-major over (dy, dx); haloattn by key minus
+    query: the converted table must give every (query, key) pair Swin's bias."""
+    wh, ww, heads = 3, 4, 2
+    table = torch.randn((2 * wh - 1) * (2 * ww - 1), heads)
+    rpb = hnn.swin_table_to_rpb(table, (wh, ww))
+    for (qy, qx), (ky, kx) in itertools.product(itertools.product(range(wh), range(ww)), repeat=2):
+        swin = table[(qy - ky + wh - 1) * (2 * ww - 1) + (qx - kx + ww - 1)]
+        ours = rpb[:, ky - qy + wh - 1, kx - qx + ww - 1]
+        assert torch.equal(swin, ours)

@@ -1,0 +1,71 @@
+"""Backend ``triton_window`` compiled on a CUDA GPU, against the float64 oracle: Swin, SwinIR,
+Swin V2, Video Swin and MaxViT shapes, every dtype, forward, LSE and all gradients; and no
+recompilation when only batch or grid size changes."""
+
+import pytest
+import torch
+
+import haloattn
+from test_triton_window import check_against_oracle
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+CASES = {
+    # name: (spatial, window, dtype, options); one dtype per shape keeps the compile count low.
+    "swin_7x7": ((14, 14), 7, F16, dict(shift=0)),
+    "swin_7x7_shift3_f32": ((14, 21), 7, F32, dict(shift=3)),
+    "swin_7x7_shift3_f16": ((14, 21), 7, F16, dict(shift=3)),
+    "swin_7x7_shift3_bf16": ((14, 21), 7, BF16, dict(shift=3)),
+    "swinir_8x8_hd30": ((16, 16), 8, F16, dict(shift=4, head_dim=30)),
+    "ragged_grid_partial_windows": ((13, 11), (7, 5), F32, dict(shift=(3, 2))),
+    "swinv2_12x12": ((24, 12), 12, BF16, dict(shift=6)),
+    "swinv2_16x16": ((16, 32), 16, F16, dict(shift=8)),
+    "maxvit_grid": ((14, 14), 7, BF16, dict(dilation=2)),
+    "causal_time_3d": ((4, 8, 8), (2, 4, 4), F32, dict(causal=(True, False, False), shift=(0, 2, 2))),
+    "video_4x7x7": ((8, 7, 14), (4, 7, 7), F16, dict(shift=(2, 3, 3))),
+    "gqa_hd64": ((8, 8), 4, BF16, dict(heads=4, kv_heads=2, head_dim=64, shift=2)),
+    "hd128_softcap": ((8, 8), 4, F16, dict(head_dim=128, shift=1, softcap=5.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_against_oracle(name):
+    spatial, window, dtype, options = CASES[name]
+    options = dict(options)
+    heads = options.pop("heads", 2)
+    check_against_oracle(spatial, window, dtype=dtype, heads=heads, batch=2, device="cuda", **options)
+
+
+def test_swin_stage1_shape_packed_qkv():
+    check_against_oracle((14, 14), 7, dtype=torch.float16, heads=3, head_dim=32, batch=4, packed=True,
+                         shift=3, device="cuda")
+
+
+def test_window_problems_dispatch_here():
+    q = torch.randn(1, 14, 14, 3, 32, device="cuda", dtype=torch.float16)
+    assert haloattn.explain(q, q, q, 7, pattern="window", shift=3, verbose=False).chosen == "triton_window"
+
+
+def test_no_recompilation_when_batch_or_grid_changes():
+    from haloattn.backends.triton.window_kernels import window_backward_kernel, window_forward_kernel
+
+    def step(batch, height, width):
+        x = torch.randn(batch, height, width, 3, 3, 32, device="cuda", dtype=torch.float16, requires_grad=True)
+        q, k, v = x.unbind(-3)
+        rpb = torch.randn(3, 13, 13, device="cuda", requires_grad=True)
+        out = haloattn.attention(q, k, v, 7, pattern="window", shift=3, rpb=rpb)
+        out.sum().backward()
+
+    def compiled():
+        return sum(len(kernel.device_caches[torch.cuda.current_device()][0])
+                   for kernel in (window_forward_kernel, window_backward_kernel))
+
+    step(2, 14, 14)
+    before = compiled()
+    for batch, height, width in ((3, 14, 14), (1, 21, 28), (5, 56, 56), (7, 15, 9)):
+        step(batch, height, width)
+    assert compiled() == before
