@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .forward_kernel import query_tile
 from .index_math import group_length, key_range, query_range, split3
-from .scores import LOG2E, finish_scores, relative_bias, within
+from .scores import LOG2E, finish_scores, mma, relative_bias, within
 
 
 @triton.jit
@@ -106,7 +106,7 @@ def dq_kernel(
                      mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
         vt = tl.load(v_base + (k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
                      mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-        qk = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+        qk = mma(q, tl.trans(kt), None, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
         else:
@@ -117,9 +117,9 @@ def dq_kernel(
                    | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
         if partial:
             p = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True), p, 0.0)
-        dp = tl.dot(do, tl.trans(vt), input_precision=PRECISION)
+        dp = mma(do, tl.trans(vt), None, PRECISION)
         ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
-        dq = tl.dot(ds.to(kt.dtype), kt, dq, input_precision=PRECISION)
+        dq = mma(ds.to(kt.dtype), kt, dq, PRECISION)
         if RPB_GRAD:
             slot = ((y0[None, :] - lo0[:, None]) * K1 + (y1[None, :] - lo1[:, None])) * K2 + (y2[None, :] - lo2[:, None])
             seen = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True) & q_ok[:, None]
@@ -134,12 +134,12 @@ def dq_kernel(
             e_ok = e < E
             kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-            qk = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+            qk = mma(q, tl.trans(kt), None, PRECISION)
             s, t = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
             p = tl.where(e_ok[None, :], tl.math.exp2(s - lse2[:, None]), 0.0)
-            dp = tl.dot(do, tl.trans(vt), input_precision=PRECISION)
+            dp = mma(do, tl.trans(vt), None, PRECISION)
             ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
-            dq = tl.dot(ds.to(kt.dtype), kt, dq, input_precision=PRECISION)
+            dq = mma(ds.to(kt.dtype), kt, dq, PRECISION)
 
     dq_rows = bh[0] * sdqb + bh[1] * sdqh + i0 * sdq0 + i1 * sdq1 + i2 * sdq2
     tl.store(DQ + dq_rows[:, None] + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
@@ -223,7 +223,7 @@ def dkdv_kernel(
         # Rows outside the grid get lse = +inf, hence P = 0: they add nothing.
         lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E
         delta = tl.load(DELTA + l_rows, mask=q_ok, other=0.0)
-        qkT = tl.dot(kt, tl.trans(q), input_precision=PRECISION)
+        qkT = mma(kt, tl.trans(q), None, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, False)
         else:
@@ -246,10 +246,10 @@ def dkdv_kernel(
             lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
             lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
             pT = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, False), pT, 0.0)
-        dvacc = tl.dot(pT.to(do.dtype), do, dvacc, input_precision=PRECISION)
-        dpT = tl.dot(vt, tl.trans(do), input_precision=PRECISION)
+        dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
+        dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PRECISION)
+        dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
 
     tl.store(DK + (b64 * sdkb + kvh64 * sdkh + k0 * sdk0 + k1 * sdk1 + k2 * sdk2)[:, None] + d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d[None, :] < HEAD_D))
@@ -300,13 +300,13 @@ def extra_dkdv_kernel(
         l_rows = b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
         lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E
         delta = tl.load(DELTA + l_rows, mask=q_ok, other=0.0)
-        qkT = tl.dot(kt, tl.trans(q), input_precision=PRECISION)
+        qkT = mma(kt, tl.trans(q), None, PRECISION)
         sT, tT = finish_scores(qkT, 0.0, scale, softcap, False, HAS_SOFTCAP)
         pT = tl.where(e_ok[:, None], tl.math.exp2(sT - lse2[None, :]), 0.0)
-        dvacc = tl.dot(pT.to(do.dtype), do, dvacc, input_precision=PRECISION)
-        dpT = tl.dot(vt, tl.trans(do), input_precision=PRECISION)
+        dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
+        dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PRECISION)
+        dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
     tl.store(DAK + (b64 * sdakb + kvh64 * sdakh + e * sdake)[:, None] + d[None, :],
              (dk * scale).to(DAK.dtype.element_ty), mask=e_ok[:, None] & (d[None, :] < HEAD_D))
     tl.store(DAV + (b64 * sdavb + kvh64 * sdavh + e * sdave)[:, None] + dv[None, :],

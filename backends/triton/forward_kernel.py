@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .index_math import group_length, key_range, split3
-from .scores import LN2, finish_scores, relative_bias, within
+from .scores import LN2, finish_scores, mma, relative_bias, within
 
 
 @triton.jit
@@ -98,7 +98,7 @@ def forward_kernel(
             k0, k1, k2 = k0.to(tl.int64), k1.to(tl.int64), k2.to(tl.int64)
         kt = tl.load(k_base + (k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d[None, :],
                      mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-        qk = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+        qk = mma(q, tl.trans(kt), None, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
         else:
@@ -115,7 +115,7 @@ def forward_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         vt = tl.load(v_base + (k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
                      mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-        acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None], input_precision=PRECISION)
+        acc = mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISION)
         m_i = m_new
 
     if HAS_EXTRA:
@@ -126,7 +126,7 @@ def forward_kernel(
             e = e0 + e_off
             e_ok = e < E
             kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-            qk = tl.dot(q, tl.trans(kt), input_precision=PRECISION)
+            qk = mma(q, tl.trans(kt), None, PRECISION)
             s, _ = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
             s = tl.where(e_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -135,7 +135,7 @@ def forward_kernel(
             alpha = tl.math.exp2(m_i - m_use)
             l_i = l_i * alpha + tl.sum(p, 1)
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-            acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None], input_precision=PRECISION)
+            acc = mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISION)
             m_i = m_new
 
     empty = l_i == 0.0

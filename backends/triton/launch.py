@@ -19,14 +19,10 @@ from haloattn.geometry import key_range, unravel
 from haloattn.problem import Problem
 
 from . import tiles
+from .interpreter_compat import kernel as interpreted_kernel
 from .plugin import interpreting
 from .backward_kernels import dkdv_kernel, dq_kernel, extra_dkdv_kernel
 from .forward_kernel import forward_kernel
-
-if interpreting():
-    from .interpreter_compat import install
-
-    install()
 
 INT32_LIMIT = 2**31 - 1
 EXTRA_BLOCK = 64
@@ -61,9 +57,15 @@ def needs_int64(*tensors) -> bool:
 
 
 def _precision(dtype: torch.dtype) -> str:
+    if interpreting():
+        return "interpret"
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
+
+
+def _kernel(fn):
+    return interpreted_kernel(fn) if interpreting() else fn
 
 
 def _block(dim: int) -> int:
@@ -124,7 +126,7 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     geo = Geometry(problem)
     grid = (geo.grid0(cfg["q"]), H, B)
-    forward_kernel[grid](
+    _kernel(forward_kernel)[grid](
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
         *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(out, r),
         *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
@@ -180,7 +182,8 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     B, H, Hkv, r = problem.batch, problem.heads, problem.kv_heads, problem.rank
     G = H // Hkv
     # delta = rowsum(dO * O) - dLSE: dS = P * (dP - delta) covers both outputs' gradients.
-    delta = (do.float() * out.float()).sum(-1)
+    # One batch at a time keeps the float32 temporaries small.
+    delta = torch.stack([(do[i].float() * out[i].float()).sum(-1) for i in range(B)])
     if grad_lse is not None:
         delta = delta - grad_lse.float()
     lse = lse.contiguous()
@@ -203,7 +206,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
         dq = torch.empty_like(q)
         ds_buffer = (torch.zeros(B, H, problem.tokens, problem.window_tokens, dtype=torch.float32, device=q.device)
                      if need_rpb else q)
-        dq_kernel[(geo.grid0(cfg["q"]), H, B)](
+        _kernel(dq_kernel)[(geo.grid0(cfg["q"]), H, B)](
             q, k, v, do, lse, delta, dq, rpb if rpb is not None else q, ds_buffer,
             ak if ak is not None else q, av if av is not None else q,
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
@@ -223,7 +226,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
         cfg = cfgs["dkdv"]
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
-        dkdv_kernel[(geo.grid0(cfg["kv"]), Hkv, B)](
+        _kernel(dkdv_kernel)[(geo.grid0(cfg["kv"]), Hkv, B)](
             q, k, v, do, lse, delta, dk, dv, rpb if rpb is not None else q,
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
             *lse_strides, *token_strides(dk, r), *token_strides(dv, r), *_rpb_strides(rpb, r),
@@ -239,7 +242,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     if need_ak or need_av:
         dak = torch.empty_like(ak)
         dav = torch.empty_like(av)
-        extra_dkdv_kernel[(triton.cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B)](
+        _kernel(extra_dkdv_kernel)[(triton.cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B)](
             q, ak, av, do, lse, delta, dak, dav,
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
             *lse_strides, *_extra_strides(dak), *_extra_strides(dav),

@@ -12,6 +12,15 @@ LN2: tl.constexpr = 0.6931471805599453
 
 
 @triton.jit
+def mma(a, b, acc, PRECISION: tl.constexpr):
+    """``a @ b + acc`` in float32. PRECISION "interpret" upcasts the operands first, because the CPU
+    interpreter of Triton 3.6 multiplies bfloat16 operands as raw bits."""
+    if PRECISION == "interpret":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
 def tanh(x):
     # 1 - 2 / (e^{2x} + 1) saturates cleanly to +-1 (inf / 0 in the exponent) and needs no libdevice,
     # so the interpreter runs it too.

@@ -1,0 +1,190 @@
+"""Backend ``triton`` (neighbourhood kernels) on a CUDA GPU, against the float64 oracle.
+
+Random problems across ranks, per-axis window / stride / dilation / causal, both patterns, GQA,
+D_v != D, rpb, softcap, additional tokens, LSE gradients and the three dtypes; bitwise-repeatable
+backward; a problem with more than 2^31 elements in q (int64 offsets). Run with ``pytest -m gpu``.
+
+``check_against_oracle`` is shared with the CPU interpreter tests (test_triton_neighborhood.py);
+this module has no import-time side effects, so importing it never changes how Triton runs.
+"""
+
+import random
+
+import pytest
+import torch
+
+import haloattn
+import oracle
+
+BACKEND = "triton"
+
+
+def _per_axis(value, rank):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,) * rank
+
+
+def check_against_oracle(spatial, window, *, dtype=torch.float32, device="cpu", heads=2, kv_heads=None,
+                         head_dim=16, value_dim=None, batch=1, rpb=False, extra=0, grad_lse=True,
+                         seed=0, **options):
+    """Fresh random inputs -> backend ``triton`` and the oracle; compare out, LSE and every gradient."""
+    kv_heads = kv_heads or heads
+    value_dim = value_dim or head_dim
+    gen = torch.Generator().manual_seed(seed)
+
+    def leaf(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device).requires_grad_(True)
+
+    q = leaf(batch, *spatial, heads, head_dim)
+    k = leaf(batch, *spatial, kv_heads, head_dim)
+    v = leaf(batch, *spatial, kv_heads, value_dim)
+    leaves = {"query": q, "key": k, "value": v}
+    kwargs = dict(options)
+    if rpb:
+        shape = (heads,) + tuple(2 * w - 1 for w in _per_axis(window, len(spatial)))
+        kwargs["rpb"] = leaves["rpb"] = leaf(*shape, scale=0.5)
+    if extra:
+        kwargs["additional_keys"] = leaves["additional_keys"] = leaf(batch, extra, kv_heads, head_dim)
+        kwargs["additional_values"] = leaves["additional_values"] = leaf(batch, extra, kv_heads, value_dim)
+
+    out, lse = haloattn.attention(q, k, v, window, return_lse=True, backend=BACKEND, **kwargs)
+    grad_out = torch.randn(out.shape, generator=gen).to(dtype).to(device)
+    grad_lse_in = torch.randn(lse.shape, generator=gen).to(device) if grad_lse else torch.zeros_like(lse)
+    names = list(leaves)
+    grads = torch.autograd.grad((out.float() * grad_out.float()).sum() + (lse * grad_lse_in).sum(),
+                                [leaves[n] for n in names])
+
+    ref = {n: t.detach().cpu().double().requires_grad_(True) for n, t in leaves.items()}
+    ref_kwargs = {n: ref[n] for n in ("rpb", "additional_keys", "additional_values") if n in ref}
+    ref_out, ref_lse = oracle.attention(ref["query"], ref["key"], ref["value"], window, **options, **ref_kwargs)
+    ref_grads = torch.autograd.grad((ref_out * grad_out.cpu().double()).sum()
+                                    + (ref_lse * grad_lse_in.cpu().double()).sum(), [ref[n] for n in names])
+
+    tol = oracle.TOLERANCE[dtype]
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and device != "cpu":
+        tol = 3e-3
+    errors = {"out": oracle.rel_error(out.cpu(), ref_out)}
+    for n, g, rg in zip(names, grads, ref_grads):
+        errors["d" + n] = oracle.rel_error(g.cpu(), rg)
+    bad = {n: e for n, e in errors.items() if not e <= tol}
+    lse_err = (lse.cpu().double() - ref_lse).abs().max().item()
+    assert not bad, f"relative errors above {tol}: {bad} (all: {errors})"
+    assert lse_err <= oracle.LSE_TOLERANCE[dtype], f"lse max abs error {lse_err}"
+    return errors
+
+
+def random_problem(rng: random.Random):
+    """A random small problem touching every per-axis option and feature."""
+    rank = rng.choice((1, 2, 3))
+    pattern = rng.choice(("neighborhood", "neighborhood", "window"))
+    limits = {1: 40, 2: 12, 3: 7}[rank]
+    spatial, window, stride, dilation, causal, shift = [], [], [], [], [], []
+    for _ in range(rank):
+        L = rng.randint(3, limits)
+        Dl = rng.choice((1, 1, 2))
+        Dl = Dl if 2 * Dl <= L else 1
+        K = rng.randint(1 if pattern == "window" else 2, max(2, L // Dl))
+        spatial.append(L)
+        window.append(K)
+        dilation.append(Dl)
+        stride.append(rng.randint(1, K) if pattern == "neighborhood" else 1)
+        causal.append(rng.random() < 0.3)
+        shift.append(rng.randint(0, K - 1) if pattern == "window" else 0)
+    heads = rng.choice((1, 2, 4))
+    options = dict(
+        spatial=tuple(spatial), window=tuple(window), dilation=tuple(dilation), causal=tuple(causal),
+        pattern=pattern, heads=heads, kv_heads=rng.choice([h for h in (1, 2, 4) if heads % h == 0]),
+        head_dim=rng.choice((16, 32, 64, 128, 24)), rpb=rng.random() < 0.4, extra=rng.choice((0, 0, 3)),
+        batch=rng.choice((1, 2)),
+    )
+    options["value_dim"] = rng.choice((options["head_dim"], 32))
+    if pattern == "window":
+        options["shift"] = tuple(shift)
+    else:
+        options["stride"] = tuple(stride)
+    if rng.random() < 0.3:
+        options["softcap"] = rng.choice((2.0, 15.0))
+    if rng.random() < 0.2:
+        options["scale"] = rng.choice((0.0, 0.3))
+    return options
+
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("seed", range(12))
+def test_random_problems(dtype, seed):
+    options = random_problem(random.Random(seed * 7 + {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[dtype]))
+    options.update(dtype=dtype, device="cuda", seed=seed)
+    spatial, window = options.pop("spatial"), options.pop("window")
+    check_against_oracle(spatial, window, **options)
+
+
+@gpu
+@needs_cuda
+def test_tf32_within_its_tolerance():
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        check_against_oracle((9, 10), (3, 5), dtype=torch.float32, device="cuda", rpb=True, extra=2)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("head_dim,value_dim", [(256, 256), (192, 64), (64, 128)])
+def test_head_dims(head_dim, value_dim):
+    check_against_oracle((10, 12), (5, 3), dtype=torch.bfloat16, device="cuda", head_dim=head_dim,
+                         value_dim=value_dim, heads=2, kv_heads=1, causal=(True, False))
+
+
+@gpu
+@needs_cuda
+def test_backward_is_bitwise_repeatable():
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(2, 24, 20, 4, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    rpb = torch.randn(4, 13, 9, device="cuda", generator=gen)
+    leaves = [t.requires_grad_(True) for t in (q, k, v, rpb)]
+    grad = torch.randn(2, 24, 20, 4, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+
+    def grads():
+        out = haloattn.attention(*leaves[:3], (7, 5), rpb=leaves[3], backend=BACKEND)
+        return torch.autograd.grad(out, leaves, grad)
+
+    first, second = grads(), grads()
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@gpu
+@needs_cuda
+def test_more_than_2_31_elements_in_query():
+    """B=2, L=66000, H=128, D=128: 2.16e9 elements per tensor, offsets need int64. The last
+    queries of the second batch are checked against the reference backend run on a slice."""
+    B, L, H, D, K = 2, 66_000, 128, 128, 9
+    assert B * L * H * D > 2**31
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(B, L, H, D, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    out = haloattn.attention(q, k, v, K, backend=BACKEND)
+    tail = 256  # the slice's own border shifts windows only within K of its start
+    sl = slice(L - tail, L)
+    ref = haloattn.attention(*(t[1:, sl].float() for t in (q, k, v)), K, backend="reference")
+    err = oracle.rel_error(out[1:, L - tail + K:].float(), ref[:, K:])
+    assert err <= oracle.TOLERANCE[torch.bfloat16], err
+    del out
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    out = haloattn.attention(*leaves, K, backend=BACKEND)
+    grad = torch.zeros_like(out)
+    grad[1, sl] = torch.randn(tail, H, D, device="cuda", generator=gen, dtype=torch.bfloat16)
+    dq, dk, dv = torch.autograd.grad(out, leaves, grad)
+    ref_leaves = [t.detach()[1:, sl].float().requires_grad_(True) for t in (q, k, v)]
+    ref_out = haloattn.attention(*ref_leaves, K, backend="reference")
+    rdq, rdk, rdv = torch.autograd.grad(ref_out, ref_leaves, grad[1:, sl].float())
+    inner = slice(2 * K, tail)  # keys near the slice start see queries the slice lacks
+    for g, rg in ((dq, rdq), (dk, rdk), (dv, rdv)):
+        err = oracle.rel_error(g[1:, sl][:, inner].float(), rg[:, inner])
+        assert err <= oracle.TOLERANCE[torch.bfloat16], err

@@ -1,0 +1,108 @@
+"""Backend ``triton`` (fused neighbourhood kernels) on CPU through Triton's interpreter, against the
+float64 oracle: forward, LSE and every gradient for each feature, on tiny problems.
+
+The interpreter is switched on only around this module's tests (the backend interprets its
+kernels whenever TRITON_INTERPRET=1 at launch, however they were defined), so other modules' CPU
+calls keep going to the reference backend.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import haloattn  # noqa: E402
+from haloattn.backends.triton import launch, tiles  # noqa: E402
+from haloattn.backend import AttentionInputs  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
+
+import oracle  # noqa: E402
+from test_triton_gpu import check_against_oracle  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.mark.parametrize(
+    "spatial,window,options",
+    [
+        ((12,), 5, dict(heads=4, kv_heads=2, head_dim=20, value_dim=32)),
+        ((13,), 4, dict(stride=2, dilation=2, causal=True)),
+        ((10,), 4, dict(stride=4, softcap=2.0, extra=70, heads=3, kv_heads=1)),
+        ((9, 11), (3, 5), dict(stride=(1, 2), dilation=(2, 1), causal=(True, False), rpb=True, softcap=3.0,
+                               heads=4, kv_heads=2, value_dim=24, extra=5)),
+        ((4, 5, 6), (3, 2, 3), dict(stride=(1, 2, 3), dilation=(1, 2, 1), causal=(True, False, False),
+                                    kv_heads=1, rpb=True, extra=2)),
+        ((9, 11), (3, 4), dict(pattern="window", shift=(1, 2), dilation=(1, 2), causal=(False, True),
+                               rpb=True, extra=3)),
+        ((6, 8), (6, 3), dict(pattern="window", scale=0.0, batch=2)),
+    ],
+    ids=["1d-gqa-dv", "1d-stride-dil-causal", "1d-blocked-softcap-extra", "2d-mixed-all",
+         "3d-mixed-rpb", "2d-window-shift", "2d-window-scale0"],
+)
+def test_float32_features(spatial, window, options):
+    check_against_oracle(spatial, window, dtype=torch.float32, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit(dtype):
+    check_against_oracle((7, 9), (3, 5), dtype=dtype, causal=(False, True), rpb=True, softcap=4.0, extra=2,
+                         heads=2, kv_heads=1, head_dim=32)
+
+
+def test_without_lse_gradient():
+    check_against_oracle((11,), 3, grad_lse=False, rpb=True)
+
+
+def test_every_tuning_candidate_runs_forward_correctly():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 9, 10, 2, 16, generator=gen) for _ in range(3))
+    problem = build_problem(q, k, v, (3, 5), stride=(1, 2))
+    ref, ref_lse = oracle.attention(q, k, v, (3, 5), stride=(1, 2))
+    for config in tiles.candidate_configs(problem):
+        out, lse = launch.forward(problem, AttentionInputs(q, k, v), config)
+        assert oracle.rel_error(out, ref) <= 1e-5, config
+        assert (lse.double() - ref_lse).abs().max() <= 1e-4, config
+
+
+def test_heuristic_tiles_fit_the_grid():
+    q = torch.randn(1, 3, 40, 5, 2, 16)
+    problem = build_problem(q, q, q, (3, 5, 3), dilation=(1, 2, 1))
+    cfg = tiles.default_config(problem)
+    for kernel in cfg.values():
+        for part in ("q", "kv"):
+            shape = kernel[part]
+            assert len(shape) == 3 and all(s & (s - 1) == 0 for s in shape)
+            assert shape[0] <= 4 and shape[2] <= 8  # no longer than the (rounded) axis
+            assert 16 <= shape[0] * shape[1] * shape[2]
+
+
+def _reasons(monkeypatch, interpret, **kw):
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q = torch.randn(1, 8, 2, 16, dtype=kw.pop("dtype", torch.float32))
+    explanation = haloattn.explain(q, q, q, 3, **kw)
+    verdict = next(v for v in explanation.verdicts if v.name == "triton")
+    return verdict.reasons, explanation.chosen
+
+
+def test_reasons_for_what_it_does_not_run(monkeypatch):
+    reasons, _ = _reasons(monkeypatch, True, dtype=torch.float64)
+    assert reasons == ["float64 runs on the reference backend"]
+    reasons, _ = _reasons(monkeypatch, True, score_mod=lambda s, b, h, q, k: s, mask_mod=lambda b, h, q, k: q >= k)
+    assert any(r.startswith("score_mod is not supported") for r in reasons)
+    assert any(r.startswith("mask_mod is not supported") for r in reasons)
+    reasons, _ = _reasons(monkeypatch, True, kq_conv=torch.randn(2, 2, 3))
+    assert any("kq_conv" in r for r in reasons)
+
+
+def test_cpu_problems_stay_on_the_reference_without_the_interpreter(monkeypatch):
+    reasons, chosen = _reasons(monkeypatch, False)
+    assert any(r.startswith("device cpu: Triton runs on CUDA devices") or "no CUDA device" in r for r in reasons)
+    assert chosen != "triton"
+    reasons, chosen = _reasons(monkeypatch, True)
+    assert reasons == [] and chosen == "triton"
