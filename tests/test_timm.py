@@ -74,8 +74,14 @@ def test_swin_tiny_224_matches_stock():
     x = torch.randn(4, 3, 224, 224, device=DEVICE)
     with torch.no_grad():
         assert oracle.rel_error(patched(x), stock(x)) < 1e-4
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        stock(x).float().logsumexp(-1).sum().backward()
-        patched(x).float().logsumexp(-1).sum().backward()
+    stock(x).logsumexp(-1).sum().backward()
+    patched(x).logsumexp(-1).sum().backward()
     errors = _relative_gradients(stock, patched)
-    assert max(errors.values()) < 5e-2, max(errors.items(), key=lambda kv: kv[1])
+    assert max(errors.values()) < 1e-3, max(errors.items(), key=lambda kv: kv[1])
+
+    patched.zero_grad()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = patched(x).float().logsumexp(-1).mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in patched.parameters())

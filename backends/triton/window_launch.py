@@ -81,7 +81,8 @@ def _meta(launch: WindowLaunch, problem, inputs_dtype):
         # float32 inputs get float32 products, as the contract's tolerances expect (no TF32).
         PRECISION="ieee" if inputs_dtype == torch.float32 else "tf32",
         UPCAST=inputs_dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
-        num_warps=4 if launch.block <= 64 else 8,
+        # Enough warps that the BLOCK x BLOCK float32 score tile stays near 32-128 registers a thread.
+        num_warps={16: 4, 32: 4, 64: 4, 128: 8, 256: 16}[launch.block],
     )
 
 
@@ -111,15 +112,28 @@ def dense_bias(rpb: torch.Tensor, launch: WindowLaunch) -> torch.Tensor:
     return torch.where(inside, table[:, index], 0.0).contiguous()
 
 
+@functools.lru_cache(maxsize=64)
+def _bias_one_hot(windows: Tuple[int, int, int], block: int, device: torch.device) -> torch.Tensor:
+    """``[BLOCK * BLOCK, table size]``: which table entry each tile pair's bias came from."""
+    index, inside = _bias_index(windows, block, device)
+    table_size = math.prod(2 * w - 1 for w in windows)
+    one_hot = torch.zeros(block * block, table_size, device=device, dtype=torch.float64)
+    one_hot[torch.arange(index.numel(), device=device), index.reshape(-1)] = inside.reshape(-1).double()
+    return one_hot
+
+
 def table_gradient(dbias: torch.Tensor, rpb: torch.Tensor, launch: WindowLaunch) -> torch.Tensor:
-    """Fold the ``[H, BLOCK, BLOCK]`` bias-tile gradient into the rpb table's shape. Uses a one-hot
-    matrix product rather than index_add so the sum order is fixed (deterministic on CUDA)."""
-    index, inside = _bias_index(launch.windows, launch.block, dbias.device)
-    table_size = rpb[0].numel()
-    one_hot = torch.zeros(launch.block * launch.block, table_size, device=dbias.device)
-    one_hot[torch.arange(index.numel(), device=dbias.device), index.reshape(-1)] = inside.reshape(-1).float()
-    grad = dbias.reshape(dbias.shape[0], -1) @ one_hot
+    """Fold the ``[H, BLOCK, BLOCK]`` bias-tile gradient into the rpb table's shape. A one-hot
+    matrix product rather than index_add keeps the sum order fixed (deterministic on CUDA); float64
+    so that TF32 matmul settings cannot touch it (the product is tiny)."""
+    one_hot = _bias_one_hot(launch.windows, launch.block, dbias.device)
+    grad = dbias.reshape(dbias.shape[0], -1).double() @ one_hot
     return grad.reshape(rpb.shape).to(rpb.dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _programs(launch: WindowLaunch, problem, windows_per_program: int) -> int:
@@ -132,7 +146,7 @@ def _backward_windows_per_program(launch: WindowLaunch, problem, device: torch.d
     if not problem.has_rpb:
         return 1
     if device.type == "cuda":
-        target_programs = 16 * torch.cuda.get_device_properties(device).multi_processor_count
+        target_programs = 16 * _multiprocessors(device)
     else:
         target_programs = 4
     pairs = launch.num_windows * problem.heads

@@ -1,0 +1,82 @@
+"""timm swin_tiny_patch4_window7_224, random init, stock against haloattn.integrations.timm.patch_swin:
+training-step throughput (forward, backward, AdamW step) and inference throughput, bfloat16
+autocast. Stock timm runs its default attention path (eager, unless TIMM_FUSED_ATTN enables SDPA);
+``--fused`` also times stock with timm's SDPA path switched on. Medians of triton's do_bench.
+
+    python benchmarks/bench_swin_timm.py [--batch 128] [--fused]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+
+import torch
+from timm.models import swin_transformer
+from triton.testing import do_bench
+
+from haloattn.integrations.timm import patch_swin
+
+
+def throughput(model, batch, train):
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    target = torch.randint(0, 1000, (batch,), device="cuda")
+    if train:
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x), target)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    else:
+        model.eval()
+
+        @torch.no_grad()
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                model(x)
+    ms = do_bench(step, warmup=300, rep=1500, return_mode="median")
+    return ms, batch * 1000.0 / ms
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--fused", action="store_true", help="also time stock timm with its SDPA path")
+    parser.add_argument("--markdown", help="also write the table to this file")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    stock = swin_transformer.swin_tiny_patch4_window7_224(pretrained=False).cuda()
+    variants = {"stock timm": stock}
+    if args.fused:
+        fused = copy.deepcopy(stock)
+        for module in fused.modules():
+            if isinstance(module, swin_transformer.WindowAttention):
+                module.fused_attn = True
+        variants["stock timm, fused_attn (SDPA)"] = fused
+    variants["haloattn patch_swin"] = patch_swin(copy.deepcopy(stock))
+
+    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, bf16 autocast",
+             "| model | train step (ms) | train img/s | inference (ms) | inference img/s |", "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    results = {}
+    for name, model in variants.items():
+        train_ms, train_ips = throughput(model, args.batch, train=True)
+        infer_ms, infer_ips = throughput(model, args.batch, train=False)
+        results[name] = (train_ips, infer_ips)
+        lines.append(f"| {name} | {train_ms:.1f} | {train_ips:.0f} | {infer_ms:.1f} | {infer_ips:.0f} |")
+        print(lines[-1], flush=True)
+    base_train, base_infer = results["stock timm"]
+    ours_train, ours_infer = results["haloattn patch_swin"]
+    lines.append(f"\nhaloattn vs stock timm: training {ours_train / base_train:.2f}x, inference {ours_infer / base_infer:.2f}x")
+    print(lines[-1], flush=True)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

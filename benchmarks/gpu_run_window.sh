@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One GPU session for the short-window work (issue 4): install, GPU tests, benchmarks; logs in $OUT.
+#   bash benchmarks/gpu_run_window.sh        (OUT defaults to /tmp/haloattn_out)
+set -o pipefail
+export PYTHONUNBUFFERED=1 HALOATTN_CUDA=off
+OUT=${OUT:-/tmp/haloattn_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+
+if ! python3 -m pip install --no-build-isolation --no-deps -e . -q 2>&1 | tee "$OUT/install.log"; then
+  # Fallback: lay the package out by hand, with the entry points the plugins register through.
+  site=/tmp/haloattn_site
+  rm -rf "$site" && mkdir -p "$site/haloattn-0.1.0.dist-info"
+  cp -r core/haloattn "$site/haloattn"
+  cp -r backends/reference backends/triton "$site/haloattn/backends/"
+  printf 'Metadata-Version: 2.1\nName: haloattn\nVersion: 0.1.0\n' > "$site/haloattn-0.1.0.dist-info/METADATA"
+  sed -n '/entry-points."haloattn.backends"/,/^$/p' pyproject.toml \
+    | sed 's/\[project.entry-points."haloattn.backends"\]/[haloattn.backends]/' \
+    > "$site/haloattn-0.1.0.dist-info/entry_points.txt"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  echo "pip install failed; using $site" | tee -a "$OUT/install.log"
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/device.txt"
+python3 -c "import torch, triton, timm; print('torch', torch.__version__, 'triton', triton.__version__, 'timm', timm.__version__)" | tee -a "$OUT/device.txt"
+
+timeout 170 python3 -m pytest -m "gpu or not gpu" -q -p no:cacheprovider tests/test_window_gpu.py tests/test_timm.py 2>&1 | tee "$OUT/tests.log"
+timeout 120 python3 benchmarks/bench_window.py --markdown "$OUT/bench_window.md" 2>&1 | tee "$OUT/bench_window.log"
+timeout 110 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --markdown "$OUT/bench_timm.md" 2>&1 | tee "$OUT/bench_timm.log"
