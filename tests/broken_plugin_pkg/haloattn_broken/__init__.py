@@ -1,0 +1,1 @@
+"""Test-only broken haloattn backend plugins."""

@@ -1,0 +1,1 @@
+"""Test-only haloattn backend package."""
