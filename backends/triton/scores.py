@@ -7,8 +7,8 @@ the tanh of softcap is returned too because its derivative is needed by the back
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -16,8 +16,10 @@ def mma(a, b, acc, PRECISION: tl.constexpr):
     """``a @ b + acc`` in float32. PRECISION "interpret" upcasts the operands first, because the CPU
     interpreter of Triton 3.6 multiplies bfloat16 operands as raw bits."""
     if PRECISION == "interpret":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=PRECISION)
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        c = tl.dot(a, b, acc, input_precision=PRECISION)
+    return c
 
 
 @triton.jit
@@ -69,9 +71,11 @@ def finish_scores(qk, bias, scale, softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP:
 def within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, ROWS_ARE_QUERIES: tl.constexpr):
     """Pair mask: key (y0, y1, y2) lies in the query's per-axis ranges on every axis."""
     if ROWS_ARE_QUERIES:
-        return ((y0[None, :] >= lo0[:, None]) & (y0[None, :] < hi0[:, None])
+        seen = ((y0[None, :] >= lo0[:, None]) & (y0[None, :] < hi0[:, None])
                 & (y1[None, :] >= lo1[:, None]) & (y1[None, :] < hi1[:, None])
                 & (y2[None, :] >= lo2[:, None]) & (y2[None, :] < hi2[:, None]))
-    return ((y0[:, None] >= lo0[None, :]) & (y0[:, None] < hi0[None, :])
-            & (y1[:, None] >= lo1[None, :]) & (y1[:, None] < hi1[None, :])
-            & (y2[:, None] >= lo2[None, :]) & (y2[:, None] < hi2[None, :]))
+    else:
+        seen = ((y0[:, None] >= lo0[None, :]) & (y0[:, None] < hi0[None, :])
+                & (y1[:, None] >= lo1[None, :]) & (y1[:, None] < hi1[None, :])
+                & (y2[:, None] >= lo2[None, :]) & (y2[:, None] < hi2[None, :]))
+    return seen
