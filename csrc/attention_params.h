@@ -48,6 +48,7 @@ struct AttentionParams {
   int64_t grad_lse = 0;  // float32 [B, *spatial, H] contiguous, or 0 when absent
   int64_t delta = 0;     // float32 scratch [B, *spatial, H]: rowsum(dO * O) - grad_lse
   int64_t stream = 0;    // cudaStream_t as an integer
+  int device = 0;        // CUDA device index of every tensor (set as current before launching)
 };
 
 // Host entry points (defined in the .cu files). Each returns an empty string on success, else

@@ -33,7 +33,7 @@ haloattn::TokenTensor token_tensor(const TensorTuple& t) {
 }
 
 AttentionParams make_params(int dtype, int pattern, int batch, int heads, int kv_heads, int head_dim, int value_dim,
-                            const std::vector<AxisTuple>& axes, double scale, int64_t stream) {
+                            const std::vector<AxisTuple>& axes, double scale, int device, int64_t stream) {
   if (axes.size() != kMaxRank) throw std::invalid_argument("axes must hold exactly 3 (padded) axes");
   AttentionParams p;
   p.dtype = static_cast<haloattn::DType>(dtype);
@@ -49,6 +49,7 @@ AttentionParams make_params(int dtype, int pattern, int batch, int heads, int kv
   }
   p.scale = static_cast<float>(scale);
   p.stream = stream;
+  p.device = device;
   return p;
 }
 
@@ -76,8 +77,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("forward",
         [](int dtype, int pattern, int batch, int heads, int kv_heads, int head_dim, int value_dim,
            const std::vector<AxisTuple>& axes, double scale, const TensorTuple& query, const TensorTuple& key,
-           const TensorTuple& value, const TensorTuple& out, int64_t lse, int64_t stream) {
-          AttentionParams p = make_params(dtype, pattern, batch, heads, kv_heads, head_dim, value_dim, axes, scale, stream);
+           const TensorTuple& value, const TensorTuple& out, int64_t lse, int device, int64_t stream) {
+          AttentionParams p = make_params(dtype, pattern, batch, heads, kv_heads, head_dim, value_dim, axes, scale, device, stream);
           p.query = token_tensor(query);
           p.key = token_tensor(key);
           p.value = token_tensor(value);
@@ -92,7 +93,7 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("dtype"), py::arg("pattern"), py::arg("batch"), py::arg("heads"), py::arg("kv_heads"),
         py::arg("head_dim"), py::arg("value_dim"), py::arg("axes"), py::arg("scale"), py::arg("query"),
-        py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("stream"),
+        py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("device"), py::arg("stream"),
         "Fused forward: writes out [B, *spatial, H, D] and the float32 LSE [B, *spatial, H] (contiguous).");
 
   m.def("backward",
@@ -100,8 +101,8 @@ PYBIND11_MODULE(_C, m) {
            const std::vector<AxisTuple>& axes, double scale, const TensorTuple& query, const TensorTuple& key,
            const TensorTuple& value, const TensorTuple& out, int64_t lse, const TensorTuple& grad_out,
            int64_t grad_lse, const TensorTuple& grad_query, const TensorTuple& grad_key,
-           const TensorTuple& grad_value, int64_t delta, int64_t stream) {
-          AttentionParams p = make_params(dtype, pattern, batch, heads, kv_heads, head_dim, value_dim, axes, scale, stream);
+           const TensorTuple& grad_value, int64_t delta, int device, int64_t stream) {
+          AttentionParams p = make_params(dtype, pattern, batch, heads, kv_heads, head_dim, value_dim, axes, scale, device, stream);
           p.query = token_tensor(query);
           p.key = token_tensor(key);
           p.value = token_tensor(value);
@@ -123,7 +124,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dtype"), py::arg("pattern"), py::arg("batch"), py::arg("heads"), py::arg("kv_heads"),
         py::arg("head_dim"), py::arg("value_dim"), py::arg("axes"), py::arg("scale"), py::arg("query"),
         py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"), py::arg("grad_lse"),
-        py::arg("grad_query"), py::arg("grad_key"), py::arg("grad_value"), py::arg("delta"), py::arg("stream"),
+        py::arg("grad_query"), py::arg("grad_key"), py::arg("grad_value"), py::arg("delta"), py::arg("device"), py::arg("stream"),
         "Deterministic backward: writes grad_query/grad_key/grad_value; delta is float32 scratch "
         "[B, *spatial, H]; grad_lse is 0 when absent.");
 }

@@ -14,46 +14,13 @@
 #include "attention_params.h"
 #include "kernel_launch.h"
 #include "mma_fragments.cuh"
+#include "row_windows.cuh"
 #include "tile_loads.cuh"
 #include "token_tiles.cuh"
 #include "window_geometry.cuh"
 
 namespace haloattn {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// The keys one query row sees, per axis, in group units ([lo, hi) per axis; empty for rows past
-// the tile).
-struct RowWindow {
-  int lo[kMaxRank], hi[kMaxRank];
-};
-
-__device__ inline RowWindow row_window(const AttentionParams& p, const TileWork& w, const TileShape& shape, int row) {
-  RowWindow r;
-  int x[kMaxRank];
-  const int shape_extent[kMaxRank] = {shape.n[0], shape.n[1], shape.n[2]};
-  unravel3(row, shape_extent, x);
-  bool inside = row < kTileTokens;
-  for (int a = 0; a < kMaxRank; ++a) {
-    x[a] += w.x0[a];
-    inside = inside && x[a] < w.x1[a];
-  }
-  for (int a = 0; a < kMaxRank; ++a) {
-    const Range k = key_range(p.axis[a], p.pattern, inside ? x[a] : 0, w.group_len[a]);
-    r.lo[a] = inside ? k.lo : 0;
-    r.hi[a] = inside ? k.hi : 0;
-  }
-  return r;
-}
-
-__device__ inline bool attends(const RowWindow& r, const int (&key)[kMaxRank]) {
-  bool ok = true;
-#pragma unroll
-  for (int a = 0; a < kMaxRank; ++a) ok = ok && r.lo[a] <= key[a] && key[a] < r.hi[a];
-  return ok;
-}
 
 template <typename T, int D>
 struct ForwardSmem {
@@ -79,39 +46,17 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
 
-  // The key box of the tile: key_range is monotone, so the first and last query bound it.
   int key_lo[kMaxRank], key_extent[kMaxRank];
-  for (int a = 0; a < kMaxRank; ++a) {
-    const Range first = key_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]);
-    const Range last = key_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a]);
-    key_lo[a] = first.lo;
-    key_extent[a] = last.hi - first.lo;
-  }
+  key_box(p, w, key_lo, key_extent);
   const int box_keys = key_extent[0] * key_extent[1] * key_extent[2];
-  const int query_shape[kMaxRank] = {shape.n[0], shape.n[1], shape.n[2]};
-
-  // The Q tile is a box [x0, x0 + shape) whose rows past x1 are zero-filled: load it through a
-  // box of the clipped extent with the row order of the full tile shape.
-  {
-    constexpr int kChunks = D / 8;
-    const T* base = reinterpret_cast<const T*>(p.query.ptr) + w.batch * p.query.batch_stride + w.head * p.query.head_stride;
-    for (int c = threadIdx.x; c < kTileTokens * kChunks; c += kThreads) {
-      const int row = c / kChunks, col = (c % kChunks) * 8;
-      int x[kMaxRank];
-      unravel3(row, query_shape, x);
-      bool valid = true;
-      for (int a = 0; a < kMaxRank; ++a) {
-        x[a] += w.x0[a];
-        valid = valid && x[a] < w.x1[a];
-      }
-      valid = valid && row < shape.n[0] * shape.n[1] * shape.n[2];
-      copy16_async(sQ + row * kPitch + col, valid ? base + token_offset(p, p.query, w, x) + col : base, valid);
-    }
-  }
+  load_tile_async<T, D>(sQ, p, p.query, w, shape, w.head);
 
   const int row_a = warp * 16 + g, row_b = row_a + 8;
-  const RowWindow win_a = row_window(p, w, shape, row_a);
-  const RowWindow win_b = row_window(p, w, shape, row_b);
+  int x_a[kMaxRank], x_b[kMaxRank];
+  const bool inside_a = tile_row_coords(w, shape, row_a, x_a);
+  const bool inside_b = tile_row_coords(w, shape, row_b, x_b);
+  const RowWindow win_a = query_window(p, w, x_a, inside_a);
+  const RowWindow win_b = query_window(p, w, x_b, inside_b);
 
   uint32_t q_frag[kKSteps][4];
   float o[kOutTiles][4];
@@ -124,11 +69,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
     load_rows_async<T, D>(sK, p, p.key, w, kv_head, w.batch, key_lo, key_extent, first);
     load_rows_async<T, D>(sV, p, p.value, w, kv_head, w.batch, key_lo, key_extent, first);
     copy_async_commit();
-    if (threadIdx.x < kTileTokens) {
-      int y[kMaxRank];
-      const bool valid = box_coords(first + threadIdx.x, key_lo, key_extent, y);
-      for (int a = 0; a < kMaxRank; ++a) sKeyCoord[a * kTileTokens + threadIdx.x] = valid ? y[a] : -1;
-    }
+    store_box_coords(sKeyCoord, first, key_lo, key_extent);
     copy_async_wait_all();
     __syncthreads();
     if (first == 0) {
@@ -155,7 +96,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = nt * 8 + 2 * t + e;
-        const int key[kMaxRank] = {sKeyCoord[col], sKeyCoord[kTileTokens + col], sKeyCoord[2 * kTileTokens + col]};
+        int key[kMaxRank];
+        read_coords(sKeyCoord, col, key);
         s[nt][e] = attends(win_a, key) ? s[nt][e] * scale_log2 : -INFINITY;
         s[nt][2 + e] = attends(win_b, key) ? s[nt][2 + e] * scale_log2 : -INFINITY;
         tile_max_a = fmaxf(tile_max_a, s[nt][e]);
@@ -217,15 +159,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
   const int64_t tokens = grid_tokens(p);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int row = half == 0 ? row_a : row_b;
-    int x[kMaxRank];
-    unravel3(row, query_shape, x);
-    bool inside = row < shape.n[0] * shape.n[1] * shape.n[2];
-    for (int a = 0; a < kMaxRank; ++a) {
-      x[a] += w.x0[a];
-      inside = inside && x[a] < w.x1[a];
-    }
-    if (!inside) continue;
+    if (!(half == 0 ? inside_a : inside_b)) continue;
+    const int(&x)[kMaxRank] = half == 0 ? x_a : x_b;
     const float l = half == 0 ? l_a : l_b;
     const float m = half == 0 ? m_a : m_b;
     const float inv_l = l > 0.f ? 1.f / l : 0.f;
@@ -260,6 +195,8 @@ std::string launch_forward(const AttentionParams& p) {
 std::string forward(const AttentionParams& p) {
   std::string bad = check_supported(p);
   if (!bad.empty()) return bad;
+  // This module's CUDA runtime keeps its own current device: follow the tensors'.
+  HALOATTN_CUDA_TRY(cudaSetDevice(p.device));
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
     return launch_forward<typename decltype(dtype_tag)::type, decltype(dim_tag)::value>(p);
   });

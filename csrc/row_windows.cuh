@@ -1,0 +1,76 @@
+// Per-element masking: each query's neighbourhood as one [lo, hi) range per axis (group units),
+// tested against a key's group coordinates. Keys past a box carry coordinate -1 and rows past
+// the grid an empty range, so padding never attends.
+#pragma once
+
+#include "tile_loads.cuh"
+#include "token_tiles.cuh"
+#include "window_geometry.cuh"
+
+namespace haloattn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct RowWindow {
+  int lo[kMaxRank], hi[kMaxRank];
+};
+
+__device__ inline RowWindow query_window(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
+                                         bool inside) {
+  RowWindow r;
+  for (int a = 0; a < kMaxRank; ++a) {
+    const Range k = key_range(p.axis[a], p.pattern, inside ? x[a] : 0, w.group_len[a]);
+    r.lo[a] = inside ? k.lo : 0;
+    r.hi[a] = inside ? k.hi : 0;
+  }
+  return r;
+}
+
+__device__ inline bool attends(const RowWindow& r, const int (&key)[kMaxRank]) {
+  bool ok = true;
+#pragma unroll
+  for (int a = 0; a < kMaxRank; ++a) ok = ok && r.lo[a] <= key[a] && key[a] < r.hi[a];
+  return ok;
+}
+
+// The box of keys a tile's queries [x0, x1) see: key_range is monotone in the query, so the
+// first and last query bound it on every axis.
+__device__ inline void key_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
+                               int (&extent)[kMaxRank]) {
+  for (int a = 0; a < kMaxRank; ++a) {
+    const Range first = key_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]);
+    const Range last = key_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a]);
+    lo[a] = first.lo;
+    extent[a] = last.hi - first.lo;
+  }
+}
+
+// The box of queries that see a tile's keys [x0, x1) (the inverse rule, also monotone).
+__device__ inline void query_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
+                                 int (&extent)[kMaxRank]) {
+  for (int a = 0; a < kMaxRank; ++a) {
+    const Range first = query_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]);
+    const Range last = query_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a]);
+    lo[a] = first.lo;
+    extent[a] = last.hi - first.lo;
+  }
+}
+
+// Group coordinates of the 64 keys [first, first + 64) of a box into smem ([axis][64]).
+__device__ inline void store_box_coords(int* coords, int first, const int (&lo)[kMaxRank],
+                                        const int (&extent)[kMaxRank]) {
+  if (threadIdx.x < kTileTokens) {
+    int y[kMaxRank];
+    const bool valid = box_coords(first + threadIdx.x, lo, extent, y);
+    for (int a = 0; a < kMaxRank; ++a) coords[a * kTileTokens + threadIdx.x] = valid ? y[a] : -1;
+  }
+}
+
+__device__ inline void read_coords(const int* coords, int col, int (&y)[kMaxRank]) {
+  y[0] = coords[col];
+  y[1] = coords[kTileTokens + col];
+  y[2] = coords[2 * kTileTokens + col];
+}
+
+}  // namespace haloattn
