@@ -1,0 +1,194 @@
+"""Backend ``cuda`` without a GPU: the build's outcome and the reasons the backend reports.
+
+* ``available()`` names the precise cause when the compiled module is missing, was not built
+  (and why), fails to import, or finds no device; ``not_supported_reasons`` names each feature,
+  dtype, head_dim and capability it cannot serve.
+* CMake rejects a bad ``HALOATTN_CUDA`` and records why it skipped the module (needs cmake).
+* The kernels' index rules (csrc/window_geometry.cuh), compiled for the host with nvcc, equal
+  core/haloattn/geometry.py's key_range / query_range on every coordinate (needs nvcc).
+"""
+
+import dataclasses
+import random
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from haloattn.backends.cuda import module as cuda_module
+from haloattn.backends.cuda import plugin as cuda_plugin
+from haloattn.geometry import Axis, key_range, query_range, window_query_range
+from haloattn.problem import build_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fake_modules(monkeypatch):
+    """Install fake ``haloattn_cuda`` / ``haloattn_cuda._C`` modules for one test."""
+
+    def install(package=None, compiled=None):
+        cuda_module.load.cache_clear()
+        for name, mod in (("haloattn_cuda", package), ("haloattn_cuda._C", compiled)):
+            monkeypatch.setitem(sys.modules, name, mod)  # None makes the import fail
+
+    yield install
+    cuda_module.load.cache_clear()
+
+
+def _package(reason="", archs="90a"):
+    return types.SimpleNamespace(NOT_BUILT_REASON=reason, ARCHS=archs)
+
+
+def _compiled(count, error=""):
+    return types.SimpleNamespace(device_count=lambda: (count, error))
+
+
+def test_reason_when_package_is_missing(fake_modules):
+    fake_modules(package=None)
+    (reason,) = cuda_plugin.CudaBackend().available()
+    assert "haloattn_cuda._C is not installed" in reason and "HALOATTN_CUDA=on" in reason
+
+
+def test_reason_when_module_was_not_built(fake_modules):
+    fake_modules(package=_package("no CUDA compiler (nvcc) was found when the package was built"))
+    (reason,) = cuda_plugin.CudaBackend().available()
+    assert "was not built: no CUDA compiler (nvcc) was found" in reason
+
+
+def test_reason_when_module_fails_to_import(fake_modules):
+    fake_modules(package=_package(), compiled=None)
+    (reason,) = cuda_plugin.CudaBackend().available()
+    assert "haloattn_cuda._C failed to import" in reason
+
+
+@pytest.mark.parametrize("count,error,expected", [(-1, "no CUDA-capable device is detected", "no CUDA device: the CUDA runtime says"), (0, "", "no CUDA device")])
+def test_reason_when_no_device(fake_modules, count, error, expected):
+    fake_modules(package=_package(), compiled=_compiled(count, error))
+    (reason,) = cuda_plugin.CudaBackend().available()
+    assert reason.startswith(expected) and error in reason
+
+
+def test_available_with_a_device(fake_modules):
+    fake_modules(package=_package(), compiled=_compiled(1))
+    assert cuda_plugin.CudaBackend().available() == []
+
+
+def test_haloattn_info_lists_the_reason(fake_modules, capsys):
+    from haloattn.cli import main
+
+    fake_modules(package=_package("the package was built with HALOATTN_CUDA=off"))
+    assert main(["info"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("cuda "))
+    assert "unavailable: the compiled module was not built: the package was built with HALOATTN_CUDA=off" in line
+
+
+def _problem(device="cpu", dtype=torch.bfloat16, head_dim=64, value_dim=None, **options):
+    q = torch.empty(1, 16, 16, 4, head_dim, dtype=dtype, device=device)
+    k = torch.empty(1, 16, 16, 2, head_dim, dtype=dtype, device=device)
+    v = torch.empty(1, 16, 16, 2, value_dim or head_dim, dtype=dtype, device=device)
+    return build_problem(q, k, v, 5, **options)
+
+
+def test_not_supported_reasons_are_precise():
+    backend = cuda_plugin.CudaBackend()
+    reasons = backend.not_supported_reasons(_problem(dtype=torch.float32, head_dim=96, value_dim=32, softcap=5.0))
+    text = " | ".join(reasons)
+    assert "device cpu: the cuda backend runs on CUDA devices" in text
+    assert "dtype float32 is not float16 or bfloat16" in text
+    assert "head_dim 96 not in (64, 128)" in text
+    assert "value head_dim (D_v) 32 differs from head_dim 96" in text
+    assert "softcap is not implemented in the cuda backend yet" in text
+    assert "rpb" not in text
+
+
+def test_supported_problem_has_only_the_device_reason():
+    reasons = cuda_plugin.CudaBackend().not_supported_reasons(_problem(pattern="window", shift=2, causal=True))
+    assert reasons == ["device cpu: the cuda backend runs on CUDA devices"]
+
+
+def test_capability_must_match_the_build(monkeypatch):
+    monkeypatch.setattr(cuda_plugin, "cuda_capability", lambda device: (8, 0))
+    monkeypatch.setattr(cuda_plugin, "built_archs", lambda: ["90a"])
+    problem = dataclasses.replace(_problem(), device=torch.device("cuda", 0))
+    (reason,) = cuda_plugin.CudaBackend().not_supported_reasons(problem)
+    assert reason == (
+        "device cuda:0 has compute capability 8.0; haloattn_cuda._C was built for sm_90a "
+        "(set HALOATTN_CUDA_ARCHS at install time)"
+    )
+    monkeypatch.setattr(cuda_plugin, "cuda_capability", lambda device: (9, 0))
+    assert cuda_plugin.CudaBackend().not_supported_reasons(problem) == []
+
+
+def test_capability_of_arch_names():
+    assert cuda_module.capability_of("90a") == (9, 0)
+    assert cuda_module.capability_of("100a") == (10, 0)
+    assert cuda_module.capability_of("89") == (8, 9)
+
+
+def _cmake(tmp_path, *defines):
+    return subprocess.run(
+        ["cmake", "-S", str(ROOT), "-B", str(tmp_path / "build"), *defines],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_cmake_rejects_an_unknown_mode(tmp_path):
+    result = _cmake(tmp_path, "-DHALOATTN_CUDA=maybe")
+    assert result.returncode != 0
+    assert "HALOATTN_CUDA='maybe'; allowed: auto, on, off" in result.stderr.replace("\n  ", " ")
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_cmake_off_records_the_reason(tmp_path):
+    result = _cmake(tmp_path, "-DHALOATTN_CUDA=off")
+    assert result.returncode == 0, result.stderr
+    record = (tmp_path / "build" / "haloattn_cuda" / "__init__.py").read_text()
+    assert 'NOT_BUILT_REASON = "the package was built with HALOATTN_CUDA=off"' in record
+
+
+def _random_axes(rng, count):
+    for _ in range(count):
+        pattern = rng.choice(("neighborhood", "window"))
+        L = rng.randint(1, 40)
+        Dl = rng.randint(1, max(1, min(4, L)))
+        K = rng.randint(1, max(1, L // Dl))
+        if K * Dl > L:
+            K, Dl = 1, 1
+        S = rng.randint(1, K) if pattern == "neighborhood" else 1
+        s = rng.randint(0, K - 1) if pattern == "window" else 0
+        yield pattern, Axis(L, K, S, Dl, rng.random() < 0.4, s)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_kernel_index_rules_match_geometry(tmp_path):
+    exe = tmp_path / "geometry_dump"
+    subprocess.run(
+        ["nvcc", "-std=c++17", "-x", "cu", "-I", str(ROOT / "csrc"), str(ROOT / "tests" / "cuda_host" / "geometry_dump.cu"),
+         "-o", str(exe)],
+        check=True, timeout=600,
+    )
+    axes = list(_random_axes(random.Random(0), 400))
+    stdin = "".join(
+        f"{int(p == 'window')} {a.length} {a.window} {a.stride} {a.dilation} {int(a.causal)} {a.shift}\n" for p, a in axes
+    )
+    lines = iter(subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split("\n"))
+    for pattern, axis in axes:
+        previous = {}
+        for i in range(axis.length):
+            got = tuple(int(x) for x in next(lines).split())
+            group, lo, hi = key_range(axis, pattern, i)
+            y, group_len = i // axis.dilation, axis.group_length(group)
+            inverse = query_range if pattern == "neighborhood" else window_query_range
+            q_lo, q_hi = inverse(axis, y, group_len)
+            assert got == (i, lo, hi, q_lo, min(q_hi, group_len)), (pattern, axis, i)
+            # The kernels bound a tile's keys (queries) by its first and last query (key): both
+            # ends must be non-decreasing along a dilation group.
+            if i >= axis.dilation:
+                assert all(a <= b for a, b in zip(previous[group], got[1:])), (pattern, axis, i)
+            previous[group] = got[1:]
