@@ -3,7 +3,6 @@
 // the grid an empty range, so padding never attends.
 #pragma once
 
-#include "tile_loads.cuh"
 #include "token_tiles.cuh"
 #include "window_geometry.cuh"
 
@@ -16,7 +15,7 @@ struct RowWindow {
   int lo[kMaxRank], hi[kMaxRank];
 };
 
-__device__ inline RowWindow query_window(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
+__host__ __device__ inline RowWindow query_window(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
                                          bool inside) {
   RowWindow r;
   for (int a = 0; a < kMaxRank; ++a) {
@@ -27,7 +26,7 @@ __device__ inline RowWindow query_window(const AttentionParams& p, const TileWor
   return r;
 }
 
-__device__ inline bool attends(const RowWindow& r, const int (&key)[kMaxRank]) {
+__host__ __device__ inline bool attends(const RowWindow& r, const int (&key)[kMaxRank]) {
   bool ok = true;
 #pragma unroll
   for (int a = 0; a < kMaxRank; ++a) ok = ok && r.lo[a] <= key[a] && key[a] < r.hi[a];
@@ -36,7 +35,7 @@ __device__ inline bool attends(const RowWindow& r, const int (&key)[kMaxRank]) {
 
 // The box of keys a tile's queries [x0, x1) see: key_range is monotone in the query, so the
 // first and last query bound it on every axis.
-__device__ inline void key_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
+__host__ __device__ inline void key_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
                                int (&extent)[kMaxRank]) {
   for (int a = 0; a < kMaxRank; ++a) {
     const Range first = key_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]);
@@ -47,7 +46,7 @@ __device__ inline void key_box(const AttentionParams& p, const TileWork& w, int 
 }
 
 // The box of queries that see a tile's keys [x0, x1) (the inverse rule, also monotone).
-__device__ inline void query_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
+__host__ __device__ inline void query_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
                                  int (&extent)[kMaxRank]) {
   for (int a = 0; a < kMaxRank; ++a) {
     const Range first = query_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]);

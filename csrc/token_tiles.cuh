@@ -56,7 +56,7 @@ struct TileWork {
   bool empty;               // the tile lies past this group's end (groups differ in length)
 };
 
-__device__ inline TileWork locate_tile(const AttentionParams& p, const TileShape& shape, int heads, int cta) {
+__host__ __device__ inline TileWork locate_tile(const AttentionParams& p, const TileShape& shape, int heads, int cta) {
   TileWork w;
   int tile_coord[kMaxRank];
   for (int a = kMaxRank - 1; a >= 0; --a) {
@@ -87,6 +87,28 @@ inline int64_t count_tiles(const AttentionParams& p, const TileShape& shape, int
   return n;
 }
 
+// Group coordinates of flat position `flat` of box [lo, lo + extent); false past the box.
+__host__ __device__ inline bool box_coords(int flat, const int (&lo)[kMaxRank], const int (&extent)[kMaxRank],
+                                  int (&x)[kMaxRank]) {
+  if (flat >= extent[0] * extent[1] * extent[2]) return false;
+  unravel3(flat, extent, x);
+  for (int a = 0; a < kMaxRank; ++a) x[a] += lo[a];
+  return true;
+}
+
+// Group coordinates of row `row` of a CTA's own tile (rows in the order of the full tile shape,
+// so row r of every tile has the same place); false for rows past the grid's end.
+__host__ __device__ inline bool tile_row_coords(const TileWork& w, const TileShape& shape, int row, int (&x)[kMaxRank]) {
+  const int extent[kMaxRank] = {shape.n[0], shape.n[1], shape.n[2]};
+  bool inside = row < shape.n[0] * shape.n[1] * shape.n[2];
+  unravel3(row, extent, x);
+  for (int a = 0; a < kMaxRank; ++a) {
+    x[a] += w.x0[a];
+    inside = inside && x[a] < w.x1[a];
+  }
+  return inside;
+}
+
 // Element offset of the token at group coordinates x (token coordinate x * dilation + group).
 __device__ inline int64_t token_offset(const AttentionParams& p, const TokenTensor& t, const TileWork& w,
                                        const int (&x)[kMaxRank]) {
@@ -96,13 +118,13 @@ __device__ inline int64_t token_offset(const AttentionParams& p, const TokenTens
 }
 
 // Flat row-major token index (for the [B, *spatial, H] LSE and delta buffers).
-__device__ inline int64_t token_index(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank]) {
+__host__ __device__ inline int64_t token_index(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank]) {
   int64_t flat = 0;
   for (int a = 0; a < kMaxRank; ++a) flat = flat * p.axis[a].length + x[a] * p.axis[a].dilation + w.group[a];
   return flat;
 }
 
-__device__ inline int64_t grid_tokens(const AttentionParams& p) {
+__host__ __device__ inline int64_t grid_tokens(const AttentionParams& p) {
   return static_cast<int64_t>(p.axis[0].length) * p.axis[1].length * p.axis[2].length;
 }
 

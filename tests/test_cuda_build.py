@@ -5,7 +5,8 @@
   dtype, head_dim and capability it cannot serve.
 * CMake rejects a bad ``HALOATTN_CUDA`` and records why it skipped the module (needs cmake).
 * The kernels' index rules (csrc/window_geometry.cuh), compiled for the host with nvcc, equal
-  core/haloattn/geometry.py's key_range / query_range on every coordinate (needs nvcc).
+  core/haloattn/geometry.py's key_range / query_range on every coordinate, and the kernels' work
+  decomposition (tiles, key boxes, inverse query boxes) covers every attended pair (needs nvcc).
 """
 
 import dataclasses
@@ -165,14 +166,23 @@ def _random_axes(rng, count):
         yield pattern, Axis(L, K, S, Dl, rng.random() < 0.4, s)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_kernel_index_rules_match_geometry(tmp_path):
-    exe = tmp_path / "geometry_dump"
+def _host_program(tmp_path, name):
+    """Compile tests/cuda_host/NAME.cu (host code only, csrc/ headers) and return its path."""
+    exe = tmp_path / name
     subprocess.run(
-        ["nvcc", "-std=c++17", "-x", "cu", "-I", str(ROOT / "csrc"), str(ROOT / "tests" / "cuda_host" / "geometry_dump.cu"),
+        ["nvcc", "-std=c++17", "-x", "cu", "-I", str(ROOT / "csrc"), str(ROOT / "tests" / "cuda_host" / f"{name}.cu"),
          "-o", str(exe)],
         check=True, timeout=600,
     )
+    return exe
+
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+
+@needs_nvcc
+def test_kernel_index_rules_match_geometry(tmp_path):
+    exe = _host_program(tmp_path, "geometry_dump")
     axes = list(_random_axes(random.Random(0), 400))
     stdin = "".join(
         f"{int(p == 'window')} {a.length} {a.window} {a.stride} {a.dilation} {int(a.causal)} {a.shift}\n" for p, a in axes
@@ -192,3 +202,32 @@ def test_kernel_index_rules_match_geometry(tmp_path):
             if i >= axis.dilation:
                 assert all(a <= b for a, b in zip(previous[group], got[1:])), (pattern, axis, i)
             previous[group] = got[1:]
+
+
+@needs_nvcc
+def test_kernel_tiles_cover_every_attended_pair(tmp_path):
+    exe = _host_program(tmp_path, "tiling_check")
+    rng = random.Random(1)
+    problems = []
+    for _ in range(150):
+        rank = rng.choice((1, 2, 3))
+        pattern = rng.choice(("neighborhood", "window"))
+        limit = {1: 200, 2: 24, 3: 9}[rank]
+        axes = [a for _, a in _random_axes(rng, 3 * rank)][:rank]
+        axes = [a if a.length <= limit else Axis(limit, 1) for a in axes]
+        if pattern == "window":
+            axes = [Axis(a.length, a.window, 1, a.dilation, a.causal, rng.randint(0, a.window - 1)) for a in axes]
+        else:
+            axes = [Axis(a.length, a.window, rng.randint(1, a.window), a.dilation, a.causal) for a in axes]
+        padded = [Axis(1, 1)] * (3 - rank) + axes
+        problems.append((pattern, padded))
+    stdin = "".join(
+        f"{int(p == 'window')} " + " ".join(
+            f"{a.length} {a.window} {a.stride} {a.dilation} {int(a.causal)} {a.shift}" for a in axes
+        ) + "\n"
+        for p, axes in problems
+    )
+    verdicts = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True, timeout=600).stdout
+    for (pattern, axes), verdict in zip(problems, verdicts.splitlines()):
+        assert verdict == "ok", (verdict, pattern, axes)
+    assert len(verdicts.splitlines()) == len(problems)

@@ -1,0 +1,82 @@
+"""Backend ``cuda`` against backend ``triton`` and dense cuDNN SDPA on bench_neighborhood's problems.
+
+Effective TFLOP/s count attended pairs only (4 * B * H * D * pairs forward, 3.5x that forward +
+backward); efficiency = effective TFLOP/s / dense cuDNN TFLOP/s over the same tokens, as in
+bench_neighborhood.py. Also reports the cuda output's relative difference from triton's.
+
+    python benchmarks/bench_cuda.py [--only 1,5,8] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import haloattn
+from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench
+from haloattn.problem import build_problem
+
+
+def time_backend(name, q, k, v, window, options):
+    fwd = bench(lambda: haloattn.attention(q, k, v, window, backend=name, **options))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    go = torch.randn_like(q)
+    fwd_bwd = bench(lambda: haloattn.attention(qg, kg, vg, window, backend=name, **options).backward(go), [qg, kg, vg])
+    return fwd, fwd_bwd
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="1,5,8,9", help="comma list of problem indices (bench_neighborhood.PROBLEMS)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    rows = []
+    for index in (int(i) for i in args.only.split(",") if i):
+        name, spatial, window, options, D = PROBLEMS[index]
+        torch.manual_seed(index)
+        q, k, v = (torch.randn(BATCH, *spatial, HEADS, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        problem = build_problem(q, k, v, window, **options)
+        flops = 4 * BATCH * HEADS * D * attended_pairs(problem)
+        N = problem.tokens
+        dq, dk, dv = (torch.randn(BATCH, HEADS, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        dgo = torch.randn_like(dq)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            dense_f = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv))
+            dense_b = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo), [dq, dk, dv])
+        dense_flops = 4 * BATCH * HEADS * D * N * N
+        row = {"problem": name, "dense_fwd_tflops": dense_flops / dense_f / 1e9,
+               "dense_fwdbwd_tflops": 3.5 * dense_flops / dense_b / 1e9}
+        outs = {}
+        for backend in ("cuda", "triton"):
+            try:
+                outs[backend] = haloattn.attention(q, k, v, window, backend=backend, **options)
+                f, fb = time_backend(backend, q, k, v, window, options)
+            except Exception as exc:  # report and go on: one backend failing must not hide the other
+                row[f"{backend}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                continue
+            row.update({
+                f"{backend}_fwd_ms": f, f"{backend}_fwdbwd_ms": fb,
+                f"{backend}_fwd_eff": flops / f / 1e9 / row["dense_fwd_tflops"],
+                f"{backend}_fwdbwd_eff": 3.5 * flops / fb / 1e9 / row["dense_fwdbwd_tflops"],
+            })
+        if "cuda_fwd_ms" in row and "triton_fwd_ms" in row:
+            row["cuda_speedup_fwd"] = row["triton_fwd_ms"] / row["cuda_fwd_ms"]
+            row["cuda_speedup_fwdbwd"] = row["triton_fwdbwd_ms"] / row["cuda_fwdbwd_ms"]
+        if len(outs) == 2:
+            a, b = outs["cuda"].float(), outs["triton"].float()
+            row["cuda_vs_triton_rel_diff"] = ((a - b).norm() / b.norm()).item()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del q, k, v, dq, dk, dv, dgo, outs
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
