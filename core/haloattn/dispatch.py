@@ -167,7 +167,9 @@ class Dispatcher:
             self.get(n)  # raises for unknown names
         return source, names
 
-    def explain(self, problem: Problem, forced: Optional[str] = None, autotune: bool = False) -> Explanation:
+    def explain(
+        self, problem: Problem, forced: Optional[str] = None, autotune: bool = False, needs_grad: Optional[bool] = None
+    ) -> Explanation:
         self.ensure_loaded()
         verdicts = [self.verdict(b, problem) for b in self.backends()]
         by_name = {v.name: v for v in verdicts}
@@ -182,7 +184,7 @@ class Dispatcher:
         runnable = [v.name for v in verdicts if v.can_run]
         if not runnable:
             return Explanation(problem, verdicts, None, None, "no installed backend supports it", dict(self.plugin_errors))
-        winner = tuning.cached_choice(problem, runnable)
+        winner = tuning.cached_choice(problem, runnable, needs_grad)
         if winner is not None:
             return Explanation(problem, verdicts, winner[0], winner[1], "tuning cache", dict(self.plugin_errors))
         return Explanation(problem, verdicts, runnable[0], None, "highest priority that supports it", dict(self.plugin_errors))
@@ -201,19 +203,23 @@ class Dispatcher:
         return decision
 
     def _decide(self, problem, forced, inputs, needs_grad, autotune) -> Tuple[Backend, Config]:
-        explanation = self.explain(problem, forced)
+        explanation = self.explain(problem, forced, needs_grad=needs_grad)
         if explanation.chosen is None:
             raise BackendUnavailableError(
                 f"haloattn cannot run this problem: {explanation.why}.\n{explanation}"
             )
         chosen = self.get(explanation.chosen)
         config = explanation.config
-        if autotune and inputs is not None and explanation.why != "tuning cache":
+        # tune unless this exact signature (gradients included) is on disk already
+        tuned = explanation.why == "tuning cache" and tuning.cached_entry(problem, needs_grad) is not None
+        if autotune and inputs is not None and not tuned:
             if explanation.why.startswith("forced"):
-                candidates = [chosen]
+                # tune the forced backend's configs once (stored apart from the unforced winner)
+                if tuning.tuned_entry(problem, chosen.name) is None:
+                    chosen, config = tuning.autotune(problem, [chosen], inputs, needs_grad, forced=chosen.name)
             else:
                 candidates = [self.get(v.name) for v in explanation.verdicts if v.can_run]
-            chosen, config = tuning.autotune(problem, candidates, inputs, needs_grad)
+                chosen, config = tuning.autotune(problem, candidates, inputs, needs_grad)
         if log.isEnabledFor(logging.DEBUG) or os.environ.get("HALOATTN_LOG", "").lower() == "debug":
             signature = (problem, chosen.name)
             if signature not in self._logged:

@@ -100,8 +100,10 @@ def cache_path(device: torch.device) -> str:
     return os.path.join(cache_dir(), f"tuning-{slug}-{digest}.json")
 
 
-def signature(problem: Problem, needs_grad: bool = False) -> str:
-    """A stable text key for a problem (mods by qualified name: their code is not hashed)."""
+def signature(problem: Problem, needs_grad: bool = False, forced: Optional[str] = None) -> str:
+    """A stable text key for a problem (mods by qualified name: their code is not hashed).
+    ``forced``: the key of a tuning run restricted to that backend (its configs only), kept apart
+    from the unrestricted winner so forcing a backend never changes what unforced calls pick."""
     def name(fn):
         return None if fn is None else f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
@@ -120,6 +122,8 @@ def signature(problem: Problem, needs_grad: bool = False) -> str:
         "mods": [name(problem.score_mod), name(problem.mask_mod)],
         "grad": needs_grad,
     }
+    if forced is not None:
+        fields["forced"] = forced
     return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
@@ -184,26 +188,38 @@ def forget_loaded_files() -> None:
         _memory.clear()
 
 
-def cached_entry(problem: Problem, needs_grad: bool = False) -> Optional[dict]:
-    return tuning_file(problem.device).entries.get(signature(problem, needs_grad))
+def cached_entry(problem: Problem, needs_grad: bool = False, forced: Optional[str] = None) -> Optional[dict]:
+    return tuning_file(problem.device).entries.get(signature(problem, needs_grad, forced))
 
 
-def cached_choice(problem: Problem, runnable: Sequence[str]) -> Optional[Tuple[str, Optional[dict]]]:
-    """The stored winner, if it is still among the backends that can run the problem."""
-    for needs_grad in (False, True):
+def cached_choice(
+    problem: Problem, runnable: Sequence[str], needs_grad: Optional[bool] = None
+) -> Optional[Tuple[str, Optional[dict]]]:
+    """The stored winner, if it is still among the backends that can run the problem. The entry
+    tuned with the same ``needs_grad`` comes first; the other one serves as a fallback."""
+    order = (False, True) if needs_grad is None else (bool(needs_grad), not needs_grad)
+    for needs_grad in order:
         entry = cached_entry(problem, needs_grad)
         if entry and entry.get("backend") in runnable:
             return entry["backend"], entry.get("config")
     return None
 
 
+def tuned_entry(problem: Problem, backend_name: str) -> Optional[dict]:
+    """The stored tuning result that gives ``backend_name``'s config for ``problem``: a run
+    restricted to it (forced), else an unrestricted run it won; None if it was never tuned."""
+    for forced in (backend_name, None):
+        for needs_grad in (False, True):
+            entry = cached_entry(problem, needs_grad, forced)
+            if entry and entry.get("backend") == backend_name:
+                return entry
+    return None
+
+
 def cached_config(problem: Problem, backend_name: str) -> Optional[dict]:
     """A config stored for ``backend_name`` (used when that backend is forced)."""
-    for needs_grad in (False, True):
-        entry = cached_entry(problem, needs_grad)
-        if entry and entry.get("backend") == backend_name:
-            return entry.get("config")
-    return None
+    entry = tuned_entry(problem, backend_name)
+    return entry.get("config") if entry else None
 
 
 def _synchronize(device: torch.device) -> None:
@@ -225,8 +241,10 @@ def time_call(fn, device: torch.device, warmup: int = 1, repeat: int = 5) -> flo
     return statistics.median(samples)
 
 
-def autotune(problem: Problem, candidates, inputs, needs_grad: bool):
-    """Time every (backend, config) candidate on ``inputs``; store and return the fastest."""
+def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Optional[str] = None):
+    """Time every (backend, config) candidate on ``inputs``; store and return the fastest.
+    ``forced``: the candidates are that one forced backend; its result is stored apart (see
+    :func:`signature`)."""
     from .backend import AttentionInputs
 
     trials: List[Tuple[object, Optional[dict]]] = [(b, c) for b in candidates for c in b.configs(problem)]
@@ -259,7 +277,7 @@ def autotune(problem: Problem, candidates, inputs, needs_grad: bool):
     if best is None:
         raise RuntimeError(f"haloattn tuning: every candidate failed for {problem.describe()}")
     entry = {"backend": best[0].name, "config": best[1], "ms": round(best[2], 6), "candidates_ms": results}
-    tuning_file(problem.device).store({signature(problem, needs_grad): entry})
+    tuning_file(problem.device).store({signature(problem, needs_grad, forced): entry})
     return best[0], best[1]
 
 
