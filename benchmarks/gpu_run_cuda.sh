@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the compiled cuda backend: build haloattn_cuda._C for sm_90a, GPU tests
-# against the oracle, then a short timing against triton and cuDNN.
+# against the oracle (and, if any fails, compute-sanitizer on one small forward + backward), then
+# a short timing against triton and cuDNN.
 # Usage (GPU machine, repo root, nvidia-cutlass importable): bash benchmarks/gpu_run_cuda.sh
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -17,6 +18,18 @@ if ! HALOATTN_CUDA=on python3 -m pip install --no-build-isolation --no-deps -e .
 fi
 echo "install took $(( $(date +%s) - start )) s" | tee -a "$OUT/device.txt"
 haloattn info 2>&1 | tee "$OUT/info.txt" | grep -A1 "cuda "
-timeout ${TEST_TIMEOUT:-170} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=line -rf tests/test_cuda_gpu.py 2>&1 \
-  | tail -60 | tee "$OUT/tests.log"
-timeout ${BENCH_TIMEOUT:-100} python3 benchmarks/bench_cuda.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+if ! timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=line -rf \
+    tests/test_cuda_gpu.py > "$OUT/tests.log" 2>&1; then
+  tail -70 "$OUT/tests.log"
+  timeout 90 compute-sanitizer --tool memcheck --print-limit 5 python3 -c "
+import torch, haloattn
+q, k, v = (torch.randn(1, 12, 13, 4, 64, device='cuda', dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+out = haloattn.attention(q, k, v, (5, 3), dilation=(2, 1), backend='cuda')
+out.sum().backward()
+torch.cuda.synchronize()
+print('sanitizer run finished')
+" 2>&1 | tail -25 | tee "$OUT/sanitizer.log"
+else
+  tail -5 "$OUT/tests.log"
+fi
+timeout ${BENCH_TIMEOUT:-90} python3 benchmarks/bench_cuda.py --only 1,5,8 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
