@@ -231,3 +231,37 @@ def test_kernel_tiles_cover_every_attended_pair(tmp_path):
     for (pattern, axes), verdict in zip(problems, verdicts.splitlines()):
         assert verdict == "ok", (verdict, pattern, axes)
     assert len(verdicts.splitlines()) == len(problems)
+
+
+def test_launch_passes_padded_axes_strides_and_views(monkeypatch):
+    """What backends/cuda/launch.py hands the module: rank padded to 3, element strides of the
+    tensors as given (strided views stay views when their rows are 16-byte aligned)."""
+    from haloattn.backend import AttentionInputs
+    from haloattn.backends.cuda import launch
+
+    calls = {}
+    fake = types.SimpleNamespace(forward=lambda **kwargs: calls.update(kwargs))
+    monkeypatch.setattr(launch, "load", lambda: (fake, ()))
+    monkeypatch.setattr(launch.torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=1234))
+    qkv = torch.randn(2, 10, 12, 3, 4, 64).to(torch.bfloat16)
+    q, k, v = qkv.unbind(3)
+    problem = build_problem(q, k, v, (3, 5), dilation=(2, 1), causal=(True, False))
+    problem = dataclasses.replace(problem, device=torch.device("cuda", 0))
+    out, lse = launch.forward(problem, AttentionInputs(q, k, v))
+    assert calls["axes"] == [(1, 1, 1, 1, 0, 0), (10, 3, 1, 2, 1, 0), (12, 5, 1, 1, 0, 0)]
+    assert calls["query"] == (q.data_ptr(), q.stride(0), (0, q.stride(1), q.stride(2)), q.stride(3))
+    assert calls["key"][0] == k.data_ptr()  # a view, not a copy
+    assert calls["out"] == (out.data_ptr(), out.stride(0), (0, out.stride(1), out.stride(2)), out.stride(3))
+    assert calls["lse"] == lse.data_ptr() and lse.dtype == torch.float32 and lse.shape == (2, 10, 12, 4)
+    assert (calls["dtype"], calls["pattern"], calls["device"], calls["stream"]) == (1, 0, 0, 1234)
+    assert (calls["heads"], calls["kv_heads"], calls["head_dim"], calls["value_dim"]) == (4, 4, 64, 64)
+
+
+def test_launch_copies_rows_that_are_not_16_byte_aligned():
+    from haloattn.backends.cuda.launch import _kernel_ready
+
+    t = torch.randn(1, 8, 2, 72).to(torch.float16)[..., 4:68]  # 8-byte offset rows
+    ready = _kernel_ready(t)
+    assert ready.is_contiguous() and torch.equal(ready, t)
+    aligned = torch.randn(1, 8, 2, 64).to(torch.float16)
+    assert _kernel_ready(aligned) is aligned
