@@ -4,10 +4,10 @@ with a block mask built for the same neighbourhood) and dense cuDNN SDPA over th
 Effective TFLOP/s count attended pairs only (exact, from haloattn.geometry): forward
 4 * B * H * D * pairs, forward+backward 3.5x that; dense SDPA counts every pair. Efficiency =
 effective TFLOP/s of a method / dense cuDNN TFLOP/s in the same run. Times are
-``triton.testing.do_bench`` medians. ``--tune`` also times every tuning candidate's forward
-and reports how far the heuristic default is from the best.
+``triton.testing.do_bench`` medians. ``--tune 0,1`` also times every tuning candidate (forward
+and backward kernels) of those problems and reports how far the heuristic default is from the best.
 
-    python benchmarks/bench_neighborhood.py [--tune] [--no-flex] [--json FILE] [--markdown FILE]
+    python benchmarks/bench_neighborhood.py [--tune 0,1,5] [--no-flex] [--json FILE] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -56,48 +56,79 @@ def bench(fn, grad_to_none=None) -> float:
     return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
 
 
-# ---- FlexAttention: one mask_mod for every problem (parameters in a device tensor, rank 3), so
-# torch.compile traces it once per token count instead of once per problem.
-FLEX_PARAMS = None
+# ---- FlexAttention: tokens are permuted into tiles (2-D 8x16, 3-D 2x8x8, NATTEN's "token
+# permute"; not timed) so a 128-token Flex block is a compact box, and the mask_mod closes over
+# Python ints, so its index arithmetic compiles with constant divisors (one compile per problem).
+FLEX_TILES = {1: (128,), 2: (8, 16), 3: (2, 8, 8)}
 
 
-def flex_mask_mod(b, h, q_idx, kv_idx):
-    P = FLEX_PARAMS
-    ok = None
-    qrest, krest = q_idx, kv_idx
-    for a in (2, 1, 0):
-        L, K, S, Dl, C = P[a, 0], P[a, 1], P[a, 2], P[a, 3], P[a, 4]
-        i, j = qrest % L, krest % L
-        qrest, krest = qrest // L, krest // L
-        g = i % Dl
-        x, y = i // Dl, j // Dl
-        Lg = (L - g + Dl - 1) // Dl
-        leader = torch.minimum((x // S) * S + S // 2, Lg - 1)
-        start = torch.minimum(torch.clamp(leader - K // 2, min=0), Lg - K)
-        centred = (y >= start) & (y < start + K)
-        leader_c = torch.minimum((x // S) * S + S - 1, Lg - 1)
-        causal = (y >= torch.clamp(leader_c - K + 1, min=0)) & (y <= x)
-        axis_ok = ((j % Dl) == g) & torch.where(C > 0, causal, centred)
-        ok = axis_ok if ok is None else ok & axis_ok
-    return ok
+def flex_tile(problem):
+    tile = FLEX_TILES[problem.rank]
+    return tile if all(L % t == 0 for L, t in zip(problem.spatial, tile)) else (1,) * (problem.rank - 1) + (128,)
 
 
-def set_flex_params(problem, device):
-    global FLEX_PARAMS
-    rows = [[1, 1, 1, 1, 0]] * (3 - problem.rank)
-    rows += [[a.length, a.window, a.stride, a.dilation, int(a.causal)] for a in problem.axes]
-    values = torch.tensor(rows, dtype=torch.int64, device=device)
-    if FLEX_PARAMS is None:
-        FLEX_PARAMS = values
-    else:
-        FLEX_PARAMS.copy_(values)
+def to_tiles(t, spatial, tile):
+    """[B, *spatial, H, D] -> [B, H, N, D] with the tokens of each tile contiguous (a copy)."""
+    B, H, D = t.shape[0], t.shape[-2], t.shape[-1]
+    r = len(spatial)
+    shape = [B]
+    for L, s in zip(spatial, tile):
+        shape += [L // s, s]
+    t = t.reshape(*shape, H, D)
+    order = [0, 2 * r + 1] + [1 + 2 * a for a in range(r)] + [2 + 2 * a for a in range(r)] + [2 * r + 2]
+    return t.permute(*order).reshape(B, H, -1, D)
+
+
+def from_tiles(t, spatial, tile):
+    B, H, D = t.shape[0], t.shape[1], t.shape[-1]
+    r = len(spatial)
+    t = t.reshape(B, H, *(L // s for L, s in zip(spatial, tile)), *tile, D)
+    order = [0]
+    for a in range(r):
+        order += [2 + a, 2 + r + a]
+    order += [1, 2 + 2 * r]
+    return t.permute(*order).reshape(B, *spatial, H, D)
+
+
+def flex_mask_mod_for(problem, tile):
+    tiles_per_axis = [L // s for L, s in zip(problem.spatial, tile)]
+    volume = math.prod(tile)
+    axes = [(a.length, a.window, a.stride, a.dilation, a.causal) for a in problem.axes]
+
+    def coords(idx):
+        t, w = idx // volume, idx % volume
+        out = []
+        for a in reversed(range(len(tile))):
+            out.append((t % tiles_per_axis[a]) * tile[a] + w % tile[a])
+            t, w = t // tiles_per_axis[a], w // tile[a]
+        return out[::-1]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = None
+        for (L, K, S, Dl, C), i, j in zip(axes, coords(q_idx), coords(kv_idx)):
+            g = i % Dl
+            x, y = i // Dl, j // Dl
+            Lg = (L - g + Dl - 1) // Dl
+            if C:
+                leader = torch.minimum((x // S) * S + S - 1, Lg - 1)
+                axis_ok = (y >= torch.clamp(leader - K + 1, min=0)) & (y <= x)
+            else:
+                leader = torch.minimum((x // S) * S + S // 2, Lg - 1)
+                start = torch.minimum(torch.clamp(leader - K // 2, min=0), Lg - K)
+                axis_ok = (y >= start) & (y < start + K)
+            if Dl > 1:
+                axis_ok = axis_ok & ((j % Dl) == g)
+            ok = axis_ok if ok is None else ok & axis_ok
+        return ok
+
+    return mask_mod
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tune", action="store_true", help="time every tuning candidate (forward)")
+    parser.add_argument("--tune", default="", help="comma list of problem indices whose tuning candidates are timed")
     parser.add_argument("--no-flex", action="store_true")
-    parser.add_argument("--flex-backward-budget", type=float, default=150.0,
+    parser.add_argument("--flex-backward-budget", type=float, default=60.0,
                         help="seconds of the run after which Flex backward is skipped (its compile is slow)")
     parser.add_argument("--only", default="", help="comma list of problem indices")
     parser.add_argument("--json")
@@ -105,6 +136,11 @@ def main():
     args = parser.parse_args()
 
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # One Flex compile per problem: keep dynamo from falling back to eager after 8 of them.
+    for limit in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 64)
 
     flex = torch.compile(flex_attention, dynamic=False)
     block_mask_fn = torch.compile(create_block_mask, dynamic=False)
@@ -116,6 +152,7 @@ def main():
     dense_cache = {}
     rows = []
     only = {int(i) for i in args.only.split(",") if i}
+    tune = {int(i) for i in args.tune.split(",") if i}
     for index, (name, spatial, window, options, D) in enumerate(PROBLEMS):
         if only and index not in only:
             continue
@@ -162,24 +199,33 @@ def main():
         row.update(triton_fwd_ms=t_f, triton_fwdbwd_ms=t_b, triton_fwd_tflops=ours_f, triton_fwdbwd_tflops=ours_b,
                    fwd_efficiency=ours_f / dense_fwd, fwdbwd_efficiency=ours_b / dense_fb)
 
-        if args.tune:
-            timings = {}
+        if index in tune:
+            inputs = haloattn.backend.AttentionInputs(q, k, v)
+            fwd_ms, bwd_ms = {}, {}
+            o, lse = launch.forward(problem, inputs)
+            needs = (True, True, True, False, False, False, False)
             for cfg in tiles.candidate_configs(problem):
-                key = json.dumps(cfg["fwd"], sort_keys=True)
-                if key in timings:
-                    continue
-                timings[key] = bench(lambda: launch.forward(problem, haloattn.backend.AttentionInputs(q, k, v), cfg))
-            default_key = json.dumps(tiles.default_config(problem)["fwd"], sort_keys=True)
-            best_key = min(timings, key=timings.get)
-            row.update(tune_default_over_best=timings[default_key] / timings[best_key], tune_best=json.loads(best_key),
-                       tune_ms=timings)
+                f_key = json.dumps(cfg["fwd"], sort_keys=True)
+                b_key = json.dumps({"dq": cfg["dq"], "dkdv": cfg["dkdv"]}, sort_keys=True)
+                if f_key not in fwd_ms:
+                    fwd_ms[f_key] = bench(lambda: launch.forward(problem, inputs, cfg))
+                if b_key not in bwd_ms:
+                    bwd_ms[b_key] = bench(lambda: launch.backward(problem, inputs, o, lse, go, None, needs, cfg))
+            default = tiles.default_config(problem)
+            f_default = fwd_ms[json.dumps(default["fwd"], sort_keys=True)]
+            b_default = bwd_ms[json.dumps({"dq": default["dq"], "dkdv": default["dkdv"]}, sort_keys=True)]
+            row.update(tune_fwd_default_over_best=f_default / min(fwd_ms.values()),
+                       tune_bwd_default_over_best=b_default / min(bwd_ms.values()),
+                       tune_fwd_ms=fwd_ms, tune_bwd_ms=bwd_ms)
+            del o, lse
 
         if not args.no_flex:
-            set_flex_params(problem, device)
-            fq, fk, fv = (t.flatten(1, -3).transpose(1, 2) for t in (q, k, v))  # [B, H, N, D] views
-            block_mask = block_mask_fn(flex_mask_mod, BATCH, 1, N, N, device=device)
+            tile = flex_tile(problem)
+            fq, fk, fv = (to_tiles(t, spatial, tile) for t in (q, k, v))
+            block_mask = block_mask_fn(flex_mask_mod_for(problem, tile), BATCH, 1, N, N, device=device)
             f_out = flex(fq, fk, fv, block_mask=block_mask)
-            row["flex_vs_triton_rel_error"] = ((f_out.transpose(1, 2).reshape(out.shape).float() - out.float()).norm()
+            row["flex_token_tile"] = list(tile)
+            row["flex_vs_triton_rel_error"] = ((from_tiles(f_out, spatial, tile).float() - out.float()).norm()
                                                / out.float().norm()).item()
             t_ff = bench(lambda: flex(fq, fk, fv, block_mask=block_mask))
             row.update(flex_fwd_ms=t_ff, flex_fwd_tflops=fwd_flops / t_ff / 1e9, speedup_fwd_vs_flex=t_ff / t_f)
@@ -197,7 +243,7 @@ def main():
 
     header = ("| problem | pairs/query | triton fwd TFLOP/s | eff fwd | triton fwd+bwd TFLOP/s | eff fwd+bwd "
               "| cuDNN dense fwd / fwd+bwd TFLOP/s | Flex fwd TFLOP/s | x Flex fwd | Flex fwd+bwd TFLOP/s | x Flex fwd+bwd "
-              "| fwd extra memory | default/tuned fwd |")
+              "| fwd extra memory | default/tuned time fwd / bwd |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
 
     def fmt(v, spec=".0f"):
@@ -210,7 +256,7 @@ def main():
             f"| {r['dense_fwd_tflops']:.0f} / {r['dense_fwdbwd_tflops']:.0f} | {fmt(r.get('flex_fwd_tflops'))} "
             f"| {fmt(r.get('speedup_fwd_vs_flex'), '.1f')} | {fmt(r.get('flex_fwdbwd_tflops'))} "
             f"| {fmt(r.get('speedup_fwdbwd_vs_flex'), '.1f')} | {r['fwd_extra_bytes'] / 2**20:.1f} MiB "
-            f"| {fmt(r.get('tune_default_over_best'), '.2f')} |"
+            f"| {fmt(r.get('tune_fwd_default_over_best'), '.2f')} / {fmt(r.get('tune_bwd_default_over_best'), '.2f')} |"
         )
     table = "\n".join(lines)
     print(table)

@@ -59,16 +59,18 @@ def check_against_oracle(spatial, window, *, dtype=torch.float32, device="cpu", 
     ref_grads = torch.autograd.grad((ref_out * grad_out.cpu().double()).sum()
                                     + (ref_lse * grad_lse_in.cpu().double()).sum(), [ref[n] for n in names])
 
-    tol = oracle.TOLERANCE[dtype]
+    tol, lse_tol = oracle.TOLERANCE[dtype], oracle.LSE_TOLERANCE[dtype]
     if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and device != "cpu":
-        tol = 3e-3
+        # tf32 keeps 10 mantissa bits like float16: SEMANTICS 7 gives tf32 3e-3, and its LSE
+        # error is that of 16-bit inputs.
+        tol, lse_tol = 3e-3, oracle.LSE_TOLERANCE[torch.float16]
     errors = {"out": oracle.rel_error(out.cpu(), ref_out)}
     for n, g, rg in zip(names, grads, ref_grads):
         errors["d" + n] = oracle.rel_error(g.cpu(), rg)
     bad = {n: e for n, e in errors.items() if not e <= tol}
     lse_err = (lse.cpu().double() - ref_lse).abs().max().item()
     assert not bad, f"relative errors above {tol}: {bad} (all: {errors})"
-    assert lse_err <= oracle.LSE_TOLERANCE[dtype], f"lse max abs error {lse_err}"
+    assert lse_err <= lse_tol, f"lse max abs error {lse_err}"
     return errors
 
 

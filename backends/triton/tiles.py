@@ -3,18 +3,36 @@
 A config is a dict of three kernel configs, ``{"fwd": ..., "dq": ..., "dkdv": ...}``, each
 ``{"q": [per-axis query tile], "kv": [per-axis key tile], "warps": w, "stages": s}`` with one
 entry per spatial axis (powers of two). JSON-friendly so the core tuning cache can store it.
-Tiles are adapted to the problem (``fit``) at launch, so a stored config never breaks a launch.
+Configs are fitted to the problem (``normalise``) at launch, so a stored config never breaks one.
+
+The heuristic picks the forward/dQ tile shapes by a cost model: the key tiles a query tile
+visits (exact, from the window rule: the union of the tile's neighbourhoods rounded up to whole
+key tiles) divided by the relative speed of that block size, measured on an H100 (bf16, D=128,
+benchmarks/RESULTS.md). Small windows favour small query tiles (less union overhead), large
+windows the larger, faster blocks.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Dict, List, Sequence
+from functools import lru_cache
+from typing import Dict, List, Sequence, Tuple
 
+from haloattn.geometry import Axis, key_range
 from haloattn.problem import Problem
 
+MIN_TILE = 16  # tl.dot needs at least 16 rows
+SHARED_BUDGET = 200 * 1024  # bytes; Hopper allows 227 KiB per block, leave room for the compiler
 
-MIN_TILE = 16
+# (BLOCK_M, BLOCK_N) -> (warps, stages, relative speed on computed pairs), forward kernel; from
+# the tuning sweep of the first H100 run (2-D 31x31 and 63x63: about 340-390, 315-350 and
+# 310-345 TFLOP/s on computed pairs).
+FORWARD_BLOCKS = {
+    (128, 128): (8, 2, 1.00),
+    (128, 64): (8, 3, 0.91),
+    (64, 64): (4, 3, 0.92),
+}
 
 
 def _pow2_ceil(n: int) -> int:
@@ -37,77 +55,109 @@ def fit(shape: Sequence[int], extents: Sequence[int], tokens: int) -> List[int]:
     while math.prod(tile) > tokens:
         axis = max(range(len(tile)), key=lambda a: tile[a])
         tile[axis] //= 2
-    while math.prod(tile) < MIN_TILE:  # tl.dot needs at least 16 rows
+    while math.prod(tile) < MIN_TILE:
         tile[-1] *= 2
     return tile
 
 
-# Query / key tile shapes per rank for the forward (and dQ) walk: square-ish boxes keep the union
-# of a tile's neighbourhoods small; the last axis is the longest because it is usually the widest.
-_FWD_SHAPES = {
-    1: ([128], [64]),
-    2: ([8, 16], [8, 8]),
-    3: ([2, 8, 8], [2, 4, 8]),
-}
-_SMALL_SHAPES = {
-    1: ([64], [32]),
-    2: ([8, 8], [4, 8]),
-    3: ([1, 8, 8], [2, 4, 4]),
-}
+@lru_cache(maxsize=4096)
+def _axis_key_tiles(axis: Axis, pattern: str, q_tile: int, kv_tile: int) -> int:
+    """Key tiles visited on one axis, summed over the query tiles of group 0 on that axis."""
+    group_len = axis.group_length(0)
+    total = 0
+    for start in range(0, group_len, q_tile):
+        last = min(start + q_tile, group_len) - 1
+        lo = key_range(axis, pattern, start)[1]
+        hi = key_range(axis, pattern, last)[2]
+        total += -(-(hi - lo) // kv_tile)
+    return total
 
 
-def _kernel_config(problem: Problem, q_shape, kv_shape, q_tokens, kv_tokens, warps, stages) -> Dict:
+def _shapes(rank: int, tokens: int, extents: Sequence[int]) -> List[Tuple[int, ...]]:
+    """Power-of-two boxes of exactly ``tokens`` tokens that fit the grid (deduplicated)."""
+    logs = range(int(math.log2(tokens)) + 1)
+    out = set()
+    for combo in itertools.product(logs, repeat=rank):
+        if sum(combo) == int(math.log2(tokens)):
+            shape = tuple(fit([1 << c for c in combo], extents, tokens))
+            # Thin boxes put most key tiles on the union's border (per-pair masks): keep them out.
+            wide = [t for t, e in zip(shape, extents) if e > 1]
+            if max(wide, default=1) <= 8 * min(wide, default=1):
+                out.add(shape)
+    return sorted(out)
+
+
+@lru_cache(maxsize=256)
+def _best_forward(problem: Problem) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
     ext = group_extents(problem)
-    return {
-        "q": fit(q_shape, ext, q_tokens),
-        "kv": fit(kv_shape, ext, kv_tokens),
-        "warps": warps,
-        "stages": stages,
-    }
+    best = None
+    for (bm, bn), (warps, stages, speed) in FORWARD_BLOCKS.items():
+        for q in _shapes(problem.rank, bm, ext):
+            for kv in _shapes(problem.rank, bn, ext):
+                pairs = math.prod(_axis_key_tiles(a, problem.pattern, t, u) for a, t, u in zip(problem.axes, q, kv))
+                cost = pairs * math.prod(q) * math.prod(kv) / speed
+                if best is None or cost < best[0]:
+                    best = (cost, q, kv, warps, stages)
+    return best[1:]
+
+
+def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, item: int) -> int:
+    """Rough (conservative) shared memory of one program: the streamed operand tiles times the
+    pipeline depth plus the resident ones."""
+    if kernel == "fwd":
+        return item * (q * d + stages * kv * (d + dv))
+    if kernel == "dq":
+        return item * (q * (d + dv) + stages * kv * (d + dv))
+    return item * (kv * (d + dv) + stages * q * (d + dv))
+
+
+def _fit_shared(problem: Problem, kernel: str, cfg: Dict) -> Dict:
+    """Lower stages, then halve the larger block, until the program fits in shared memory."""
+    item = 4 if problem.dtype.itemsize == 4 else 2
+    d = max(16, _pow2_ceil(problem.head_dim))
+    dv = max(16, _pow2_ceil(problem.value_dim))
+    ext = group_extents(problem)
+    cfg = dict(cfg)
+    while _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item) > SHARED_BUDGET:
+        if cfg["stages"] > 2:
+            cfg["stages"] -= 1
+            continue
+        part = "q" if math.prod(cfg["q"]) >= math.prod(cfg["kv"]) else "kv"
+        tokens = math.prod(cfg[part])
+        if tokens <= MIN_TILE:
+            break
+        cfg[part] = fit(cfg[part], ext, tokens // 2)
+    return cfg
 
 
 def default_config(problem: Problem) -> Dict:
-    """The heuristic: FlashAttention-2-like block sizes, smaller for head dims above 128."""
-    r = problem.rank
-    big = max(problem.head_dim, problem.value_dim) > 128
-    q_shape, kv_shape = _FWD_SHAPES[r]
-    small_q, small_kv = _SMALL_SHAPES[r]
-    if big:
-        fwd = _kernel_config(problem, small_q, small_kv, 64, 32, 4, 2)
-        dq = _kernel_config(problem, small_q, small_kv, 64, 32, 4, 2)
-        dkdv = _kernel_config(problem, small_kv, small_q, 32, 64, 4, 2)
-    else:
-        fwd = _kernel_config(problem, q_shape, kv_shape, 128, 64, 8 if problem.head_dim > 64 else 4, 3)
-        dq = _kernel_config(problem, q_shape, small_kv, 128, 32, 8, 2)
-        dkdv = _kernel_config(problem, small_kv, q_shape, 32, 128, 8, 2)
-    return {"fwd": fwd, "dq": dq, "dkdv": dkdv}
+    """The heuristic default (see the module docstring)."""
+    ext = group_extents(problem)
+    q, kv, warps, stages = _best_forward(problem)
+    fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages}
+    # The backward keeps the forward's query-tile shape; its streamed operand is 32 tokens.
+    stream = fit(kv, ext, 32)
+    dq = {"q": list(q) if math.prod(q) == 128 else fit(q, ext, 128), "kv": stream, "warps": 4, "stages": 3}
+    dkdv = {"q": stream, "kv": dq["q"], "warps": 4, "stages": 3}
+    return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
 
 
 def candidate_configs(problem: Problem) -> List[Dict]:
-    """The tuning space: the default plus variations of block sizes, warps and stages."""
+    """The tuning space: the default plus other block sizes, warps and stages per kernel."""
     base = default_config(problem)
-    r = problem.rank
-    q_shape, kv_shape = _FWD_SHAPES[r]
-    small_q, small_kv = _SMALL_SHAPES[r]
+    ext = group_extents(problem)
+    q_shape, kv_shape = base["fwd"]["q"], base["fwd"]["kv"]
     out = [base]
-    if max(problem.head_dim, problem.value_dim) <= 128:
-        for q_tok, kv_tok, qs, ks, warps, stages in (
-            (128, 128, q_shape, q_shape, 8, 2),
-            (128, 64, q_shape, kv_shape, 4, 3),
-            (128, 32, q_shape, small_kv, 8, 3),
-            (64, 64, small_q, kv_shape, 4, 3),
-            (64, 32, small_q, small_kv, 4, 4),
-        ):
-            cfg = dict(base)
-            cfg["fwd"] = _kernel_config(problem, qs, ks, q_tok, kv_tok, warps, stages)
-            out.append(cfg)
-        for dkdv in (
-            _kernel_config(problem, small_kv, q_shape, 64, 128, 8, 2),
-            _kernel_config(problem, small_kv, small_q, 32, 64, 4, 3),
-        ):
-            cfg = dict(base)
-            cfg["dkdv"] = dkdv
-            out.append(cfg)
+    for bm, bn, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3)):
+        fwd = {"q": fit(q_shape, ext, bm), "kv": fit(kv_shape, ext, bn), "warps": warps, "stages": stages}
+        if fwd != base["fwd"]:
+            out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
+    for warps, stages in ((8, 2), (4, 5)):
+        out.append(dict(base, dq=_fit_shared(problem, "dq", dict(base["dq"], warps=warps, stages=stages)),
+                        dkdv=_fit_shared(problem, "dkdv", dict(base["dkdv"], warps=warps, stages=stages))))
+    stream64 = fit(base["dq"]["kv"], ext, 64)
+    out.append(dict(base, dq=_fit_shared(problem, "dq", dict(base["dq"], kv=stream64, warps=8, stages=2)),
+                    dkdv=_fit_shared(problem, "dkdv", dict(base["dkdv"], q=stream64, warps=8, stages=2))))
     return out
 
 
@@ -125,5 +175,5 @@ def normalise(config, problem: Problem) -> Dict:
             if len(shape) != problem.rank:
                 shape = default[part]
             given[part] = fit(shape, ext, _pow2_ceil(math.prod(shape)))
-        out[kernel] = given
+        out[kernel] = _fit_shared(problem, kernel, given)
     return out
