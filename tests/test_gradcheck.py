@@ -24,17 +24,17 @@ def mask_mod(b, h, q_idx, kv_idx):
 CASES = {
     "1d_plain": dict(spatial=(7,), window=3, kw={}),
     "1d_causal_stride_dilation": dict(spatial=(9,), window=3, kw=dict(stride=2, dilation=2, causal=True)),
-    "2d_gqa_rpb_softcap": dict(spatial=(4, 5), window=(3, 2), heads=4, kv_heads=2, rpb=True, kw=dict(softcap=2.0, causal=(False, True))),
-    "2d_window_shift_rpb": dict(spatial=(5, 4), window=(3, 2), rpb=True, kw=dict(pattern="window", shift=(1, 1))),
-    "3d_dilated_extra": dict(spatial=(3, 4, 2), window=(2, 2, 1), extra=2, kw=dict(dilation=(1, 2, 1), stride=(2, 1, 1))),
+    "2d_gqa_rpb_softcap": dict(spatial=(3, 4), window=(3, 2), heads=4, kv_heads=2, rpb=True, kw=dict(softcap=2.0, causal=(False, True))),
+    "2d_window_shift_rpb": dict(spatial=(4, 3), window=(3, 2), rpb=True, kw=dict(pattern="window", shift=(1, 1))),
+    "3d_dilated_extra": dict(spatial=(2, 4, 2), window=(2, 2, 1), extra=2, kw=dict(dilation=(1, 2, 1), stride=(2, 1, 1))),
     "1d_kq_conv": dict(spatial=(8,), window=5, kq_conv=(2, 3), kw={}),
     "1d_kq_conv_causal_rpb_extra": dict(spatial=(8,), window=3, kq_conv=(3, 1), rpb=True, extra=1, kw=dict(causal=True)),
-    "2d_mods_extra": dict(spatial=(4, 4), window=(3, 3), extra=2, kw=dict(score_mod=score_mod)),
+    "2d_mods_extra": dict(spatial=(3, 4), window=(3, 3), extra=2, kw=dict(score_mod=score_mod)),
 }
 
 
-def build(case, dv=3):
-    B, H, Hkv, D = 1, case.get("heads", 2), case.get("kv_heads", 1), 3
+def build(case, dv=2):
+    B, H, Hkv, D = 1, case.get("heads", 2), case.get("kv_heads", 1), 2
     sp, window = case["spatial"], case["window"]
     rank = len(sp)
     Ks = window if isinstance(window, tuple) else (window,) * rank
