@@ -298,6 +298,11 @@ def test_register_backend_at_run_time(runtime_backends):
         haloattn.attention(q, k, v, 3, backend="test_unavailable")
     with pytest.raises(BackendUnavailableError, match="is not float64"):
         haloattn.attention(q.float(), k.float(), v.float(), 3, backend="test_picky")
+    # a priority list where nothing can run: every forced backend's reason is in the message
+    with pytest.raises(BackendUnavailableError) as info:
+        haloattn.attention(q.float(), k.float(), v.float(), 3, backend="test_unavailable,test_picky")
+    assert "needs a device this machine lacks" in str(info.value) and "is not float64" in str(info.value)
+    assert "test_unavailable, test_picky" in str(info.value)
     # a duplicate name is refused; a non-Backend is refused
     with pytest.raises(ValueError, match="already registered"):
         haloattn.register_backend(_Picky())

@@ -83,6 +83,7 @@ CASES = [
     # backend names
     ("backend_unknown", ValueError, lambda: dict(args=qkv() + (3,), kw=dict(backend="nonexistent")), ["backend", "'nonexistent'", "does not exist", "reference"]),
     ("backend_list_unknown", ValueError, lambda: dict(args=qkv() + (3,), kw=dict(backend="reference, nope")), ["'nope'", "does not exist"]),
+    ("backend_type", TypeError, lambda: dict(args=qkv() + (3,), kw=dict(backend=3)), ["backend=3", "backend name"]),
     ("backend_empty", ValueError, lambda: dict(args=qkv() + (3,), kw=dict(backend=" , ")), ["backend", "names no backend"]),
 ]
 
