@@ -1,5 +1,6 @@
 // Warp-level tensor-core tiles for the attention kernels: CuTe's SM80 m16n8k16 MMA atoms (which
-// Hopper runs as HMMA) and the register fragments they take, loaded from padded shared memory.
+// Hopper runs as HMMA) and the register fragments they take, loaded from padded shared memory
+// with ldmatrix.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16), with g = lane / 4 and t = lane % 4:
 //   A (16 x 16, row major):  a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
@@ -14,6 +15,8 @@
 #include <cute/arch/mma_sm80.hpp>
 
 #include <cstdint>
+
+#include "fragment_sources.cuh"
 
 namespace haloattn {
 
@@ -37,43 +40,45 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Two 16-bit values as one register, the lower index in the low half (what the MMA expects).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2_raw(T lo, T hi) {
-  return static_cast<uint32_t>(*reinterpret_cast<uint16_t*>(&lo)) |
-         (static_cast<uint32_t>(*reinterpret_cast<uint16_t*>(&hi)) << 16);
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
 }
 
-__device__ __forceinline__ uint32_t load_word(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
 
 // A fragment of rows [row0, row0+16) x cols [k0, k0+16) of a row-major tile with pitch `ld`.
 template <typename T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int ld, int row0, int k0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const T* p = tile + (row0 + g) * ld + k0 + 2 * t;
-  a[0] = load_word(p);
-  a[1] = load_word(p + 8 * ld);
-  a[2] = load_word(p + 8);
-  a[3] = load_word(p + 8 * ld + 8);
+  const TileCoord c = a_source(lane, row0, k0);
+  ldmatrix_x4(a, tile + c.row * ld + c.col);
 }
 
-// B fragment (k0..k0+16 x n0..n0+8) from a tile stored n-major: tile[n][k] (contiguous in k),
-// e.g. K for Q K^T.
+// B fragments of n-tiles n0 and n0 + 8 (k0..k0+16) from a tile stored n-major, tile[n][k]
+// (contiguous in k), e.g. K for Q K^T.
 template <typename T>
-__device__ __forceinline__ void load_b_nk(uint32_t (&b)[2], const T* tile, int ld, int n0, int k0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const T* p = tile + (n0 + g) * ld + k0 + 2 * t;
-  b[0] = load_word(p);
-  b[1] = load_word(p + 8);
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[2][2], const T* tile, int ld, int n0, int k0, int lane) {
+  const TileCoord c = b_nk_source(lane, n0, k0);
+  uint32_t r[4];
+  ldmatrix_x4(r, tile + c.row * ld + c.col);
+  b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 
-// B fragment from a tile stored k-major: tile[k][n] (contiguous in n), e.g. V for P V.
+// B fragments of n-tiles n0 and n0 + 8 from a tile stored k-major, tile[k][n] (contiguous in
+// n), e.g. V for P V.
 template <typename T>
-__device__ __forceinline__ void load_b_kn(uint32_t (&b)[2], const T* tile, int ld, int k0, int n0, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  const T* p = tile + (k0 + 2 * t) * ld + n0 + g;
-  b[0] = pack2_raw<T>(p[0], p[ld]);
-  b[1] = pack2_raw<T>(p[8 * ld], p[9 * ld]);
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[2][2], const T* tile, int ld, int k0, int n0, int lane) {
+  const TileCoord c = b_kn_source(lane, k0, n0);
+  uint32_t r[4];
+  ldmatrix_x4_trans(r, tile + c.row * ld + c.col);
+  b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 
 // The A fragment of columns [16 kk, 16 kk + 16) of a 16-row accumulator held as C tiles.

@@ -131,15 +131,21 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
     for (int nt = 0; nt < kKeyTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    }
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t a[4], b[2];
-        load_a<T>(a, sQ, kPitch, warp * 16, ks * 16, lane);
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t q[4], d_o[4];
+      load_a<T>(q, sQ, kPitch, warp * 16, ks * 16, lane);
+      load_a<T>(d_o, sdO, kPitch, warp * 16, ks * 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < kKeyTiles; nt += 2) {
+        uint32_t b[2][2];
         load_b_nk<T>(b, sK, kPitch, nt * 8, ks * 16, lane);
-        mma<T>(s[nt], a, b);
-        load_a<T>(a, sdO, kPitch, warp * 16, ks * 16, lane);
+        mma<T>(s[nt], q, b[0]);
+        mma<T>(s[nt + 1], q, b[1]);
         load_b_nk<T>(b, sV, kPitch, nt * 8, ks * 16, lane);
-        mma<T>(dp[nt], a, b);
+        mma<T>(dp[nt], d_o, b[0]);
+        mma<T>(dp[nt + 1], d_o, b[1]);
       }
     }
     softmax_probs<kKeyTiles>(
@@ -160,10 +166,11 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
       uint32_t a[4];
       accum_to_a<T, kKeyTiles>(a, s, kk);
 #pragma unroll
-      for (int i = 0; i < kDimTiles; ++i) {
-        uint32_t b[2];
+      for (int i = 0; i < kDimTiles; i += 2) {
+        uint32_t b[2][2];
         load_b_kn<T>(b, sK, kPitch, kk * 16, i * 8, lane);
-        mma<T>(dq[i], a, b);
+        mma<T>(dq[i], a, b[0]);
+        mma<T>(dq[i + 1], a, b[1]);
       }
     }
   }
@@ -263,15 +270,21 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
       for (int nt = 0; nt < kQueryTiles; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+      }
 #pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          uint32_t a[4], b[2];
-          load_a<T>(a, sK, kPitch, warp * 16, ks * 16, lane);
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t k[4], v[4];
+        load_a<T>(k, sK, kPitch, warp * 16, ks * 16, lane);
+        load_a<T>(v, sV, kPitch, warp * 16, ks * 16, lane);
+#pragma unroll
+        for (int nt = 0; nt < kQueryTiles; nt += 2) {
+          uint32_t b[2][2];
           load_b_nk<T>(b, sQ, kPitch, nt * 8, ks * 16, lane);
-          mma<T>(s[nt], a, b);
-          load_a<T>(a, sV, kPitch, warp * 16, ks * 16, lane);
+          mma<T>(s[nt], k, b[0]);
+          mma<T>(s[nt + 1], k, b[1]);
           load_b_nk<T>(b, sdO, kPitch, nt * 8, ks * 16, lane);
-          mma<T>(dp[nt], a, b);
+          mma<T>(dp[nt], v, b[0]);
+          mma<T>(dp[nt + 1], v, b[1]);
         }
       }
       softmax_probs<kQueryTiles>(
@@ -289,10 +302,11 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
         uint32_t a[4];
         accum_to_a<T, kQueryTiles>(a, s, kk);
 #pragma unroll
-        for (int i = 0; i < kDimTiles; ++i) {
-          uint32_t b[2];
+        for (int i = 0; i < kDimTiles; i += 2) {
+          uint32_t b[2][2];
           load_b_kn<T>(b, sdO, kPitch, kk * 16, i * 8, lane);
-          mma<T>(dv[i], a, b);
+          mma<T>(dv[i], a, b[0]);
+          mma<T>(dv[i + 1], a, b[1]);
         }
       }
 #pragma unroll
@@ -305,10 +319,11 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
         uint32_t a[4];
         accum_to_a<T, kQueryTiles>(a, s, kk);
 #pragma unroll
-        for (int i = 0; i < kDimTiles; ++i) {
-          uint32_t b[2];
+        for (int i = 0; i < kDimTiles; i += 2) {
+          uint32_t b[2][2];
           load_b_kn<T>(b, sQ, kPitch, kk * 16, i * 8, lane);
-          mma<T>(dk[i], a, b);
+          mma<T>(dk[i], a, b[0]);
+          mma<T>(dk[i + 1], a, b[1]);
         }
       }
     }

@@ -79,13 +79,15 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
 
     float s[kKeyTiles][4];
 #pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; nt += 2) {
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t b[2];
+        uint32_t b[2][2];
         load_b_nk<T>(b, sK, kPitch, nt * 8, ks * 16, lane);
-        mma<T>(s[nt], q_frag[ks], b);
+        mma<T>(s[nt], q_frag[ks], b[0]);
+        mma<T>(s[nt + 1], q_frag[ks], b[1]);
       }
     }
 
@@ -139,10 +141,11 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
       uint32_t a[4];
       accum_to_a<T, kKeyTiles>(a, s, kk);
 #pragma unroll
-      for (int i = 0; i < kOutTiles; ++i) {
-        uint32_t b[2];
+      for (int i = 0; i < kOutTiles; i += 2) {
+        uint32_t b[2][2];
         load_b_kn<T>(b, sV, kPitch, kk * 16, i * 8, lane);
-        mma<T>(o[i], a, b);
+        mma<T>(o[i], a, b[0]);
+        mma<T>(o[i + 1], a, b[1]);
       }
     }
   }

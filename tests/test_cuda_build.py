@@ -5,8 +5,9 @@
   dtype, head_dim and capability it cannot serve.
 * CMake rejects a bad ``HALOATTN_CUDA`` and records why it skipped the module (needs cmake).
 * The kernels' index rules (csrc/window_geometry.cuh), compiled for the host with nvcc, equal
-  core/haloattn/geometry.py's key_range / query_range on every coordinate, and the kernels' work
-  decomposition (tiles, key boxes, inverse query boxes) covers every attended pair (needs nvcc).
+  core/haloattn/geometry.py's key_range / query_range on every coordinate, the kernels' work
+  decomposition (tiles, key boxes, inverse query boxes) covers every attended pair, and the
+  ldmatrix addressing yields the MMA fragment layouts (needs nvcc).
 """
 
 import dataclasses
@@ -265,3 +266,9 @@ def test_launch_copies_rows_that_are_not_16_byte_aligned():
     assert ready.is_contiguous() and torch.equal(ready, t)
     aligned = torch.randn(1, 8, 2, 64).to(torch.float16)
     assert _kernel_ready(aligned) is aligned
+
+
+@needs_nvcc
+def test_ldmatrix_addressing_gives_the_mma_fragments(tmp_path):
+    exe = _host_program(tmp_path, "fragment_check")
+    assert subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.strip() == "ok"
