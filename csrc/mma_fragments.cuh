@@ -98,5 +98,7 @@ __device__ __forceinline__ void copy16_async(void* smem, const void* gmem, bool 
 }
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// Waits for all but the most recently committed copy group.
+__device__ __forceinline__ void copy_async_wait_one_pending() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 }  // namespace haloattn

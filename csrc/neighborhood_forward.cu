@@ -5,7 +5,8 @@
 // box), so it only reads keys some query of the tile may see. Per 64-key chunk, each of the 4
 // warps computes S = Q K^T for its 16 queries on tensor cores, masks the pairs outside each
 // query's neighbourhood (SEMANTICS.md section 3/4, per axis), updates the online softmax in
-// fp32, and accumulates P V with P taken straight from the S registers.
+// fp32, and accumulates P V with P taken straight from the S registers. The next chunk's copy
+// (cp.async) overlaps the current chunk's math.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -25,7 +26,8 @@ namespace {
 template <typename T, int D>
 struct ForwardSmem {
   static constexpr int kPitch = tile_pitch<D>();
-  static constexpr size_t kBytes = 3 * kTileTokens * kPitch * sizeof(T) + kMaxRank * kTileTokens * sizeof(int);
+  // Q, two stages of K and V, two stages of key coordinates.
+  static constexpr size_t kBytes = 5 * kTileTokens * kPitch * sizeof(T) + 2 * kMaxRank * kTileTokens * sizeof(int);
 };
 
 template <typename T, int D>
@@ -35,10 +37,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
   constexpr int kKeyTiles = kTileTokens / 8;  // n-tiles of S per warp
   constexpr int kOutTiles = D / 8;   // n-tiles of O per warp
   extern __shared__ __align__(16) unsigned char smem[];
+  // K/V chunks are double-buffered: the copy of chunk c + 1 runs while chunk c is computed.
+  constexpr int kTileElems = kTileTokens * kPitch;
+  constexpr int kCoordInts = kMaxRank * kTileTokens;
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + kTileTokens * kPitch;
-  T* sV = sK + kTileTokens * kPitch;
-  int* sKeyCoord = reinterpret_cast<int*>(sV + kTileTokens * kPitch);  // [axis][64], -1 past the box
+  T* sK = sQ + kTileElems;       // [stage][64][pitch]
+  T* sV = sK + 2 * kTileElems;   // [stage][64][pitch]
+  int* sKeyCoord = reinterpret_cast<int*>(sV + 2 * kTileElems);  // [stage][axis][64], -1 past the box
 
   const TileWork w = locate_tile(p, shape, p.heads, blockIdx.x);
   if (w.empty) return;
@@ -64,14 +69,26 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
   float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // log2 units
   const float scale_log2 = p.scale * kLog2e;
 
-  for (int first = 0; first < box_keys; first += kTileTokens) {
-    __syncthreads();  // the previous chunk's K/V are no longer read
-    load_rows_async<T, D>(sK, p, p.key, w, kv_head, w.batch, key_lo, key_extent, first);
-    load_rows_async<T, D>(sV, p, p.value, w, kv_head, w.batch, key_lo, key_extent, first);
+  auto fetch_chunk = [&](int first, int stage) {
+    load_rows_async<T, D>(sK + stage * kTileElems, p, p.key, w, kv_head, w.batch, key_lo, key_extent, first);
+    load_rows_async<T, D>(sV + stage * kTileElems, p, p.value, w, kv_head, w.batch, key_lo, key_extent, first);
     copy_async_commit();
-    store_box_coords(sKeyCoord, first, key_lo, key_extent);
-    copy_async_wait_all();
+    store_box_coords(sKeyCoord + stage * kCoordInts, first, key_lo, key_extent);
+  };
+  fetch_chunk(0, 0);  // one copy group with the Q tile
+
+  for (int first = 0, stage = 0; first < box_keys; first += kTileTokens, stage ^= 1) {
+    // The other stage was last read in the previous iteration, which ended with a barrier.
+    if (first + kTileTokens < box_keys) {
+      fetch_chunk(first + kTileTokens, stage ^ 1);
+      copy_async_wait_one_pending();
+    } else {
+      copy_async_wait_all();
+    }
     __syncthreads();
+    const T* sK_now = sK + stage * kTileElems;
+    const T* sV_now = sV + stage * kTileElems;
+    const int* key_coord = sKeyCoord + stage * kCoordInts;
     if (first == 0) {
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) load_a<T>(q_frag[ks], sQ, kPitch, warp * 16, ks * 16, lane);
@@ -85,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
         uint32_t b[2][2];
-        load_b_nk<T>(b, sK, kPitch, nt * 8, ks * 16, lane);
+        load_b_nk<T>(b, sK_now, kPitch, nt * 8, ks * 16, lane);
         mma<T>(s[nt], q_frag[ks], b[0]);
         mma<T>(s[nt + 1], q_frag[ks], b[1]);
       }
@@ -99,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
       for (int e = 0; e < 2; ++e) {
         const int col = nt * 8 + 2 * t + e;
         int key[kMaxRank];
-        read_coords(sKeyCoord, col, key);
+        read_coords(key_coord, col, key);
         s[nt][e] = attends(win_a, key) ? s[nt][e] * scale_log2 : -INFINITY;
         s[nt][2 + e] = attends(win_b, key) ? s[nt][2 + e] * scale_log2 : -INFINITY;
         tile_max_a = fmaxf(tile_max_a, s[nt][e]);
@@ -143,11 +160,12 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
 #pragma unroll
       for (int i = 0; i < kOutTiles; i += 2) {
         uint32_t b[2][2];
-        load_b_kn<T>(b, sV, kPitch, kk * 16, i * 8, lane);
+        load_b_kn<T>(b, sV_now, kPitch, kk * 16, i * 8, lane);
         mma<T>(o[i], a, b[0]);
         mma<T>(o[i + 1], a, b[1]);
       }
     }
+    __syncthreads();  // this stage is refilled by the next iteration's fetch
   }
 
 #pragma unroll
