@@ -4,6 +4,7 @@
 //      P = exp(S - LSE), dP = dO V^T, dS = P (dP - delta) and accumulates dQ = scale dS K.
 //   3. dK/dV, key-major: each 64-key tile walks the box of queries that see it (the inverse rule)
 //      for every query head of its GQA group, and accumulates dV = P^T dO, dK = scale dS^T Q.
+// Kernels 2 and 3 double-buffer their chunks: the next chunk's copy overlaps the current math.
 // Every gradient element is summed by one thread in a fixed order, so results are bitwise
 // reproducible.
 #include <cuda_runtime.h>
@@ -72,7 +73,8 @@ __device__ inline void softmax_probs(float (&s)[NT][4], float scale_log2, int t,
 template <typename T, int D>
 struct GradQuerySmem {
   static constexpr int kPitch = tile_pitch<D>();
-  static constexpr size_t kBytes = 4 * kTileTokens * kPitch * sizeof(T) + kMaxRank * kTileTokens * sizeof(int);
+  // Q, dO, two stages of K and V, two stages of key coordinates.
+  static constexpr size_t kBytes = 6 * kTileTokens * kPitch * sizeof(T) + 2 * kMaxRank * kTileTokens * sizeof(int);
 };
 
 template <typename T, int D>
@@ -82,11 +84,13 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
   constexpr int kKeyTiles = kTileTokens / 8;
   constexpr int kDimTiles = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int kTileElems = kTileTokens * kPitch;
+  constexpr int kCoordInts = kMaxRank * kTileTokens;
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sdO = sQ + kTileTokens * kPitch;
-  T* sK = sdO + kTileTokens * kPitch;
-  T* sV = sK + kTileTokens * kPitch;
-  int* sKeyCoord = reinterpret_cast<int*>(sV + kTileTokens * kPitch);
+  T* sdO = sQ + kTileElems;
+  T* sK = sdO + kTileElems;      // [stage][64][pitch]
+  T* sV = sK + 2 * kTileElems;   // [stage][64][pitch]
+  int* sKeyCoord = reinterpret_cast<int*>(sV + 2 * kTileElems);  // [stage][axis][64]
 
   const TileWork w = locate_tile(p, shape, p.heads, blockIdx.x);
   if (w.empty) return;
@@ -117,14 +121,25 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
   for (int i = 0; i < kDimTiles; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
   const float scale_log2 = p.scale * kLog2e;
 
-  for (int first = 0; first < box_keys; first += kTileTokens) {
-    __syncthreads();
-    load_rows_async<T, D>(sK, p, p.key, w, kv_head, w.batch, key_lo, key_extent, first);
-    load_rows_async<T, D>(sV, p, p.value, w, kv_head, w.batch, key_lo, key_extent, first);
+  auto fetch_chunk = [&](int first, int stage) {
+    load_rows_async<T, D>(sK + stage * kTileElems, p, p.key, w, kv_head, w.batch, key_lo, key_extent, first);
+    load_rows_async<T, D>(sV + stage * kTileElems, p, p.value, w, kv_head, w.batch, key_lo, key_extent, first);
     copy_async_commit();
-    store_box_coords(sKeyCoord, first, key_lo, key_extent);
-    copy_async_wait_all();
+    store_box_coords(sKeyCoord + stage * kCoordInts, first, key_lo, key_extent);
+  };
+  fetch_chunk(0, 0);  // one copy group with the Q and dO tiles
+
+  for (int first = 0, stage = 0; first < box_keys; first += kTileTokens, stage ^= 1) {
+    if (first + kTileTokens < box_keys) {
+      fetch_chunk(first + kTileTokens, stage ^ 1);
+      copy_async_wait_one_pending();
+    } else {
+      copy_async_wait_all();
+    }
     __syncthreads();
+    const T* sK_now = sK + stage * kTileElems;
+    const T* sV_now = sV + stage * kTileElems;
+    const int* key_coord = sKeyCoord + stage * kCoordInts;
 
     float s[kKeyTiles][4], dp[kKeyTiles][4];
 #pragma unroll
@@ -140,10 +155,10 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
 #pragma unroll
       for (int nt = 0; nt < kKeyTiles; nt += 2) {
         uint32_t b[2][2];
-        load_b_nk<T>(b, sK, kPitch, nt * 8, ks * 16, lane);
+        load_b_nk<T>(b, sK_now, kPitch, nt * 8, ks * 16, lane);
         mma<T>(s[nt], q, b[0]);
         mma<T>(s[nt + 1], q, b[1]);
-        load_b_nk<T>(b, sV, kPitch, nt * 8, ks * 16, lane);
+        load_b_nk<T>(b, sV_now, kPitch, nt * 8, ks * 16, lane);
         mma<T>(dp[nt], d_o, b[0]);
         mma<T>(dp[nt + 1], d_o, b[1]);
       }
@@ -152,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
         s, scale_log2, t,
         [&](int half, int col) {
           int key[kMaxRank];
-          read_coords(sKeyCoord, col, key);
+          read_coords(key_coord, col, key);
           return attends(win[half], key);
         },
         [&](int half, int) { return lse2[half]; });
@@ -168,11 +183,12 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
 #pragma unroll
       for (int i = 0; i < kDimTiles; i += 2) {
         uint32_t b[2][2];
-        load_b_kn<T>(b, sK, kPitch, kk * 16, i * 8, lane);
+        load_b_kn<T>(b, sK_now, kPitch, kk * 16, i * 8, lane);
         mma<T>(dq[i], a, b[0]);
         mma<T>(dq[i + 1], a, b[1]);
       }
     }
+    __syncthreads();  // this stage is refilled by the next iteration's fetch
   }
 
   T* grad = reinterpret_cast<T*>(p.grad_query.ptr) + w.batch * p.grad_query.batch_stride +
@@ -196,8 +212,9 @@ template <typename T, int D>
 struct GradKeyValueSmem {
   static constexpr int kPitch = tile_pitch<D>();
   static constexpr int kChunk = query_chunk<D>();
-  static constexpr size_t kBytes = 2 * (kTileTokens + kChunk) * kPitch * sizeof(T) +
-                                   kChunk * (2 * kMaxRank * sizeof(int) + 2 * sizeof(float));
+  // K, V, then two stages of (Q, dO, per-query window bounds, LSE, delta).
+  static constexpr size_t kStageBytes = 2 * kChunk * kPitch * sizeof(T) + kChunk * (2 * kMaxRank * sizeof(int) + 2 * sizeof(float));
+  static constexpr size_t kBytes = 2 * kTileTokens * kPitch * sizeof(T) + 2 * kStageBytes;
 };
 
 template <typename T, int D>
@@ -210,12 +227,27 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
   extern __shared__ __align__(16) unsigned char smem[];
   T* sK = reinterpret_cast<T*>(smem);
   T* sV = sK + kTileTokens * kPitch;
-  T* sQ = sV + kTileTokens * kPitch;
-  T* sdO = sQ + kChunk * kPitch;
-  int* sWinLo = reinterpret_cast<int*>(sdO + kChunk * kPitch);  // [axis][chunk]
-  int* sWinHi = sWinLo + kMaxRank * kChunk;
-  float* sLse2 = reinterpret_cast<float*>(sWinHi + kMaxRank * kChunk);
-  float* sDelta = sLse2 + kChunk;
+  // One stage of a query chunk; the copy of chunk c + 1 runs while chunk c is computed.
+  struct Stage {
+    T* q;
+    T* d_o;
+    int* win_lo;  // [axis][chunk]
+    int* win_hi;
+    float* lse2;
+    float* delta;
+  };
+  auto stage_at = [&](int index) {
+    unsigned char* base = reinterpret_cast<unsigned char*>(sV + kTileTokens * kPitch) +
+                          index * GradKeyValueSmem<T, D>::kStageBytes;
+    Stage st;
+    st.q = reinterpret_cast<T*>(base);
+    st.d_o = st.q + kChunk * kPitch;
+    st.win_lo = reinterpret_cast<int*>(st.d_o + kChunk * kPitch);
+    st.win_hi = st.win_lo + kMaxRank * kChunk;
+    st.lse2 = reinterpret_cast<float*>(st.win_hi + kMaxRank * kChunk);
+    st.delta = st.lse2 + kChunk;
+    return st;
+  };
 
   const TileWork w = locate_tile(p, shape, p.kv_heads, blockIdx.x);  // w.head is the KV head
   if (w.empty) return;
@@ -243,91 +275,103 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
   const float scale_log2 = p.scale * kLog2e;
   const int64_t tokens = grid_tokens(p);
 
-  for (int head = w.head * group_size; head < (w.head + 1) * group_size; ++head) {
-    for (int first = 0; first < box_queries; first += kChunk) {
-      __syncthreads();
-      load_rows_async<T, D, kChunk>(sQ, p, p.query, w, head, w.batch, query_lo, query_extent, first);
-      load_rows_async<T, D, kChunk>(sdO, p, p.grad_out, w, head, w.batch, query_lo, query_extent, first);
-      copy_async_commit();
-      if (threadIdx.x < kChunk) {
-        int x[kMaxRank];
-        const bool inside = box_coords(first + threadIdx.x, query_lo, query_extent, x);
-        const RowWindow win = query_window(p, w, x, inside);
-        for (int a = 0; a < kMaxRank; ++a) {
-          sWinLo[a * kChunk + threadIdx.x] = win.lo[a];
-          sWinHi[a * kChunk + threadIdx.x] = win.hi[a];
-        }
-        const int64_t row = inside ? (w.batch * tokens + token_index(p, w, x)) * p.heads + head : 0;
-        sLse2[threadIdx.x] = inside ? reinterpret_cast<const float*>(p.lse)[row] * kLog2e : 0.f;
-        sDelta[threadIdx.x] = inside ? reinterpret_cast<const float*>(p.delta)[row] : 0.f;
+  // One flat walk over (query head of the GQA group, query chunk of the box).
+  const int chunks = (box_queries + kChunk - 1) / kChunk;
+  const int steps = group_size * chunks;
+  auto fetch_chunk = [&](int step, const Stage& st) {
+    const int head = w.head * group_size + step / chunks, first = (step % chunks) * kChunk;
+    load_rows_async<T, D, kChunk>(st.q, p, p.query, w, head, w.batch, query_lo, query_extent, first);
+    load_rows_async<T, D, kChunk>(st.d_o, p, p.grad_out, w, head, w.batch, query_lo, query_extent, first);
+    copy_async_commit();
+    if (threadIdx.x < kChunk) {
+      int x[kMaxRank];
+      const bool inside = box_coords(first + threadIdx.x, query_lo, query_extent, x);
+      const RowWindow win = query_window(p, w, x, inside);
+      for (int a = 0; a < kMaxRank; ++a) {
+        st.win_lo[a * kChunk + threadIdx.x] = win.lo[a];
+        st.win_hi[a * kChunk + threadIdx.x] = win.hi[a];
       }
-      copy_async_wait_all();
-      __syncthreads();
+      const int64_t row = inside ? (w.batch * tokens + token_index(p, w, x)) * p.heads + head : 0;
+      st.lse2[threadIdx.x] = inside ? reinterpret_cast<const float*>(p.lse)[row] * kLog2e : 0.f;
+      st.delta[threadIdx.x] = inside ? reinterpret_cast<const float*>(p.delta)[row] : 0.f;
+    }
+  };
+  fetch_chunk(0, stage_at(0));  // one copy group with the K and V tiles
 
-      // Transposed scores: rows are this warp's 16 keys, columns the chunk's queries.
-      float s[kQueryTiles][4], dp[kQueryTiles][4];
+  for (int step = 0; step < steps; ++step) {
+    if (step + 1 < steps) {
+      fetch_chunk(step + 1, stage_at((step + 1) & 1));
+      copy_async_wait_one_pending();
+    } else {
+      copy_async_wait_all();
+    }
+    __syncthreads();
+    const Stage st = stage_at(step & 1);
+    // Transposed scores: rows are this warp's 16 keys, columns the chunk's queries.
+    float s[kQueryTiles][4], dp[kQueryTiles][4];
 #pragma unroll
-      for (int nt = 0; nt < kQueryTiles; ++nt) {
+    for (int nt = 0; nt < kQueryTiles; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-      }
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    }
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t k[4], v[4];
-        load_a<T>(k, sK, kPitch, warp * 16, ks * 16, lane);
-        load_a<T>(v, sV, kPitch, warp * 16, ks * 16, lane);
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t k[4], v[4];
+      load_a<T>(k, sK, kPitch, warp * 16, ks * 16, lane);
+      load_a<T>(v, sV, kPitch, warp * 16, ks * 16, lane);
 #pragma unroll
-        for (int nt = 0; nt < kQueryTiles; nt += 2) {
-          uint32_t b[2][2];
-          load_b_nk<T>(b, sQ, kPitch, nt * 8, ks * 16, lane);
-          mma<T>(s[nt], k, b[0]);
-          mma<T>(s[nt + 1], k, b[1]);
-          load_b_nk<T>(b, sdO, kPitch, nt * 8, ks * 16, lane);
-          mma<T>(dp[nt], v, b[0]);
-          mma<T>(dp[nt + 1], v, b[1]);
-        }
-      }
-      softmax_probs<kQueryTiles>(
-          s, scale_log2, t,
-          [&](int half, int col) {
-            bool ok = true;
-#pragma unroll
-            for (int a = 0; a < kMaxRank; ++a)
-              ok = ok && sWinLo[a * kChunk + col] <= y[half][a] && y[half][a] < sWinHi[a * kChunk + col];
-            return ok;
-          },
-          [&](int, int col) { return sLse2[col]; });
-#pragma unroll
-      for (int kk = 0; kk < kChunk / 16; ++kk) {  // dV += P^T dO
-        uint32_t a[4];
-        accum_to_a<T, kQueryTiles>(a, s, kk);
-#pragma unroll
-        for (int i = 0; i < kDimTiles; i += 2) {
-          uint32_t b[2][2];
-          load_b_kn<T>(b, sdO, kPitch, kk * 16, i * 8, lane);
-          mma<T>(dv[i], a, b[0]);
-          mma<T>(dv[i + 1], a, b[1]);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < kQueryTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - sDelta[nt * 8 + 2 * t + (e & 1)];  // dS^T
-      }
-#pragma unroll
-      for (int kk = 0; kk < kChunk / 16; ++kk) {  // dK += dS^T Q
-        uint32_t a[4];
-        accum_to_a<T, kQueryTiles>(a, s, kk);
-#pragma unroll
-        for (int i = 0; i < kDimTiles; i += 2) {
-          uint32_t b[2][2];
-          load_b_kn<T>(b, sQ, kPitch, kk * 16, i * 8, lane);
-          mma<T>(dk[i], a, b[0]);
-          mma<T>(dk[i + 1], a, b[1]);
-        }
+      for (int nt = 0; nt < kQueryTiles; nt += 2) {
+        uint32_t b[2][2];
+        load_b_nk<T>(b, st.q, kPitch, nt * 8, ks * 16, lane);
+        mma<T>(s[nt], k, b[0]);
+        mma<T>(s[nt + 1], k, b[1]);
+        load_b_nk<T>(b, st.d_o, kPitch, nt * 8, ks * 16, lane);
+        mma<T>(dp[nt], v, b[0]);
+        mma<T>(dp[nt + 1], v, b[1]);
       }
     }
+    softmax_probs<kQueryTiles>(
+        s, scale_log2, t,
+        [&](int half, int col) {
+          bool ok = true;
+#pragma unroll
+          for (int a = 0; a < kMaxRank; ++a)
+            ok = ok && st.win_lo[a * kChunk + col] <= y[half][a] && y[half][a] < st.win_hi[a * kChunk + col];
+          return ok;
+        },
+        [&](int, int col) { return st.lse2[col]; });
+#pragma unroll
+    for (int kk = 0; kk < kChunk / 16; ++kk) {  // dV += P^T dO
+      uint32_t a[4];
+      accum_to_a<T, kQueryTiles>(a, s, kk);
+#pragma unroll
+      for (int i = 0; i < kDimTiles; i += 2) {
+        uint32_t b[2][2];
+        load_b_kn<T>(b, st.d_o, kPitch, kk * 16, i * 8, lane);
+        mma<T>(dv[i], a, b[0]);
+        mma<T>(dv[i + 1], a, b[1]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kQueryTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - st.delta[nt * 8 + 2 * t + (e & 1)];  // dS^T
+    }
+#pragma unroll
+    for (int kk = 0; kk < kChunk / 16; ++kk) {  // dK += dS^T Q
+      uint32_t a[4];
+      accum_to_a<T, kQueryTiles>(a, s, kk);
+#pragma unroll
+      for (int i = 0; i < kDimTiles; i += 2) {
+        uint32_t b[2][2];
+        load_b_kn<T>(b, st.q, kPitch, kk * 16, i * 8, lane);
+        mma<T>(dk[i], a, b[0]);
+        mma<T>(dk[i + 1], a, b[1]);
+      }
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's fetch
   }
+  copy_async_wait_all();  // a key tile no query sees (possible with stride) ran no step
 
   for (int half = 0; half < 2; ++half) {
     if (!key_inside[half]) continue;
