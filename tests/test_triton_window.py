@@ -159,3 +159,13 @@ def test_reasons_are_precise(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     (reason,) = _reasons(pattern="window")
     assert reason.startswith("device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1")
+
+
+def test_query_chunks_of_long_windows(monkeypatch):
+    # Long windows walk their queries in chunks; shrink the limits so a tiny window (20 tokens,
+    # padded to 32) takes that path in the interpreter.
+    from haloattn.backends.triton import window_launch
+
+    monkeypatch.setattr(window_launch, "SQUARE_TILE_MAX", 16)
+    monkeypatch.setattr(window_launch, "QUERY_CHUNK", 16)
+    check_against_oracle((8, 9), (4, 5), shift=(2, 3), batch=2)

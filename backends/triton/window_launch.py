@@ -16,6 +16,11 @@ from .window_kernels import window_backward_kernel, window_forward_kernel
 
 MAX_WINDOW_TOKENS = 256
 MAX_HEAD_DIM = 128
+# Windows of up to SQUARE_TILE_MAX (padded) tokens keep their whole square score tile on chip;
+# larger ones walk their queries in chunks of QUERY_CHUNK against all their keys (a 256 x 256 tile
+# would need more shared memory than an H100 has).
+SQUARE_TILE_MAX = 128
+QUERY_CHUNK = 64
 
 
 class WindowLaunch(NamedTuple):
@@ -29,6 +34,7 @@ class WindowLaunch(NamedTuple):
     windows_per_axis: Tuple[int, int, int]  # per dilation group (the largest group's count)
     num_windows: int
     block: int
+    block_m: int  # query slots per chunk: the BLOCK_M x BLOCK score tile must fit on chip
     block_d: int
     block_dv: int
 
@@ -49,9 +55,11 @@ def plan(problem) -> WindowLaunch:
     # Every axis enumerates (dilation group, window); windows that fall outside a short group are
     # empty and their programs store nothing.
     num_windows = problem.batch * math.prod(n * d for n, d in zip(per_axis, dilations))
+    block = max(16, triton.next_power_of_2(math.prod(windows)))
     return WindowLaunch(
         lengths, windows, dilations, causal, offsets, tuple(per_axis), num_windows,
-        block=max(16, triton.next_power_of_2(math.prod(windows))),
+        block=block,
+        block_m=block if block <= SQUARE_TILE_MAX else QUERY_CHUNK,
         block_d=max(16, triton.next_power_of_2(problem.head_dim)),
         block_dv=max(16, triton.next_power_of_2(problem.value_dim)),
     )
@@ -76,13 +84,13 @@ def _meta(launch: WindowLaunch, problem, inputs_dtype):
     return dict(
         W0=launch.windows[0], W1=launch.windows[1], W2=launch.windows[2],
         CAUSAL0=launch.causal[0], CAUSAL1=launch.causal[1], CAUSAL2=launch.causal[2],
-        BLOCK=launch.block, BLOCK_D=launch.block_d, BLOCK_DV=launch.block_dv,
+        BLOCK=launch.block, BLOCK_M=launch.block_m, BLOCK_D=launch.block_d, BLOCK_DV=launch.block_dv,
         HAS_SOFTCAP=problem.softcap is not None,
         # float32 inputs get float32 products, as the contract's tolerances expect (no TF32).
         PRECISION="ieee" if inputs_dtype == torch.float32 else "tf32",
         UPCAST=inputs_dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
-        # Enough warps that the BLOCK x BLOCK float32 score tile stays near 32-128 registers a thread.
-        num_warps={16: 4, 32: 4, 64: 4, 128: 8, 256: 16}[launch.block],
+        # Enough warps that the BLOCK_M x BLOCK float32 score tile stays near 32-64 registers a thread.
+        num_warps=4 if launch.block_m * launch.block <= 64 * 64 else 8,
     )
 
 
@@ -136,8 +144,8 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _programs(launch: WindowLaunch, problem, windows_per_program: int) -> int:
-    return problem.heads * triton.cdiv(launch.num_windows, windows_per_program)
+def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_chunks: int = 1) -> int:
+    return problem.heads * query_chunks * triton.cdiv(launch.num_windows, windows_per_program)
 
 
 def _backward_windows_per_program(launch: WindowLaunch, problem, device: torch.device) -> int:
@@ -161,7 +169,7 @@ def forward(problem, inputs, config=None):
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     bias = dense_bias(rpb, launch) if rpb is not None else lse  # unused pointer when no rpb
     windows_per_program = (config or {}).get("windows_per_program", 1)
-    grid = (_programs(launch, problem, windows_per_program),)
+    grid = (_programs(launch, problem, windows_per_program, launch.block // launch.block_m),)
     window_forward_kernel[grid](
         q, k, v, out, lse, bias,
         *_strides(q, rank), *_strides(k, rank), *_strides(v, rank), *_strides(out, rank),
@@ -190,8 +198,10 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     bias_grad = rpb is not None and needs_grad[3]
     windows_per_program = _backward_windows_per_program(launch, problem, q.device)
     programs = _programs(launch, problem, windows_per_program)
+    # Several query chunks accumulate their rpb-gradient partial in memory: start it at zero.
+    allocate = torch.empty if launch.block_m == launch.block else torch.zeros
     dbias = (
-        torch.empty(programs, launch.block, launch.block, dtype=torch.float32, device=q.device)
+        allocate(programs, launch.block, launch.block, dtype=torch.float32, device=q.device)
         if bias_grad else lse
     )
     bias = dense_bias(rpb, launch) if rpb is not None else lse
