@@ -101,6 +101,7 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
   int key_lo[kMaxRank], key_extent[kMaxRank];
   key_box(p, w, key_lo, key_extent);
   const int box_keys = key_extent[0] * key_extent[1] * key_extent[2];
+  const bool shared_window = tile_shares_one_window(p, w);
   load_tile_async<T, D>(sQ, p, p.query, w, shape, w.head);
   load_tile_async<T, D>(sdO, p, p.grad_out, w, shape, w.head);
 
@@ -163,9 +164,12 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
         mma<T>(dp[nt + 1], d_o, b[1]);
       }
     }
+    // As in the forward: a shared window needs the mask only on the padding past the box.
+    const bool masked = !shared_window || first + kTileTokens > box_keys;
     softmax_probs<kKeyTiles>(
         s, scale_log2, t,
         [&](int half, int col) {
+          if (!masked) return true;
           int key[kMaxRank];
           read_coords(key_coord, col, key);
           return attends(win[half], key);

@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
   int key_lo[kMaxRank], key_extent[kMaxRank];
   key_box(p, w, key_lo, key_extent);
   const int box_keys = key_extent[0] * key_extent[1] * key_extent[2];
+  const bool shared_window = tile_shares_one_window(p, w);
   load_tile_async<T, D>(sQ, p, p.query, w, shape, w.head);
 
   const int row_a = warp * 16 + g, row_b = row_a + 8;
@@ -108,17 +109,24 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
       }
     }
 
-    // Mask and scale; row maxima over the quad of lanes that shares a row.
+    // Mask (unless every key of the chunk is every row's: a shared window, no padding) and
+    // scale; row maxima over the quad of lanes that shares a row. Rows past the grid see all
+    // keys on the unmasked path: finite, and never stored.
+    const bool masked = !shared_window || first + kTileTokens > box_keys;
     float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = nt * 8 + 2 * t + e;
-        int key[kMaxRank];
-        read_coords(key_coord, col, key);
-        s[nt][e] = attends(win_a, key) ? s[nt][e] * scale_log2 : -INFINITY;
-        s[nt][2 + e] = attends(win_b, key) ? s[nt][2 + e] * scale_log2 : -INFINITY;
+        bool keep_a = true, keep_b = true;
+        if (masked) {
+          int key[kMaxRank];
+          read_coords(key_coord, nt * 8 + 2 * t + e, key);
+          keep_a = attends(win_a, key);
+          keep_b = attends(win_b, key);
+        }
+        s[nt][e] = keep_a ? s[nt][e] * scale_log2 : -INFINITY;
+        s[nt][2 + e] = keep_b ? s[nt][2 + e] * scale_log2 : -INFINITY;
         tile_max_a = fmaxf(tile_max_a, s[nt][e]);
         tile_max_b = fmaxf(tile_max_b, s[nt][2 + e]);
       }

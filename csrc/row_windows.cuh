@@ -45,6 +45,19 @@ __host__ __device__ inline void key_box(const AttentionParams& p, const TileWork
   }
 }
 
+// True when every query of the tile sees the same keys on every axis (e.g. stride == window with
+// aligned tiles): then the key box is exactly each query's neighbourhood and only the padding
+// past the box needs a mask. By monotonicity the first and last query decide it.
+__host__ __device__ inline bool tile_shares_one_window(const AttentionParams& p, const TileWork& w) {
+  bool same = true;
+  for (int a = 0; a < kMaxRank; ++a) {
+    const Range first = key_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]);
+    const Range last = key_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a]);
+    same = same && first.lo == last.lo && first.hi == last.hi;
+  }
+  return same;
+}
+
 // The box of queries that see a tile's keys [x0, x1) (the inverse rule, also monotone).
 __host__ __device__ inline void query_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
                                  int (&extent)[kMaxRank]) {

@@ -4,6 +4,7 @@
 // the kernels do and checks that:
 //   forward / dQ: every query is in exactly one tile, and the tile's key box holds every key the
 //                 query attends (the count of box keys passing `attends` equals the brute force);
+//                 where tile_shares_one_window, every query attends the whole box (no mask);
 //   dK/dV:       every key is in exactly one tile, and the tile's query box holds every query
 //                 that attends it.
 // Prints "ok" or the first mismatch, one line per problem.
@@ -71,6 +72,7 @@ const char* check(const AttentionParams& p, bool forward) {
         expected += forward ? attends_brute(p, own, c) : attends_brute(p, c, own);
       }
       if (found != expected) return forward ? "a query's key box misses keys" : "a key's query box misses queries";
+      if (forward && tile_shares_one_window(p, w) && found != box) return "a shared-window tile's box is not its window";
     }
   }
   for (int i = 0; i < tokens; ++i)
