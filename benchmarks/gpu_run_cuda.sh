@@ -21,7 +21,7 @@ haloattn info 2>&1 | tee "$OUT/info.txt" | grep -A1 "cuda "
 if ! timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --tb=line -rf \
     tests/test_cuda_gpu.py > "$OUT/tests.log" 2>&1; then
   tail -70 "$OUT/tests.log"
-  timeout 90 compute-sanitizer --tool memcheck --print-limit 5 python3 -c "
+  timeout 45 compute-sanitizer --tool memcheck --print-limit 5 python3 -c "
 import torch, haloattn
 q, k, v = (torch.randn(1, 12, 13, 4, 64, device='cuda', dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
 out = haloattn.attention(q, k, v, (5, 3), dilation=(2, 1), backend='cuda')
@@ -32,4 +32,4 @@ print('sanitizer run finished')
 else
   tail -5 "$OUT/tests.log"
 fi
-timeout ${BENCH_TIMEOUT:-90} python3 benchmarks/bench_cuda.py --only 1,5,8 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+timeout ${BENCH_TIMEOUT:-90} python3 benchmarks/bench_cuda.py --only ${BENCH_PROBLEMS:-1,5,8} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
