@@ -123,10 +123,12 @@ __global__ void __launch_bounds__(kThreads) grad_query_kernel(const AttentionPar
   const float scale_log2 = p.scale * kLog2e;
 
   auto fetch_chunk = [&](int first, int stage) {
-    load_rows_async<T, D>(sK + stage * kTileElems, p, p.key, w, kv_head, w.batch, key_lo, key_extent, first);
-    load_rows_async<T, D>(sV + stage * kTileElems, p, p.value, w, kv_head, w.batch, key_lo, key_extent, first);
+    int* coords = sKeyCoord + stage * kCoordInts;
+    store_box_coords(coords, first, key_lo, key_extent);
+    __syncthreads();  // the copies below read the coordinates
+    load_rows_async<T, D>(sK + stage * kTileElems, p, p.key, w, kv_head, coords);
+    load_rows_async<T, D>(sV + stage * kTileElems, p, p.value, w, kv_head, coords);
     copy_async_commit();
-    store_box_coords(sKeyCoord + stage * kCoordInts, first, key_lo, key_extent);
   };
   fetch_chunk(0, 0);  // one copy group with the Q and dO tiles
 
@@ -217,7 +219,7 @@ struct GradKeyValueSmem {
   static constexpr int kPitch = tile_pitch<D>();
   static constexpr int kChunk = query_chunk<D>();
   // K, V, then two stages of (Q, dO, per-query window bounds, LSE, delta).
-  static constexpr size_t kStageBytes = 2 * kChunk * kPitch * sizeof(T) + kChunk * (2 * kMaxRank * sizeof(int) + 2 * sizeof(float));
+  static constexpr size_t kStageBytes = 2 * kChunk * kPitch * sizeof(T) + kChunk * (3 * kMaxRank * sizeof(int) + 2 * sizeof(float));
   static constexpr size_t kBytes = 2 * kTileTokens * kPitch * sizeof(T) + 2 * kStageBytes;
 };
 
@@ -235,6 +237,7 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
   struct Stage {
     T* q;
     T* d_o;
+    int* coords;  // [axis][chunk] group coordinates of the chunk's queries, -1 past the box
     int* win_lo;  // [axis][chunk]
     int* win_hi;
     float* lse2;
@@ -246,7 +249,8 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
     Stage st;
     st.q = reinterpret_cast<T*>(base);
     st.d_o = st.q + kChunk * kPitch;
-    st.win_lo = reinterpret_cast<int*>(st.d_o + kChunk * kPitch);
+    st.coords = reinterpret_cast<int*>(st.d_o + kChunk * kPitch);
+    st.win_lo = st.coords + kMaxRank * kChunk;
     st.win_hi = st.win_lo + kMaxRank * kChunk;
     st.lse2 = reinterpret_cast<float*>(st.win_hi + kMaxRank * kChunk);
     st.delta = st.lse2 + kChunk;
@@ -284,14 +288,12 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
   const int steps = group_size * chunks;
   auto fetch_chunk = [&](int step, const Stage& st) {
     const int head = w.head * group_size + step / chunks, first = (step % chunks) * kChunk;
-    load_rows_async<T, D, kChunk>(st.q, p, p.query, w, head, w.batch, query_lo, query_extent, first);
-    load_rows_async<T, D, kChunk>(st.d_o, p, p.grad_out, w, head, w.batch, query_lo, query_extent, first);
-    copy_async_commit();
     if (threadIdx.x < kChunk) {
       int x[kMaxRank];
       const bool inside = box_coords(first + threadIdx.x, query_lo, query_extent, x);
       const RowWindow win = query_window(p, w, x, inside);
       for (int a = 0; a < kMaxRank; ++a) {
+        st.coords[a * kChunk + threadIdx.x] = inside ? x[a] : -1;
         st.win_lo[a * kChunk + threadIdx.x] = win.lo[a];
         st.win_hi[a * kChunk + threadIdx.x] = win.hi[a];
       }
@@ -299,6 +301,10 @@ __global__ void __launch_bounds__(kThreads) grad_key_value_kernel(const Attentio
       st.lse2[threadIdx.x] = inside ? reinterpret_cast<const float*>(p.lse)[row] * kLog2e : 0.f;
       st.delta[threadIdx.x] = inside ? reinterpret_cast<const float*>(p.delta)[row] : 0.f;
     }
+    __syncthreads();  // the copies below read the coordinates
+    load_rows_async<T, D, kChunk>(st.q, p, p.query, w, head, st.coords);
+    load_rows_async<T, D, kChunk>(st.d_o, p, p.grad_out, w, head, st.coords);
+    copy_async_commit();
   };
   fetch_chunk(0, stage_at(0));  // one copy group with the K and V tiles
 

@@ -71,10 +71,12 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
   const float scale_log2 = p.scale * kLog2e;
 
   auto fetch_chunk = [&](int first, int stage) {
-    load_rows_async<T, D>(sK + stage * kTileElems, p, p.key, w, kv_head, w.batch, key_lo, key_extent, first);
-    load_rows_async<T, D>(sV + stage * kTileElems, p, p.value, w, kv_head, w.batch, key_lo, key_extent, first);
+    int* coords = sKeyCoord + stage * kCoordInts;
+    store_box_coords(coords, first, key_lo, key_extent);
+    __syncthreads();  // the copies below read the coordinates
+    load_rows_async<T, D>(sK + stage * kTileElems, p, p.key, w, kv_head, coords);
+    load_rows_async<T, D>(sV + stage * kTileElems, p, p.value, w, kv_head, coords);
     copy_async_commit();
-    store_box_coords(sKeyCoord + stage * kCoordInts, first, key_lo, key_extent);
   };
   fetch_chunk(0, 0);  // one copy group with the Q tile
 

@@ -69,13 +69,15 @@ __host__ __device__ inline void query_box(const AttentionParams& p, const TileWo
   }
 }
 
-// Group coordinates of the 64 keys [first, first + 64) of a box into smem ([axis][64]).
+// Group coordinates of the ROWS tokens [first, first + ROWS) of a box into smem ([axis][ROWS]),
+// -1 past the box. Threads [0, ROWS) each write one token.
+template <int ROWS = kTileTokens>
 __device__ inline void store_box_coords(int* coords, int first, const int (&lo)[kMaxRank],
                                         const int (&extent)[kMaxRank]) {
-  if (threadIdx.x < kTileTokens) {
+  if (threadIdx.x < ROWS) {
     int y[kMaxRank];
     const bool valid = box_coords(first + threadIdx.x, lo, extent, y);
-    for (int a = 0; a < kMaxRank; ++a) coords[a * kTileTokens + threadIdx.x] = valid ? y[a] : -1;
+    for (int a = 0; a < kMaxRank; ++a) coords[a * ROWS + threadIdx.x] = valid ? y[a] : -1;
   }
 }
 

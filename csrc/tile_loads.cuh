@@ -13,17 +13,18 @@ constexpr int kThreads = 128;  // 4 warps, 16 rows of a 64-row tile each
 // warp on 32 distinct banks.
 template <int D> constexpr int tile_pitch() { return D + 8; }
 
-// Rows [first, first + ROWS) of the box into `tile` ([ROWS][D], pitch tile_pitch<D>()), head `head`.
+// Rows of a chunk into `tile` ([ROWS][D], pitch tile_pitch<D>()), head `head`: row r is the
+// token at group coordinates coords[axis * ROWS + r] (written by store_box_coords, so the
+// coordinates are unravelled once per row, not once per copy), zero-filled where they are -1.
 template <typename T, int D, int ROWS = kTileTokens>
 __device__ inline void load_rows_async(T* tile, const AttentionParams& p, const TokenTensor& t, const TileWork& w,
-                                       int head, int batch, const int (&lo)[kMaxRank],
-                                       const int (&extent)[kMaxRank], int first) {
+                                       int head, const int* coords) {
   constexpr int kChunks = D / 8;  // 16-byte pieces per row
-  const T* base = reinterpret_cast<const T*>(t.ptr) + batch * t.batch_stride + head * t.head_stride;
+  const T* base = reinterpret_cast<const T*>(t.ptr) + w.batch * t.batch_stride + head * t.head_stride;
   for (int c = threadIdx.x; c < ROWS * kChunks; c += kThreads) {
     const int row = c / kChunks, col = (c % kChunks) * 8;
-    int x[kMaxRank];
-    const bool valid = box_coords(first + row, lo, extent, x);
+    const int x[kMaxRank] = {coords[row], coords[ROWS + row], coords[2 * ROWS + row]};
+    const bool valid = x[0] >= 0;
     const T* src = valid ? base + token_offset(p, t, w, x) + col : base;
     copy16_async(tile + row * tile_pitch<D>() + col, src, valid);
   }
