@@ -311,3 +311,19 @@ def extra_dkdv_kernel(
              (dk * scale).to(DAK.dtype.element_ty), mask=e_ok[:, None] & (d[None, :] < HEAD_D))
     tl.store(DAV + (b64 * sdavb + kvh64 * sdavh + e * sdave)[:, None] + dv[None, :],
              dvacc.to(DAV.dtype.element_ty), mask=e_ok[:, None] & (dv[None, :] < HEAD_DV))
+
+
+@triton.jit
+def delta_kernel(O, DO, DLSE, DELTA, rows, so_row, sdo_row, HEAD_DV,
+                 BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """delta = rowsum(dO * O) - dLSE, one float32 per (token, head) row."""
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    ok = r < rows
+    d = tl.arange(0, BLOCK_DV)
+    m = ok[:, None] & (d[None, :] < HEAD_DV)
+    o = tl.load(O + r[:, None] * so_row + d[None, :], mask=m, other=0.0).to(tl.float32)
+    do = tl.load(DO + r[:, None] * sdo_row + d[None, :], mask=m, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + r, mask=ok, other=0.0)
+    tl.store(DELTA + r, delta, mask=ok)

@@ -21,7 +21,7 @@ from haloattn.problem import Problem
 from . import tiles
 from .interpreter_compat import kernel as interpreted_kernel
 from .plugin import interpreting
-from .backward_kernels import dkdv_kernel, dq_kernel, extra_dkdv_kernel
+from .backward_kernels import delta_kernel, dkdv_kernel, dq_kernel, extra_dkdv_kernel
 from .forward_kernel import forward_kernel
 
 INT32_LIMIT = 2**31 - 1
@@ -173,6 +173,23 @@ def rpb_gradient(problem: Problem, ds: torch.Tensor, rpb: torch.Tensor) -> torch
     return sums.to(rpb.dtype).view(rpb.shape)
 
 
+def row_delta(out: torch.Tensor, grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor]) -> torch.Tensor:
+    """delta = rowsum(dO * O) - dLSE, float32 [B, *spatial, H]: dS = P * (dP - delta) then
+    carries the gradients of both outputs (d lse / d s = P)."""
+    dv = out.shape[-1]
+    o = out.reshape(-1, dv)
+    do = grad_out.reshape(-1, dv)
+    rows = o.shape[0]
+    delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
+    dlse = grad_lse.float().reshape(-1) if grad_lse is not None else delta
+    block_rows = 64
+    _kernel(delta_kernel)[(triton.cdiv(rows, block_rows),)](
+        o, do, dlse, delta, rows, o.stride(0), do.stride(0), dv,
+        BLOCK_R=block_rows, BLOCK_DV=_block(dv), HAS_DLSE=grad_lse is not None, num_warps=4,
+    )
+    return delta
+
+
 def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
     cfgs = tiles.normalise(config, problem)
     q, k, v = (_unit_last(t) for t in inputs[:3])
@@ -181,13 +198,8 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     do = _unit_last(grad_out)
     B, H, Hkv, r = problem.batch, problem.heads, problem.kv_heads, problem.rank
     G = H // Hkv
-    # delta = rowsum(dO * O) - dLSE: dS = P * (dP - delta) covers both outputs' gradients.
-    # One batch at a time keeps the float32 temporaries small.
-    delta = torch.stack([(do[i].float() * out[i].float()).sum(-1) for i in range(B)])
-    if grad_lse is not None:
-        delta = delta - grad_lse.float()
     lse = lse.contiguous()
-    delta = delta.contiguous()
+    delta = row_delta(out, do, grad_lse)
     geo = Geometry(problem)
     large = needs_int64(q, k, v, do, out)
     precision = _precision(q.dtype)
