@@ -173,6 +173,10 @@ def test_non_contiguous_inputs():
     out = haloattn.attention(q, k, v, 5, backend="cuda")
     ref = haloattn.attention(q.float(), k.float(), v.float(), 5, backend="reference")
     assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.bfloat16]
+    shifted = torch.randn(1, 9, 11, 2, 72, generator=gen).to(torch.bfloat16).cuda()[..., 4:68]  # 8-byte rows
+    out = haloattn.attention(shifted, k, v, 5, backend="cuda")
+    ref = haloattn.attention(shifted.float(), k.float(), v.float(), 5, backend="reference")
+    assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.bfloat16]
 
 
 @requires_cuda_backend
