@@ -21,8 +21,9 @@ if ! python3 -m pip install --no-build-isolation --no-deps -e . -q 2>&1 | tee "$
   echo "pip install failed; using $site" | tee -a "$OUT/install.log"
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/device.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/device.txt"; date -u | tee -a "$OUT/device.txt"
 python3 -c "import torch, triton, timm; print('torch', torch.__version__, 'triton', triton.__version__, 'timm', timm.__version__)" | tee -a "$OUT/device.txt"
 
-timeout 170 python3 -m pytest -m "gpu or not gpu" -q -p no:cacheprovider tests/test_window_gpu.py tests/test_timm.py 2>&1 | tee "$OUT/tests.log"
-timeout 120 python3 benchmarks/bench_window.py --markdown "$OUT/bench_window.md" 2>&1 | tee "$OUT/bench_window.log"
-timeout 110 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --markdown "$OUT/bench_timm.md" 2>&1 | tee "$OUT/bench_timm.log"
+timeout 180 python3 -m pytest -n 8 -m "gpu or not gpu" -q -p no:cacheprovider tests/test_window_gpu.py tests/test_timm.py 2>&1 | tee "$OUT/tests.log"
+timeout 110 python3 benchmarks/bench_window.py --markdown "$OUT/bench_window.md" 2>&1 | tee "$OUT/bench_window.log"
+timeout 90 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --markdown "$OUT/bench_timm.md" 2>&1 | tee "$OUT/bench_timm.log"

@@ -19,9 +19,15 @@ import triton.language as tl
 LOG2E = tl.constexpr(1.4426950408889634)
 
 # Runtime sizes that must not trigger a recompilation when they change.
+# Runtime sizes, and the batch/spatial strides that change with them, must not trigger a
+# recompilation: they are excluded from Triton's specialisation. Row alignment, which that
+# specialisation would have proven, comes from the ALIGN constexpr instead (a property of the
+# channel layout, not of the grid): see _row_offsets.
 _RUNTIME_SIZES = [
     "batch", "L0", "L1", "L2", "NW0", "NW1", "NW2", "OFF0", "OFF1", "OFF2",
     "DL0", "DL1", "DL2", "num_windows", "windows_per_program",
+] + [f"s{t}{axis}" for t in ("q", "k", "v", "o", "do", "dq", "dk", "dv") for axis in ("b", "0", "1", "2")] + [
+    "slb", "sl0", "sl1", "sl2", "slh",
 ]
 
 
@@ -87,6 +93,14 @@ def _offsets(b, p0, p1, p2, sb, s0, s1, s2):
 
 
 @triton.jit
+def _row_offsets(b, p0, p1, p2, sb, s0, s1, s2, ALIGN: tl.constexpr):
+    """Element offsets of token rows. The batch/spatial strides arrive divided by ALIGN: the
+    product by a constant proves the rows ALIGN-aligned, so loads vectorise (tl.multiple_of on the
+    sum was not honoured here)."""
+    return _offsets(b, p0, p1, p2, sb, s0, s1, s2) * ALIGN
+
+
+@triton.jit
 def _load_rows(ptr, rows, row_ok, stride_d, D, BLOCK_D: tl.constexpr):
     cols = tl.arange(0, BLOCK_D)
     return tl.load(ptr + rows[:, None] + cols[None, :] * stride_d,
@@ -144,6 +158,7 @@ def window_forward_kernel(
     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """Output and LSE of query head ``h`` for ``BLOCK_M`` query slots of ``windows_per_program``
     windows, against all ``BLOCK`` key slots of each window (one pass: exact softmax)."""
@@ -164,9 +179,9 @@ def window_forward_kernel(
             win, first_q, L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, W0, W1, W2, BLOCK_M)
         k_ok = k_ok & (win < num_windows)  # the last program's surplus steps
         q_ok = q_ok & (win < num_windows)
-        q = _load_rows(Q + h * sqh, _offsets(b, r0, r1, r2, sqb, sq0, sq1, sq2), q_ok, sqd, D, BLOCK_D)
-        k = _load_rows(K + kv_h * skh, _offsets(b, p0, p1, p2, skb, sk0, sk1, sk2), k_ok, skd, D, BLOCK_D)
-        v = _load_rows(V + kv_h * svh, _offsets(b, p0, p1, p2, svb, sv0, sv1, sv2), k_ok, svd, DV, BLOCK_DV)
+        q = _load_rows(Q + h * sqh, _row_offsets(b, r0, r1, r2, sqb, sq0, sq1, sq2, ALIGN), q_ok, sqd, D, BLOCK_D)
+        k = _load_rows(K + kv_h * skh, _row_offsets(b, p0, p1, p2, skb, sk0, sk1, sk2, ALIGN), k_ok, skd, D, BLOCK_D)
+        v = _load_rows(V + kv_h * svh, _row_offsets(b, p0, p1, p2, svb, sv0, sv1, sv2, ALIGN), k_ok, svd, DV, BLOCK_DV)
         keep = _pair_mask(q_ok, q0, q1, q2, k_ok, k0, k1, k2, CAUSAL0, CAUSAL1, CAUSAL2)
         s, _ = _scores(q, k, BIAS, h, first_q, keep, scale, softcap, BLOCK_M, BLOCK, HAS_BIAS, HAS_SOFTCAP,
                        PRECISION, UPCAST)
@@ -177,7 +192,7 @@ def window_forward_kernel(
         total = tl.sum(p, axis=1)
         total = tl.where(total == 0.0, 1.0, total)
         out = _dot(p.to(v.dtype), v, PRECISION, UPCAST) / total[:, None]
-        _store_rows(O + h * soh, _offsets(b, r0, r1, r2, sob, so0, so1, so2), q_ok, sod, DV, out, BLOCK_DV)
+        _store_rows(O + h * soh, _row_offsets(b, r0, r1, r2, sob, so0, so1, so2, ALIGN), q_ok, sod, DV, out, BLOCK_DV)
         lse = m + tl.log(total)
         tl.store(LSE + h * slh + _offsets(b, r0, r1, r2, slb, sl0, sl1, sl2), lse, mask=q_ok)
         win += 1
@@ -202,7 +217,7 @@ def window_backward_kernel(
     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_GLSE: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr,
 ):
     """dQ, dK, dV of query head ``h`` for ``windows_per_program`` windows, walking each window's
     queries in ``BLOCK_M`` chunks against all its keys. dK/dV are written per query head (the
@@ -223,8 +238,8 @@ def window_backward_kernel(
         b, p0, p1, p2, k0, k1, k2, k_ok = _window_slots(
             win, 0, L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, W0, W1, W2, BLOCK)
         k_ok = k_ok & (win < num_windows)  # the last program's surplus steps
-        k = _load_rows(K + kv_h * skh, _offsets(b, p0, p1, p2, skb, sk0, sk1, sk2), k_ok, skd, D, BLOCK_D)
-        v = _load_rows(V + kv_h * svh, _offsets(b, p0, p1, p2, svb, sv0, sv1, sv2), k_ok, svd, DV, BLOCK_DV)
+        k = _load_rows(K + kv_h * skh, _row_offsets(b, p0, p1, p2, skb, sk0, sk1, sk2, ALIGN), k_ok, skd, D, BLOCK_D)
+        v = _load_rows(V + kv_h * svh, _row_offsets(b, p0, p1, p2, svb, sv0, sv1, sv2, ALIGN), k_ok, svd, DV, BLOCK_DV)
         dk = tl.zeros((BLOCK, BLOCK_D), dtype=tl.float32)
         dv = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
         for chunk in tl.static_range(NUM_M):
@@ -232,9 +247,9 @@ def window_backward_kernel(
             _, r0, r1, r2, q0, q1, q2, q_ok = _window_slots(
                 win, first_q, L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, W0, W1, W2, BLOCK_M)
             q_ok = q_ok & (win < num_windows)
-            q = _load_rows(Q + h * sqh, _offsets(b, r0, r1, r2, sqb, sq0, sq1, sq2), q_ok, sqd, D, BLOCK_D)
-            o = _load_rows(O + h * soh, _offsets(b, r0, r1, r2, sob, so0, so1, so2), q_ok, sod, DV, BLOCK_DV)
-            do = _load_rows(DO + h * sdoh, _offsets(b, r0, r1, r2, sdob, sdo0, sdo1, sdo2), q_ok, sdod, DV,
+            q = _load_rows(Q + h * sqh, _row_offsets(b, r0, r1, r2, sqb, sq0, sq1, sq2, ALIGN), q_ok, sqd, D, BLOCK_D)
+            o = _load_rows(O + h * soh, _row_offsets(b, r0, r1, r2, sob, so0, so1, so2, ALIGN), q_ok, sod, DV, BLOCK_DV)
+            do = _load_rows(DO + h * sdoh, _row_offsets(b, r0, r1, r2, sdob, sdo0, sdo1, sdo2, ALIGN), q_ok, sdod, DV,
                             BLOCK_DV)
             lse_rows = h * slh + _offsets(b, r0, r1, r2, slb, sl0, sl1, sl2)
             lse = tl.load(LSE + lse_rows, mask=q_ok, other=0.0)
@@ -261,9 +276,9 @@ def window_backward_kernel(
             ds_in = ds.to(q.dtype)
             dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
             dk += _dot(tl.trans(ds_in), q, PRECISION, UPCAST) * scale
-            _store_rows(DQ + h * sdqh, _offsets(b, r0, r1, r2, sdqb, sdq0, sdq1, sdq2), q_ok, sdqd, D, dq, BLOCK_D)
-        _store_rows(DK + h * sdkh, _offsets(b, p0, p1, p2, sdkb, sdk0, sdk1, sdk2), k_ok, sdkd, D, dk, BLOCK_D)
-        _store_rows(DV_OUT + h * sdvh, _offsets(b, p0, p1, p2, sdvb, sdv0, sdv1, sdv2), k_ok, sdvd, DV, dv,
+            _store_rows(DQ + h * sdqh, _row_offsets(b, r0, r1, r2, sdqb, sdq0, sdq1, sdq2, ALIGN), q_ok, sdqd, D, dq, BLOCK_D)
+        _store_rows(DK + h * sdkh, _row_offsets(b, p0, p1, p2, sdkb, sdk0, sdk1, sdk2, ALIGN), k_ok, sdkd, D, dk, BLOCK_D)
+        _store_rows(DV_OUT + h * sdvh, _row_offsets(b, p0, p1, p2, sdvb, sdv0, sdv1, sdv2, ALIGN), k_ok, sdvd, DV, dv,
                     BLOCK_DV)
         win += 1
     if BIAS_GRAD:

@@ -65,12 +65,23 @@ def plan(problem) -> WindowLaunch:
     )
 
 
-def _strides(t: torch.Tensor, rank: int, with_head: bool = True):
-    """(batch, axis0, axis1, axis2, [head, dim]) strides with the spatial axes padded to rank 3."""
+def _strides(t: torch.Tensor, rank: int, with_head: bool = True, align: int = 1):
+    """(batch, axis0, axis1, axis2, [head, dim]) strides with the spatial axes padded to rank 3;
+    the batch and spatial ones divided by ``align`` (see window_kernels._row_offsets)."""
     s = t.stride()
-    spatial = (0,) * (3 - rank) + tuple(s[1:1 + rank])
+    outer = (s[0],) + (0,) * (3 - rank) + tuple(s[1:1 + rank])
     tail = tuple(s[1 + rank:]) if with_head else (s[1 + rank],)
-    return (s[0],) + spatial + tail
+    return tuple(x // align for x in outer) + tail
+
+
+def _row_alignment(rank: int, *tensors: torch.Tensor) -> int:
+    """Largest power of two (at most 8 elements) dividing every batch/spatial stride: the kernels
+    assert it on row offsets so loads stay vectorised although those strides are not specialised."""
+    strides = [x for t in tensors for x in _strides(t, rank)[:4]]
+    align = 8
+    while align > 1 and any(s % align for s in strides):
+        align //= 2
+    return align
 
 
 def _grid_args(launch: WindowLaunch, problem):
@@ -170,14 +181,16 @@ def forward(problem, inputs, config=None):
     bias = dense_bias(rpb, launch) if rpb is not None else lse  # unused pointer when no rpb
     windows_per_program = (config or {}).get("windows_per_program", 1)
     grid = (_programs(launch, problem, windows_per_program, launch.block // launch.block_m),)
+    align = _row_alignment(rank, q, k, v, out)
     window_forward_kernel[grid](
         q, k, v, out, lse, bias,
-        *_strides(q, rank), *_strides(k, rank), *_strides(v, rank), *_strides(out, rank),
+        *_strides(q, rank, align=align), *_strides(k, rank, align=align), *_strides(v, rank, align=align),
+        *_strides(out, rank, align=align),
         *_strides(lse, rank, with_head=False),
         *_grid_args(launch, problem), windows_per_program,
         problem.heads, problem.heads // problem.kv_heads, problem.head_dim, problem.value_dim,
         problem.scale, problem.softcap or 1.0,
-        HAS_BIAS=rpb is not None,
+        HAS_BIAS=rpb is not None, ALIGN=align,
         **_meta(launch, problem, q.dtype),
     )
     return out, lse
@@ -208,15 +221,18 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     if grad_lse is not None:
         grad_lse = grad_lse.contiguous()
     lse = lse.contiguous()
+    align = _row_alignment(rank, q, k, v, out, grad_out, dq, dk, dv)
     window_backward_kernel[(programs,)](
         q, k, v, out, lse, grad_out, grad_lse if grad_lse is not None else lse, bias, dq, dk, dv, dbias,
-        *_strides(q, rank), *_strides(k, rank), *_strides(v, rank), *_strides(out, rank),
-        *_strides(lse, rank, with_head=False), *_strides(grad_out, rank),
-        *_strides(dq, rank), *_strides(dk, rank), *_strides(dv, rank),
+        *_strides(q, rank, align=align), *_strides(k, rank, align=align), *_strides(v, rank, align=align),
+        *_strides(out, rank, align=align), *_strides(lse, rank, with_head=False),
+        *_strides(grad_out, rank, align=align), *_strides(dq, rank, align=align),
+        *_strides(dk, rank, align=align), *_strides(dv, rank, align=align),
         *_grid_args(launch, problem), windows_per_program,
         problem.heads, group, problem.head_dim, problem.value_dim,
         problem.scale, problem.softcap or 1.0,
         HAS_BIAS=rpb is not None, BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None,
+        ALIGN=align,
         **_meta(launch, problem, q.dtype),
     )
     if group > 1:
