@@ -9,6 +9,16 @@ import torch
 import haloattn
 
 
+@pytest.fixture(autouse=True)
+def _plain_cpu_environment(monkeypatch):
+    """Other test modules set TRITON_INTERPRET=1 for the whole session (it makes the Triton
+    backends run on CPU tensors); these tests are about the dispatcher's choices on a plain CPU
+    machine, so they run without it and without a forced backend."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
+    monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
+
+
 class Block(torch.nn.Module):
     def __init__(self, dim=8, heads=2, window=(3, 3), rank=2, return_lse=False, **options):
         super().__init__()

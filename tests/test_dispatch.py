@@ -45,6 +45,16 @@ def plugin_site(tmp_path_factory):
     return site
 
 
+@pytest.fixture(autouse=True)
+def _plain_cpu_environment(monkeypatch):
+    """Other test modules set TRITON_INTERPRET=1 for the whole session (it makes the Triton
+    backends run on CPU tensors); these tests are about the dispatcher's choices on a plain CPU
+    machine, so they run without it and without a forced backend."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
+    monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
+
+
 PRELUDE = """
 import json, logging, os, sys
 import torch

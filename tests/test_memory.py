@@ -9,6 +9,18 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+@pytest.fixture(autouse=True)
+def _plain_cpu_environment(monkeypatch):
+    """Other test modules set TRITON_INTERPRET=1 for the whole session (it makes the Triton
+    backends run on CPU tensors); these tests are about the dispatcher's choices on a plain CPU
+    machine, so they run without it and without a forced backend."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
+    monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
+
+
 SCRIPT = textwrap.dedent("""
     import json, math, resource, torch, haloattn
     torch.manual_seed(0)
@@ -16,9 +28,9 @@ SCRIPT = textwrap.dedent("""
     q, k, v = (torch.randn(1, L, L, H, D, requires_grad=True) for _ in range(3))
     # warm up (imports, dispatch, allocator) on a small grid, then measure the big one
     small = torch.randn(1, 16, 16, H, D)
-    haloattn.attention(small, small, small, K)
+    haloattn.attention(small, small, small, K, backend="reference")
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out = haloattn.attention(q, k, v, K)
+    out = haloattn.attention(q, k, v, K, backend="reference")
     grad = torch.randn_like(out)
     out.backward(grad)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

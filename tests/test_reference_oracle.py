@@ -16,6 +16,16 @@ import haloattn
 import oracle
 
 
+@pytest.fixture(autouse=True)
+def _plain_cpu_environment(monkeypatch):
+    """Other test modules set TRITON_INTERPRET=1 for the whole session (it makes the Triton
+    backends run on CPU tensors); these tests are about the dispatcher's choices on a plain CPU
+    machine, so they run without it and without a forced backend."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
+    monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
+
+
 # A few fixed FlexAttention-style functions (module level, so they hash by identity).
 def score_bias_by_head(score, b, h, q_idx, kv_idx):
     return score + 0.25 * h - 0.1 * b

@@ -23,6 +23,16 @@ from haloattn.problem import build_problem
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def _plain_cpu_environment(monkeypatch):
+    """Other test modules set TRITON_INTERPRET=1 for the whole session (it makes the Triton
+    backends run on CPU tensors); these tests are about the dispatcher's choices on a plain CPU
+    machine, so they run without it and without a forced backend."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
+    monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
+
+
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("HALOATTN_CACHE_DIR", str(tmp_path / "cache"))
