@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 
 import torch
@@ -189,6 +190,9 @@ def main():
         fwd_flops = 4 * BATCH * HEADS * D * pairs
         row = {"problem": name, "tokens": N, "pairs_per_query": pairs / N, "head_dim": D}
 
+        def phase(what):  # progress on stderr: which step a time limit stopped, and how long each took
+            print(f"[{time.time() - began:6.1f}s] {name}: {what}", file=sys.stderr, flush=True)
+
         # dense cuDNN over the same tokens (cached per N, D)
         if (N, D) not in dense_cache:
             dq, dk, dv = (torch.randn(BATCH, HEADS, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -202,6 +206,7 @@ def main():
         dense_fwd, dense_fb, _, _ = dense_cache[(N, D)]
         row.update(dense_fwd_tflops=dense_fwd, dense_fwdbwd_tflops=dense_fb)
 
+        phase("dense cuDNN done")
         # haloattn triton
         out = haloattn.attention(q, k, v, window, backend="triton", **options)
         torch.cuda.synchronize()
@@ -224,11 +229,14 @@ def main():
         row.update(triton_fwd_ms=t_f, triton_fwdbwd_ms=t_b, triton_fwd_tflops=ours_f, triton_fwdbwd_tflops=ours_b,
                    fwd_efficiency=ours_f / dense_fwd, fwdbwd_efficiency=ours_b / dense_fb)
 
+        phase("triton done")
         if not args.no_flex:
             tile = flex_tile(problem)
             fq, fk, fv = (to_tiles(t, spatial, tile) for t in (q, k, v))
             block_mask = block_mask_fn(flex_mask_mod_for(problem, tile), BATCH, 1, N, N, device=device)
+            phase("flex block mask built")
             f_out = flex(fq, fk, fv, block_mask=block_mask)
+            phase("flex forward compiled")
             row["flex_token_tile"] = list(tile)
             row["flex_vs_triton_rel_error"] = ((from_tiles(f_out, spatial, tile).float() - out.float()).norm()
                                                / out.float().norm()).item()
