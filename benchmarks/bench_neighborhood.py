@@ -251,7 +251,6 @@ def main():
             del block_mask, f_out
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del q, k, v, qg, kg, vg, out, go
         torch.cuda.empty_cache()
 
     header = ("| problem | pairs/query | triton fwd TFLOP/s | eff fwd | triton fwd+bwd TFLOP/s | eff fwd+bwd "

@@ -106,3 +106,19 @@ def test_cpu_problems_stay_on_the_reference_without_the_interpreter(monkeypatch)
     assert chosen != "triton"
     reasons, chosen = _reasons(monkeypatch, True)
     assert reasons == [] and chosen == "triton"
+
+
+def test_strided_views_are_read_in_place():
+    """q, k, v as views of one packed [B, *spatial, 3, H, D] projection (no copies made) give the
+    oracle's output and gradients."""
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(1, 6, 7, 3, 2, 16, generator=gen).requires_grad_(True)
+    q, k, v = qkv.unbind(-3)
+    out = haloattn.attention(q, k, v, (3, 5), dilation=(2, 1), backend="triton")
+    grad = torch.randn(out.shape, generator=gen)
+    (g,) = torch.autograd.grad(out, qkv, grad)
+    ref_qkv = qkv.detach().double().requires_grad_(True)
+    ref, _ = oracle.attention(*ref_qkv.unbind(-3), (3, 5), dilation=(2, 1))
+    (ref_g,) = torch.autograd.grad(ref, ref_qkv, grad.double())
+    assert oracle.rel_error(out, ref) <= 1e-5
+    assert oracle.rel_error(g, ref_g) <= 1e-5

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from .forward_kernel import query_tile
-from .index_math import group_length, key_range, query_range, split3
+from .index_math import key_range, query_range, split3
 from .scores import LOG2E, finish_scores, mma, relative_bias, within
 
 
