@@ -122,3 +122,17 @@ def test_strided_views_are_read_in_place():
     (ref_g,) = torch.autograd.grad(ref, ref_qkv, grad.double())
     assert oracle.rel_error(out, ref) <= 1e-5
     assert oracle.rel_error(g, ref_g) <= 1e-5
+
+
+def test_only_some_inputs_need_gradients():
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 10, 2, 16, generator=gen) for _ in range(3))
+    rpb = torch.randn(2, 5, generator=gen).requires_grad_(True)
+    v.requires_grad_(True)
+    out = haloattn.attention(q, k, v, 3, rpb=rpb, causal=True, backend="triton")
+    grad = torch.randn(out.shape, generator=gen)
+    g_v, g_rpb = torch.autograd.grad(out, (v, rpb), grad)
+    leaves = [t.detach().double().requires_grad_(True) for t in (v, rpb)]
+    ref, _ = oracle.attention(q.double(), k.double(), leaves[0], 3, rpb=leaves[1], causal=True)
+    r_v, r_rpb = torch.autograd.grad(ref, leaves, grad.double())
+    assert oracle.rel_error(g_v, r_v) <= 1e-5 and oracle.rel_error(g_rpb, r_rpb) <= 1e-5
