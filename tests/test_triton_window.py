@@ -169,3 +169,11 @@ def test_query_chunks_of_long_windows(monkeypatch):
     monkeypatch.setattr(window_launch, "SQUARE_TILE_MAX", 16)
     monkeypatch.setattr(window_launch, "QUERY_CHUNK", 16)
     check_against_oracle((8, 9), (4, 5), shift=(2, 3), batch=2)
+
+
+def test_long_windows_route_to_the_neighbourhood_kernel():
+    if "triton" not in haloattn.backends():
+        pytest.skip("backend 'triton' is not installed")
+    q = torch.randn(1, 32, 64, 2, 16)
+    explanation = haloattn.explain(q, q, q, (16, 32), pattern="window", shift=(8, 0), verbose=False)
+    assert explanation.chosen == "triton"
