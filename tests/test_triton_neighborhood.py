@@ -96,6 +96,17 @@ def test_reasons_for_what_it_does_not_run(monkeypatch):
     reasons, _ = _reasons(monkeypatch, True, score_mod=lambda s, b, h, q, k: s, mask_mod=lambda b, h, q, k: q >= k)
     assert any(r.startswith("score_mod is not supported") for r in reasons)
     assert any(r.startswith("mask_mod is not supported") for r in reasons)
+    # The reasons may only point at backends that exist.
+    registered = {v.name for v in haloattn.explain(torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 16),
+                                                   torch.randn(1, 8, 2, 16), 3).verdicts}
+    for reason in reasons:
+        words = reason.replace("(", " ").replace(")", " ").split()
+        for i, word in enumerate(words):
+            if word in ("backend", "backends"):
+                # "the X backend", "the X or Y backend(s)"
+                names = [words[i - 1]] + ([words[i - 3]] if i >= 3 and words[i - 2] in ("or", "and") else [])
+                for name in names:
+                    assert name in registered, f"{reason!r} names backend {name!r}; registered: {registered}"
     reasons, _ = _reasons(monkeypatch, True, kq_conv=torch.randn(2, 2, 3))
     assert any("kq_conv" in r for r in reasons)
 
