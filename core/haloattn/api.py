@@ -12,7 +12,7 @@ from . import ops
 from .backend import AttentionInputs, Backend
 from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
 from .problem import build_problem
-from .tuning import AUTOTUNE_ENV
+from .tuning import AUTOTUNE_ENV, CACHE_DIR_ENV
 
 # Steady-state calls skip validation and dispatch: a dict keyed on everything they depend on.
 _CALLS: dict = {}
@@ -97,6 +97,7 @@ def attention(
         _hashable(window), _hashable(stride), _hashable(dilation), _hashable(causal), pattern,
         _hashable(shift), scale, softcap, score_mod, mask_mod, return_lse, backend, needs_grad,
         torch.is_grad_enabled(), os.environ.get(BACKEND_ENV), os.environ.get(AUTOTUNE_ENV),
+        os.environ.get(CACHE_DIR_ENV),  # a different tuning cache may pick a different config
     )
     try:
         entry = _CALLS.get(call_key)
