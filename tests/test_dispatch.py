@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,21 @@ def test_not_supported_reasons_that_raise_are_reported(monkeypatch):
     finally:
         DISPATCHER.registry.backends.pop("test_raises", None)
         haloattn.clear_caches()
+
+
+def test_accelerator_problem_on_the_reference_backend_warns_with_reasons(runtime_backends):
+    """A non-CPU problem that every faster backend declines must not go slow silently."""
+    from haloattn import SlowPathWarning
+
+    q = torch.randn(1, 6, 6, 2, 4, device="meta")  # meta stands in for an accelerator device
+    problem = haloattn.build_problem(q, q, q, 3)
+    with pytest.warns(SlowPathWarning, match=r"reference backend \(slow\).*test_picky: dtype torch.float32 is not float64"):
+        chosen, _ = DISPATCHER.select(problem, None)
+    assert chosen.name == "reference"
+    # a deliberate choice, and CPU problems (where the reference is the right backend), stay quiet
+    haloattn.clear_caches()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowPathWarning)
+        DISPATCHER.select(problem, "reference")
+        cpu = torch.randn(1, 6, 6, 2, 4)
+        haloattn.attention(cpu, cpu, cpu, 3)

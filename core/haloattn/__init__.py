@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 from .api import attention, backends, clear_caches, explain, merge_attentions, register_backend  # noqa: E402
 from .backend import AttentionInputs, Backend  # noqa: E402
-from .dispatch import BackendUnavailableError  # noqa: E402
+from .dispatch import BackendUnavailableError, SlowPathWarning  # noqa: E402
 from .hookspecs import hookimpl  # noqa: E402
 from .problem import Problem, build_problem  # noqa: E402
 
@@ -19,6 +19,7 @@ __all__ = [
     "Backend",
     "AttentionInputs",
     "BackendUnavailableError",
+    "SlowPathWarning",
     "Problem",
     "build_problem",
     "hookimpl",

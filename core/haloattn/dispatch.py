@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -27,6 +28,11 @@ DISABLED_ENV = "HALOATTN_DISABLED_PLUGINS"
 
 class BackendUnavailableError(RuntimeError):
     """No backend (or no forced backend) can run the problem; the message lists every reason."""
+
+
+class SlowPathWarning(UserWarning):
+    """An accelerator problem went to the pure-PyTorch reference backend because every faster
+    backend installed for that device declined it (the message says why)."""
 
 
 class Registry:
@@ -220,6 +226,8 @@ class Dispatcher:
             else:
                 candidates = [self.get(v.name) for v in explanation.verdicts if v.can_run]
                 chosen, config = tuning.autotune(problem, candidates, inputs, needs_grad)
+        if not explanation.why.startswith("forced"):
+            self._warn_if_slow_path(problem, chosen, explanation)
         if log.isEnabledFor(logging.DEBUG) or os.environ.get("HALOATTN_LOG", "").lower() == "debug":
             signature = (problem, chosen.name)
             if signature not in self._logged:
@@ -229,6 +237,27 @@ class Dispatcher:
                     problem.describe(), chosen.name, f" config {config}" if config else "", explanation.why,
                 )
         return chosen, config
+
+    def _warn_if_slow_path(self, problem: Problem, chosen: Backend, explanation: Explanation) -> None:
+        """A GPU problem that lands on the reference backend runs orders of magnitude slower than
+        users expect: say so once per problem, with the reasons of the fast backends that declined.
+        On the CPU the reference is the right choice and stays quiet; ``backend="reference"``
+        (a deliberate choice) never warns."""
+        if chosen.name != "reference" or problem.device.type == "cpu":
+            return
+        declined = [
+            f"{v.name}: {'; '.join(v.reasons)}"
+            for v in explanation.verdicts
+            if v.name != chosen.name and v.reasons and not self.get(v.name).available()
+        ]
+        if declined:
+            warnings.warn(
+                f"haloattn: {problem.describe()} runs on the pure-PyTorch reference backend (slow) on "
+                f"{problem.device}, because " + " | ".join(declined)
+                + ". Pass backend='reference' to make this choice explicit, or change the call.",
+                SlowPathWarning,
+                stacklevel=5,  # the caller of haloattn.attention()
+            )
 
     def clear_decisions(self) -> None:
         with self._lock:
