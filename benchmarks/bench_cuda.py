@@ -31,7 +31,7 @@ def time_backend(name, q, k, v, window, options):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="1,5,8,9", help="comma list of problem indices (bench_neighborhood.PROBLEMS)")
+    parser.add_argument("--only", default="0,1,2,3,4,5,6,7,8,9", help="comma list of problem indices (bench_neighborhood.PROBLEMS)")
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = []
@@ -76,6 +76,25 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    print_table(rows)
+
+
+def print_table(rows):
+    """A compact closing table (the device reply carries only the end of the output)."""
+    def cell(row, key, fmt):
+        return format(row[key], fmt) if key in row else "-"
+
+    print("problem | cuda fwd ms | eff | triton fwd ms | eff | cuda/triton fwd | cuda f+b ms | eff | triton f+b ms | eff | cuda/triton f+b | diff")
+    for r in rows:
+        print(" | ".join([
+            r["problem"], cell(r, "cuda_fwd_ms", ".3f"), cell(r, "cuda_fwd_eff", ".2f"), cell(r, "triton_fwd_ms", ".3f"),
+            cell(r, "triton_fwd_eff", ".2f"), cell(r, "cuda_speedup_fwd", ".2f"), cell(r, "cuda_fwdbwd_ms", ".2f"),
+            cell(r, "cuda_fwdbwd_eff", ".2f"), cell(r, "triton_fwdbwd_ms", ".2f"), cell(r, "triton_fwdbwd_eff", ".2f"),
+            cell(r, "cuda_speedup_fwdbwd", ".2f"), cell(r, "cuda_vs_triton_rel_diff", ".1e"),
+        ]))
+        for key in ("cuda_error", "triton_error"):
+            if key in r:
+                print("   ", key, r[key][:200])
 
 
 if __name__ == "__main__":
