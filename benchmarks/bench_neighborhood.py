@@ -7,6 +7,16 @@ effective TFLOP/s of a method / dense cuDNN TFLOP/s in the same run. Times are
 ``triton.testing.do_bench`` medians. ``--tune 0,1`` also times every tuning candidate (forward
 and backward kernels) of those problems and reports how far the heuristic default is from the best.
 
+FlexAttention is bounded per problem, so one stalled compile costs one row ("timeout"), not the
+run. It runs in worker processes of this script: first a compile phase, one worker per problem in
+parallel (each compiles haloattn's kernels, the tune candidates and Flex's forward and backward
+once, filling the Triton and Inductor caches on disk), under ``--flex-compile-timeout``; then,
+after haloattn and cuDNN are timed in this process with the CPU quiet again, one timing worker
+walks the problems whose compile finished, each under ``--flex-timeout`` seconds (a stalled
+worker is killed and a new one takes the remaining problems). ``--flex-compile-only FILE`` runs
+the compile phase alone and writes its outcome to FILE, so a driver script can overlap it with
+other work and hand FILE to the timing run through ``--flex-compile-status FILE``.
+
     python benchmarks/bench_neighborhood.py [--tune 0,1,5] [--no-flex] [--json FILE] [--markdown FILE]
 """
 
@@ -15,6 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import selectors
+import signal
+import subprocess
 import sys
 import time
 
@@ -125,151 +139,343 @@ def flex_mask_mod_for(problem, tile):
     return mask_mod
 
 
-def tune_problem(index, launch, tiles):
-    """Time every tuning candidate's forward and backward kernels; default over best."""
+def make_inputs(index, device="cuda", dtype=torch.bfloat16):
+    """The problem's q, k, v (seeded by its index, so every process draws the same tensors)."""
     name, spatial, window, options, D = PROBLEMS[index]
     torch.manual_seed(index)
-    q, k, v = (torch.randn(BATCH, *spatial, HEADS, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    problem = build_problem(q, k, v, window, **options)
+    q, k, v = (torch.randn(BATCH, *spatial, HEADS, D, device=device, dtype=dtype) for _ in range(3))
+    return q, k, v, build_problem(q, k, v, window, **options)
+
+
+def tune_candidates(index, launch, tiles):
+    """Yield (config, forward thunk, backward thunk) for every tuning candidate of a problem."""
+    q, k, v, problem = make_inputs(index)
     inputs = haloattn.backend.AttentionInputs(q, k, v)
     out, lse = launch.forward(problem, inputs)
     go = torch.randn_like(out)
     needs = (True, True, True, False, False, False, False)
-    fwd_ms, bwd_ms = {}, {}
     for cfg in tiles.candidate_configs(problem):
+        yield (problem, cfg, lambda cfg=cfg: launch.forward(problem, inputs, cfg),
+               lambda cfg=cfg: launch.backward(problem, inputs, out, lse, go, None, needs, cfg))
+
+
+def tune_problem(index, launch, tiles):
+    """Time every tuning candidate's forward and backward kernels; default over best."""
+    fwd_ms, bwd_ms, problem = {}, {}, None
+    for problem, cfg, fwd, bwd in tune_candidates(index, launch, tiles):
         f_key = json.dumps(cfg["fwd"], sort_keys=True)
         b_key = json.dumps({"dq": cfg["dq"], "dkdv": cfg["dkdv"]}, sort_keys=True)
         if f_key not in fwd_ms:
-            fwd_ms[f_key] = bench(lambda: launch.forward(problem, inputs, cfg))
+            fwd_ms[f_key] = bench(fwd)
         if b_key not in bwd_ms:
-            bwd_ms[b_key] = bench(lambda: launch.backward(problem, inputs, out, lse, go, None, needs, cfg))
+            bwd_ms[b_key] = bench(bwd)
     default = tiles.default_config(problem)
     f_default = fwd_ms[json.dumps(default["fwd"], sort_keys=True)]
     b_default = bwd_ms[json.dumps({"dq": default["dq"], "dkdv": default["dkdv"]}, sort_keys=True)]
-    return {"problem": name, "tune_fwd_default_over_best": f_default / min(fwd_ms.values()),
+    return {"problem": PROBLEMS[index][0], "tune_fwd_default_over_best": f_default / min(fwd_ms.values()),
             "tune_bwd_default_over_best": b_default / min(bwd_ms.values()), "tune_fwd_ms": fwd_ms, "tune_bwd_ms": bwd_ms}
+
+
+# ---- Flex workers (child processes of this script) and their supervisor.
+
+ROW_TAG = "FLEXROW "
+
+
+def flex_functions():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # One Flex compile per problem and process: keep dynamo from falling back to eager.
+    for limit in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 64)
+    return torch.compile(flex_attention, dynamic=False), torch.compile(create_block_mask, dynamic=False)
+
+
+def flex_worker(phase, indices, tune):
+    """phase "compile": run haloattn (default config, and every tune candidate of the problems in
+    ``tune``) and Flex forward and forward+backward once; phase "time": time Flex and compare its
+    output with haloattn's. One ROW_TAG line per problem on stdout."""
+    flex, block_mask_fn = flex_functions()
+    from haloattn.backends.triton import launch, tiles
+
+    for index in indices:
+        began = time.time()
+        name, spatial, window, options, D = PROBLEMS[index]
+        q, k, v, problem = make_inputs(index)
+        row = {"index": index}
+        if phase == "compile":
+            out = haloattn.attention(q, k, v, window, backend="triton", **options)
+            qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+            haloattn.attention(qg, kg, vg, window, backend="triton", **options).backward(torch.randn_like(out))
+            if index in tune:
+                for _, _, fwd, bwd in tune_candidates(index, launch, tiles):
+                    fwd()
+                    bwd()
+            torch.cuda.synchronize()
+            row["triton_compile_s"] = time.time() - began
+        tile = flex_tile(problem)
+        fq, fk, fv = (to_tiles(t, spatial, tile) for t in (q, k, v))
+        t0 = time.time()
+        block_mask = block_mask_fn(flex_mask_mod_for(problem, tile), BATCH, 1, problem.tokens, problem.tokens,
+                                   device=q.device)
+        f_out = flex(fq, fk, fv, block_mask=block_mask)
+        torch.cuda.synchronize()
+        row["flex_fwd_ready_s"] = time.time() - t0
+        fqg, fkg, fvg = (t.detach().clone().requires_grad_(True) for t in (fq, fk, fv))
+        fgo = torch.randn_like(f_out)
+        flex(fqg, fkg, fvg, block_mask=block_mask).backward(fgo)
+        torch.cuda.synchronize()
+        row["flex_fwdbwd_ready_s"] = time.time() - t0
+        if phase == "time":
+            out = haloattn.attention(q, k, v, window, backend="triton", **options)
+            row["flex_token_tile"] = list(tile)
+            row["flex_vs_triton_rel_error"] = ((from_tiles(f_out, spatial, tile).float() - out.float()).norm()
+                                               / out.float().norm()).item()
+            row["flex_fwd_ms"] = bench(lambda: flex(fq, fk, fv, block_mask=block_mask))
+            row["flex_fwdbwd_ms"] = bench(lambda: flex(fqg, fkg, fvg, block_mask=block_mask).backward(fgo),
+                                          [fqg, fkg, fvg])
+        row["worker_s"] = time.time() - began
+        print(ROW_TAG + json.dumps(row), flush=True)
+        del block_mask, f_out, fq, fk, fv, fqg, fkg, fvg
+        torch.cuda.empty_cache()
+
+
+def _worker_command(phase, indices, tune):
+    cmd = [sys.executable, os.path.abspath(__file__), "--flex-worker", phase, "--only", ",".join(map(str, indices))]
+    if tune:
+        cmd += ["--tune", ",".join(map(str, tune))]
+    return cmd
+
+
+def _start(cmd):
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONUNBUFFERED="1")
+    # Own process group: a stalled worker is killed with whatever it started.
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, start_new_session=True)
+
+
+def _kill(proc):
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def _rows(proc, deadline_of):
+    """Yield (row or None) from a worker's ROW_TAG lines; None once ``deadline_of()`` passes first.
+    Reads the pipe unbuffered, so two lines arriving together are both seen."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    buffer = b""
+    try:
+        while True:
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                if text.startswith(ROW_TAG):
+                    yield json.loads(text[len(ROW_TAG):])
+                else:
+                    print(text, flush=True)
+            # Whatever is already in the pipe counts, even past the deadline.
+            if not sel.select(timeout=max(0.0, deadline_of() - time.time())):
+                if time.time() >= deadline_of():
+                    yield None
+                    return
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                return  # the worker exited
+            buffer += chunk
+    finally:
+        sel.close()
+
+
+def flex_compile_phase(indices, tune, timeout, log=print):
+    """One compile worker per problem, all at once; returns {index: status row}."""
+    began = time.time()
+    procs = {index: _start(_worker_command("compile", [index], tune if index in tune else [])) for index in indices}
+    status = {}
+    for index, proc in procs.items():
+        for row in _rows(proc, lambda: began + timeout):
+            if row is None:
+                status[index] = {"flex_status": f"timeout (compile > {timeout:.0f} s)"}
+            else:
+                row["flex_status"] = "compiled"
+                status[index] = row
+            break
+        _kill(proc)
+        status.setdefault(index, {"flex_status": f"error (compile worker exit code {proc.returncode})"})
+        log(f"[{time.time() - began:6.1f}s] flex compile {PROBLEMS[index][0]}: {status[index]}")
+    return status
+
+
+def flex_time_phase(indices, timeout, log=print):
+    """Time Flex on ``indices`` in one worker; a problem that takes over ``timeout`` seconds (or
+    kills its worker) is reported as such and a fresh worker takes the rest."""
+    results = {}
+    pending = list(indices)
+    while pending:
+        proc = _start(_worker_command("time", pending, []))
+        deadline = [time.time() + timeout + 15]  # the first problem also pays the worker's start
+        stalled = False
+        for row in _rows(proc, lambda: deadline[0]):
+            if row is None:
+                results[pending.pop(0)] = {"flex_status": f"timeout (> {timeout:.0f} s)"}
+                stalled = True
+                break
+            index = row.pop("index")
+            row["flex_status"] = "timed"
+            results[index] = row
+            if index in pending:
+                pending.remove(index)
+            log(f"flex timed {PROBLEMS[index][0]}: {row}")
+            deadline[0] = time.time() + timeout
+            if not pending:
+                break
+        _kill(proc)
+        if pending and not stalled:  # the worker died on its current problem
+            results[pending.pop(0)] = {"flex_status": f"error (timing worker exit code {proc.returncode})"}
+    return results
+
+
+# ---- The timing run.
+
+def time_triton_and_dense(index, dense_cache, phase):
+    name, spatial, window, options, D = PROBLEMS[index]
+    q, k, v, problem = make_inputs(index)
+    device, dtype = q.device, q.dtype
+    N = problem.tokens
+    pairs = attended_pairs(problem)
+    fwd_flops = 4 * BATCH * HEADS * D * pairs
+    row = {"problem": name, "tokens": N, "pairs_per_query": pairs / N, "head_dim": D, "fwd_flops": fwd_flops}
+
+    # dense cuDNN over the same tokens (cached per N, D)
+    if (N, D) not in dense_cache:
+        dq, dk, dv = (torch.randn(BATCH, HEADS, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        dgo = torch.randn(BATCH, HEADS, N, D, device=device, dtype=dtype)
+        dense_flops = 4 * BATCH * HEADS * D * N * N
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            t_f = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv))
+            t_b = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo), [dq, dk, dv])
+        dense_cache[(N, D)] = (dense_flops / t_f / 1e9, 3.5 * dense_flops / t_b / 1e9, t_f, t_b)
+        del dq, dk, dv, dgo
+    dense_fwd, dense_fb, _, _ = dense_cache[(N, D)]
+    row.update(dense_fwd_tflops=dense_fwd, dense_fwdbwd_tflops=dense_fb)
+    phase("dense cuDNN done")
+
+    out = haloattn.attention(q, k, v, window, backend="triton", **options)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out2 = haloattn.attention(q, k, v, window, backend="triton", **options)
+    torch.cuda.synchronize()
+    lse_bytes = out2.numel() // D * 4
+    row["fwd_extra_bytes"] = torch.cuda.max_memory_allocated() - base - out2.numel() * out2.element_size() - lse_bytes
+    del out2
+    t_f = bench(lambda: haloattn.attention(q, k, v, window, backend="triton", **options))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    go = torch.randn_like(out)
+
+    def fwd_bwd():
+        haloattn.attention(qg, kg, vg, window, backend="triton", **options).backward(go)
+
+    t_b = bench(fwd_bwd, [qg, kg, vg])
+    ours_f, ours_b = fwd_flops / t_f / 1e9, 3.5 * fwd_flops / t_b / 1e9
+    row.update(triton_fwd_ms=t_f, triton_fwdbwd_ms=t_b, triton_fwd_tflops=ours_f, triton_fwdbwd_tflops=ours_b,
+               fwd_efficiency=ours_f / dense_fwd, fwdbwd_efficiency=ours_b / dense_fb)
+    phase("triton done")
+    return row
+
+
+def add_flex(row, flex):
+    row.update(flex)
+    if "flex_fwd_ms" in flex:
+        row.update(flex_fwd_tflops=row["fwd_flops"] / flex["flex_fwd_ms"] / 1e9,
+                   speedup_fwd_vs_flex=flex["flex_fwd_ms"] / row["triton_fwd_ms"])
+    if "flex_fwdbwd_ms" in flex:
+        row.update(flex_fwdbwd_tflops=3.5 * row["fwd_flops"] / flex["flex_fwdbwd_ms"] / 1e9,
+                   speedup_fwdbwd_vs_flex=flex["flex_fwdbwd_ms"] / row["triton_fwdbwd_ms"])
+
+
+def markdown_table(rows):
+    header = ("| problem | pairs/query | triton fwd TFLOP/s | eff fwd | triton fwd+bwd TFLOP/s | eff fwd+bwd "
+              "| cuDNN dense fwd / fwd+bwd TFLOP/s | Flex fwd TFLOP/s | x Flex fwd | Flex fwd+bwd TFLOP/s | x Flex fwd+bwd "
+              "| fwd extra memory |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+
+    def fmt(r, key, spec=".0f"):
+        if key in r:
+            return format(r[key], spec)
+        status = r.get("flex_status", "not run")
+        return "-" if status in ("timed", "compiled") else status
+
+    for r in rows:
+        lines.append(
+            f"| {r['problem']} | {r['pairs_per_query']:.0f} | {r['triton_fwd_tflops']:.0f} | {r['fwd_efficiency']:.2f} "
+            f"| {r['triton_fwdbwd_tflops']:.0f} | {r['fwdbwd_efficiency']:.2f} "
+            f"| {r['dense_fwd_tflops']:.0f} / {r['dense_fwdbwd_tflops']:.0f} | {fmt(r, 'flex_fwd_tflops')} "
+            f"| {fmt(r, 'speedup_fwd_vs_flex', '.1f')} | {fmt(r, 'flex_fwdbwd_tflops')} "
+            f"| {fmt(r, 'speedup_fwdbwd_vs_flex', '.1f')} | {r['fwd_extra_bytes'] / 2**20:.1f} MiB |"
+        )
+    return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tune", default="", help="comma list of problem indices whose tuning candidates are timed")
     parser.add_argument("--no-flex", action="store_true")
-    parser.add_argument("--flex-backward-budget", type=float, default=60.0,
-                        help="seconds of the run after which Flex backward is skipped (its compile is slow)")
+    parser.add_argument("--flex-compile-timeout", type=float, default=200.0,
+                        help="seconds for the parallel compile phase (all problems together)")
+    parser.add_argument("--flex-timeout", type=float, default=60.0, help="seconds per problem for timing Flex")
+    parser.add_argument("--flex-compile-only", metavar="FILE", help="run the compile phase alone, outcome to FILE")
+    parser.add_argument("--flex-compile-status", metavar="FILE", help="outcome of an earlier --flex-compile-only")
+    parser.add_argument("--flex-worker", choices=("compile", "time"), help=argparse.SUPPRESS)
     parser.add_argument("--only", default="", help="comma list of problem indices")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
+    only = [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
+    tune = [int(i) for i in args.tune.split(",") if i]
+    began = time.time()
 
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    def log(message):  # progress on stderr: which step a time limit stopped, and how long each took
+        print(f"[{time.time() - began:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    # One Flex compile per problem: keep dynamo from falling back to eager after 8 of them.
-    for limit in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, limit):
-            setattr(torch._dynamo.config, limit, 64)
+    if args.flex_worker:
+        flex_worker(args.flex_worker, only, tune)
+        return
+    if args.flex_compile_only:
+        status = flex_compile_phase(only, tune, args.flex_compile_timeout, log)
+        with open(args.flex_compile_only, "w") as f:
+            json.dump({str(k): v for k, v in status.items()}, f, indent=1)
+        return
 
-    flex = torch.compile(flex_attention, dynamic=False)
-    block_mask_fn = torch.compile(create_block_mask, dynamic=False)
+    compiled = {}
+    if not args.no_flex:
+        if args.flex_compile_status and os.path.exists(args.flex_compile_status):
+            with open(args.flex_compile_status) as f:
+                compiled = {int(k): v for k, v in json.load(f).items()}
+        missing = [i for i in only if i not in compiled]
+        if missing:
+            compiled.update(flex_compile_phase(missing, tune, args.flex_compile_timeout, log))
+
     from haloattn.backends.triton import launch, tiles
 
-    device = torch.device("cuda")
-    dtype = torch.bfloat16
-    began = time.time()
     dense_cache = {}
     rows = []
-    only = {int(i) for i in args.only.split(",") if i}
-    tune = [int(i) for i in args.tune.split(",") if i]
-    for index, (name, spatial, window, options, D) in enumerate(PROBLEMS):
-        if only and index not in only:
-            continue
-        torch.manual_seed(index)
-        q, k, v = (torch.randn(BATCH, *spatial, HEADS, D, device=device, dtype=dtype) for _ in range(3))
-        problem = build_problem(q, k, v, window, **options)
-        N = problem.tokens
-        pairs = attended_pairs(problem)
-        fwd_flops = 4 * BATCH * HEADS * D * pairs
-        row = {"problem": name, "tokens": N, "pairs_per_query": pairs / N, "head_dim": D}
-
-        def phase(what):  # progress on stderr: which step a time limit stopped, and how long each took
-            print(f"[{time.time() - began:6.1f}s] {name}: {what}", file=sys.stderr, flush=True)
-
-        # dense cuDNN over the same tokens (cached per N, D)
-        if (N, D) not in dense_cache:
-            dq, dk, dv = (torch.randn(BATCH, HEADS, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
-            dgo = torch.randn(BATCH, HEADS, N, D, device=device, dtype=dtype)
-            dense_flops = 4 * BATCH * HEADS * D * N * N
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                t_f = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv))
-                t_b = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo), [dq, dk, dv])
-            dense_cache[(N, D)] = (dense_flops / t_f / 1e9, 3.5 * dense_flops / t_b / 1e9, t_f, t_b)
-            del dq, dk, dv, dgo
-        dense_fwd, dense_fb, _, _ = dense_cache[(N, D)]
-        row.update(dense_fwd_tflops=dense_fwd, dense_fwdbwd_tflops=dense_fb)
-
-        phase("dense cuDNN done")
-        # haloattn triton
-        out = haloattn.attention(q, k, v, window, backend="triton", **options)
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out2 = haloattn.attention(q, k, v, window, backend="triton", **options)
-        torch.cuda.synchronize()
-        lse_bytes = out2.numel() // D * 4
-        row["fwd_extra_bytes"] = torch.cuda.max_memory_allocated() - base - out2.numel() * out2.element_size() - lse_bytes
-        del out2
-        t_f = bench(lambda: haloattn.attention(q, k, v, window, backend="triton", **options))
-        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-        go = torch.randn_like(out)
-
-        def fwd_bwd():
-            haloattn.attention(qg, kg, vg, window, backend="triton", **options).backward(go)
-
-        t_b = bench(fwd_bwd, [qg, kg, vg])
-        ours_f, ours_b = fwd_flops / t_f / 1e9, 3.5 * fwd_flops / t_b / 1e9
-        row.update(triton_fwd_ms=t_f, triton_fwdbwd_ms=t_b, triton_fwd_tflops=ours_f, triton_fwdbwd_tflops=ours_b,
-                   fwd_efficiency=ours_f / dense_fwd, fwdbwd_efficiency=ours_b / dense_fb)
-
-        phase("triton done")
-        if not args.no_flex:
-            tile = flex_tile(problem)
-            fq, fk, fv = (to_tiles(t, spatial, tile) for t in (q, k, v))
-            block_mask = block_mask_fn(flex_mask_mod_for(problem, tile), BATCH, 1, N, N, device=device)
-            phase("flex block mask built")
-            f_out = flex(fq, fk, fv, block_mask=block_mask)
-            phase("flex forward compiled")
-            row["flex_token_tile"] = list(tile)
-            row["flex_vs_triton_rel_error"] = ((from_tiles(f_out, spatial, tile).float() - out.float()).norm()
-                                               / out.float().norm()).item()
-            t_ff = bench(lambda: flex(fq, fk, fv, block_mask=block_mask))
-            row.update(flex_fwd_ms=t_ff, flex_fwd_tflops=fwd_flops / t_ff / 1e9, speedup_fwd_vs_flex=t_ff / t_f)
-            if time.time() - began < args.flex_backward_budget:
-                fqg, fkg, fvg = (t.detach().clone().requires_grad_(True) for t in (fq, fk, fv))
-                fgo = torch.randn_like(f_out)
-                t_fb = bench(lambda: flex(fqg, fkg, fvg, block_mask=block_mask).backward(fgo), [fqg, fkg, fvg])
-                row.update(flex_fwdbwd_ms=t_fb, flex_fwdbwd_tflops=3.5 * fwd_flops / t_fb / 1e9,
-                           speedup_fwdbwd_vs_flex=t_fb / t_b)
-            del block_mask, f_out
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    for index in only:
+        rows.append(time_triton_and_dense(index, dense_cache, lambda what: log(f"{PROBLEMS[index][0]}: {what}")))
+        print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
 
-    header = ("| problem | pairs/query | triton fwd TFLOP/s | eff fwd | triton fwd+bwd TFLOP/s | eff fwd+bwd "
-              "| cuDNN dense fwd / fwd+bwd TFLOP/s | Flex fwd TFLOP/s | x Flex fwd | Flex fwd+bwd TFLOP/s | x Flex fwd+bwd "
-              "| fwd extra memory |")
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    if not args.no_flex:
+        ready = [i for i in only if compiled.get(i, {}).get("flex_status") == "compiled"]
+        timed = flex_time_phase(ready, args.flex_timeout, log)
+        for index, row in zip(only, rows):
+            add_flex(row, dict(compiled.get(index, {}), **timed.get(index, {})))
 
-    def fmt(v, spec=".0f"):
-        return "-" if v is None else format(v, spec)
-
-    for r in rows:
-        lines.append(
-            f"| {r['problem']} | {r['pairs_per_query']:.0f} | {r['triton_fwd_tflops']:.0f} | {r['fwd_efficiency']:.2f} "
-            f"| {r['triton_fwdbwd_tflops']:.0f} | {r['fwdbwd_efficiency']:.2f} "
-            f"| {r['dense_fwd_tflops']:.0f} / {r['dense_fwdbwd_tflops']:.0f} | {fmt(r.get('flex_fwd_tflops'))} "
-            f"| {fmt(r.get('speedup_fwd_vs_flex'), '.1f')} | {fmt(r.get('flex_fwdbwd_tflops'))} "
-            f"| {fmt(r.get('speedup_fwdbwd_vs_flex'), '.1f')} | {r['fwd_extra_bytes'] / 2**20:.1f} MiB |"
-        )
-    table = "\n".join(lines)
+    table = markdown_table(rows)
     print(table)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "seconds": time.time() - began}
