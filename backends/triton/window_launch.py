@@ -5,13 +5,14 @@ results (GQA dK/dV per query head, rpb gradient per program) are reduced here, d
 from __future__ import annotations
 
 import functools
-import os
 import math
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton
 
+from .interpreter_compat import kernel as interpreted_kernel
+from .plugin import interpreting
 from .window_kernels import window_backward_kernel, window_forward_kernel
 
 MAX_WINDOW_TOKENS = 256
@@ -65,13 +66,23 @@ def plan(problem) -> WindowLaunch:
     )
 
 
-def _strides(t: torch.Tensor, rank: int, with_head: bool = True, align: int = 1):
-    """(batch, axis0, axis1, axis2, [head, dim]) strides with the spatial axes padded to rank 3;
-    the batch and spatial ones divided by ``align`` (see window_kernels._row_offsets)."""
+INT32_LIMIT = 2**31 - 1
+LOG2E = 1.4426950408889634
+
+
+def _strides(t: torch.Tensor, rank: int, align: int = 1):
+    """(batch, axis0, axis1, axis2, head) strides with the spatial axes padded to rank 3; the batch
+    and spatial ones divided by ``align`` (see window_kernels: ALIGN). The channel stride is 1."""
     s = t.stride()
     outer = (s[0],) + (0,) * (3 - rank) + tuple(s[1:1 + rank])
-    tail = tuple(s[1 + rank:]) if with_head else (s[1 + rank],)
-    return tuple(x // align for x in outer) + tail
+    return tuple(x // align for x in outer) + (s[1 + rank],)
+
+
+def _unit_channels(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The kernels read each token's channels as one contiguous vector."""
+    if t is None or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
 
 
 def _row_alignment(rank: int, *tensors: torch.Tensor) -> int:
@@ -84,11 +95,36 @@ def _row_alignment(rank: int, *tensors: torch.Tensor) -> int:
     return align
 
 
+def batch_element_span(t: torch.Tensor) -> int:
+    """Elements one batch element of ``t`` spans: the kernels index inside it with int32."""
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape[1:], t.stride()[1:]) if n > 0)
+
+
+def _check_int32(*tensors) -> None:
+    for t in tensors:
+        if t is not None and batch_element_span(t) > INT32_LIMIT:
+            raise ValueError(
+                f"a tensor of shape {tuple(t.shape)} and strides {t.stride()} spans {batch_element_span(t)} "
+                f"elements per batch element; triton_window indexes a batch element with int32 (at most "
+                f"{INT32_LIMIT}): pass contiguous tensors or use backend='triton'"
+            )
+
+
 def _grid_args(launch: WindowLaunch, problem):
     return (
         problem.batch, *launch.lengths, *launch.windows_per_axis, *launch.offsets, *launch.dilations,
         launch.num_windows,
     )
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """float16/bfloat16 products are exact in float32 accumulation whatever this says. float32
+    inputs: three TF32 products per product ("tf32x3", error ~1e-6, inside the float32 tolerance of
+    SEMANTICS.md section 7) on the tensor cores; one TF32 product (tolerance 3e-3) only when the
+    user allowed TF32 matmuls, as for every other backend."""
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "tf32x3"
 
 
 def _meta(launch: WindowLaunch, problem, inputs_dtype):
@@ -97,12 +133,14 @@ def _meta(launch: WindowLaunch, problem, inputs_dtype):
         CAUSAL0=launch.causal[0], CAUSAL1=launch.causal[1], CAUSAL2=launch.causal[2],
         BLOCK=launch.block, BLOCK_M=launch.block_m, BLOCK_D=launch.block_d, BLOCK_DV=launch.block_dv,
         HAS_SOFTCAP=problem.softcap is not None,
-        # float32 inputs get float32 products, as the contract's tolerances expect (no TF32).
-        PRECISION="ieee" if inputs_dtype == torch.float32 else "tf32",
-        UPCAST=inputs_dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
-        # Enough warps that the BLOCK_M x BLOCK float32 score tile stays near 32-64 registers a thread.
-        num_warps=4 if launch.block_m * launch.block <= 64 * 64 else 8,
+        PRECISION=_precision(inputs_dtype),
+        UPCAST=inputs_dtype == torch.bfloat16 and interpreting(),
     )
+
+
+def _kernel(fn):
+    """Interpreter or compiled launch, decided per call (not when the module was imported)."""
+    return interpreted_kernel(fn) if interpreting() else fn
 
 
 @functools.lru_cache(maxsize=64)
@@ -124,10 +162,13 @@ def _bias_index(windows: Tuple[int, int, int], block: int, device: torch.device)
     return torch.where(inside, index, 0), inside
 
 
-def dense_bias(rpb: torch.Tensor, launch: WindowLaunch) -> torch.Tensor:
-    """``[H, BLOCK, BLOCK]`` float32 bias tile gathered from the ``[H, 2W-1, ...]`` table."""
+def dense_bias(rpb: torch.Tensor, launch: WindowLaunch, problem) -> torch.Tensor:
+    """``[H, BLOCK, BLOCK]`` float32 bias tile gathered from the ``[H, 2W-1, ...]`` table; in log2
+    units (times log2 e) unless softcap applies after the bias (window_kernels._scores)."""
     index, inside = _bias_index(launch.windows, launch.block, rpb.device)
     table = rpb.detach().reshape(rpb.shape[0], -1).float()
+    if problem.softcap is None:
+        table = table * LOG2E
     return torch.where(inside, table[:, index], 0.0).contiguous()
 
 
@@ -155,49 +196,69 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# Launch heuristics (config keys; benchmarks/bench_window.py --sweep measures the alternatives):
+# each program walks a run of windows, software-pipelined NUM_STAGES deep, and the grid keeps
+# about PROGRAMS_PER_SM programs per multiprocessor so the last wave is short.
+PROGRAMS_PER_SM = 16
+MAX_WINDOWS_PER_PROGRAM = 16
+DEFAULTS = {
+    "forward": dict(num_stages=2, num_warps=4),
+    "backward": dict(num_stages=1, num_warps=8),
+}
+
+
+def _windows_per_program(launch: WindowLaunch, problem, device: torch.device, query_chunks: int) -> int:
+    if device.type != "cuda":
+        return 2  # the interpreter: still exercises the loop over several windows
+    pairs = launch.num_windows * problem.heads * query_chunks
+    return max(1, min(MAX_WINDOWS_PER_PROGRAM, pairs // (PROGRAMS_PER_SM * _multiprocessors(device))))
+
+
+def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, query_chunks: int) -> dict:
+    """windows_per_program, num_stages and num_warps of one kernel: the config's ``{kind}_...``
+    entries where given (autotuning, benchmarks), the defaults otherwise."""
+    config = config or {}
+    chosen = dict(DEFAULTS[kind])
+    if launch.block_m * launch.block > 64 * 64:
+        chosen["num_warps"] = 8  # keep the float32 score tile near 32-64 registers a thread
+    chosen["windows_per_program"] = _windows_per_program(launch, problem, device, query_chunks)
+    for key in ("windows_per_program", "num_stages", "num_warps"):
+        chosen[key] = int(config.get(f"{kind}_{key}", chosen[key]))
+    return chosen
+
+
 def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_chunks: int = 1) -> int:
     return problem.heads * query_chunks * triton.cdiv(launch.num_windows, windows_per_program)
 
 
-def _backward_windows_per_program(launch: WindowLaunch, problem, device: torch.device) -> int:
-    """Windows one backward program walks. More windows per program means fewer rpb-gradient
-    partials to store and sum; enough programs must remain to fill the device."""
-    if not problem.has_rpb:
-        return 1
-    if device.type == "cuda":
-        target_programs = 16 * _multiprocessors(device)
-    else:
-        target_programs = 4
-    pairs = launch.num_windows * problem.heads
-    return max(1, min(64, pairs // target_programs))
-
-
 def forward(problem, inputs, config=None):
-    q, k, v, rpb = inputs.query, inputs.key, inputs.value, inputs.rpb
+    q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
+    _check_int32(q, k, v)
     launch = plan(problem)
     rank = problem.rank
     out = q.new_empty(*q.shape[:-1], problem.value_dim)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    bias = dense_bias(rpb, launch) if rpb is not None else lse  # unused pointer when no rpb
-    windows_per_program = (config or {}).get("windows_per_program", 1)
-    grid = (_programs(launch, problem, windows_per_program, launch.block // launch.block_m),)
+    bias = dense_bias(rpb, launch, problem) if rpb is not None else lse  # unused pointer when no rpb
+    chunks = launch.block // launch.block_m
+    cfg = _launch_config("forward", launch, problem, q.device, config, chunks)
+    grid = (_programs(launch, problem, cfg["windows_per_program"], chunks),)
     align = _row_alignment(rank, q, k, v, out)
-    window_forward_kernel[grid](
+    _kernel(window_forward_kernel)[grid](
         q, k, v, out, lse, bias,
-        *_strides(q, rank, align=align), *_strides(k, rank, align=align), *_strides(v, rank, align=align),
-        *_strides(out, rank, align=align),
-        *_strides(lse, rank, with_head=False),
-        *_grid_args(launch, problem), windows_per_program,
+        *_strides(q, rank, align), *_strides(k, rank, align), *_strides(v, rank, align),
+        *_strides(out, rank, align), *_strides(lse.unsqueeze(-1), rank),
+        *_grid_args(launch, problem), cfg["windows_per_program"],
         problem.heads, problem.heads // problem.kv_heads, problem.head_dim, problem.value_dim,
         problem.scale, problem.softcap or 1.0,
-        HAS_BIAS=rpb is not None, ALIGN=align,
+        HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
         **_meta(launch, problem, q.dtype),
     )
     return out, lse
 
 
 def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
-    q, k, v, rpb = inputs.query, inputs.key, inputs.value, inputs.rpb
+    q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
+    out, grad_out = _unit_channels(out), _unit_channels(grad_out)
     launch = plan(problem)
     rank = problem.rank
     group = problem.heads // problem.kv_heads
@@ -209,30 +270,30 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         dk = torch.empty(*q.shape, dtype=torch.float32, device=q.device)
         dv = torch.empty(*q.shape[:-1], problem.value_dim, dtype=torch.float32, device=q.device)
     bias_grad = rpb is not None and needs_grad[3]
-    windows_per_program = _backward_windows_per_program(launch, problem, q.device)
-    programs = _programs(launch, problem, windows_per_program)
+    cfg = _launch_config("backward", launch, problem, q.device, config, 1)
+    programs = _programs(launch, problem, cfg["windows_per_program"])
     # Several query chunks accumulate their rpb-gradient partial in memory: start it at zero.
     allocate = torch.empty if launch.block_m == launch.block else torch.zeros
     dbias = (
         allocate(programs, launch.block, launch.block, dtype=torch.float32, device=q.device)
         if bias_grad else lse
     )
-    bias = dense_bias(rpb, launch) if rpb is not None else lse
+    bias = dense_bias(rpb, launch, problem) if rpb is not None else lse
     if grad_lse is not None:
         grad_lse = grad_lse.contiguous()
     lse = lse.contiguous()
     align = _row_alignment(rank, q, k, v, out, grad_out, dq, dk, dv)
-    window_backward_kernel[(programs,)](
+    _kernel(window_backward_kernel)[(programs,)](
         q, k, v, out, lse, grad_out, grad_lse if grad_lse is not None else lse, bias, dq, dk, dv, dbias,
-        *_strides(q, rank, align=align), *_strides(k, rank, align=align), *_strides(v, rank, align=align),
-        *_strides(out, rank, align=align), *_strides(lse, rank, with_head=False),
-        *_strides(grad_out, rank, align=align), *_strides(dq, rank, align=align),
-        *_strides(dk, rank, align=align), *_strides(dv, rank, align=align),
-        *_grid_args(launch, problem), windows_per_program,
+        *_strides(q, rank, align), *_strides(k, rank, align), *_strides(v, rank, align),
+        *_strides(out, rank, align), *_strides(lse.unsqueeze(-1), rank),
+        *_strides(grad_out, rank, align), *_strides(dq, rank, align),
+        *_strides(dk, rank, align), *_strides(dv, rank, align),
+        *_grid_args(launch, problem), cfg["windows_per_program"],
         problem.heads, group, problem.head_dim, problem.value_dim,
         problem.scale, problem.softcap or 1.0,
         HAS_BIAS=rpb is not None, BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None,
-        ALIGN=align,
+        ALIGN=align, NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
         **_meta(launch, problem, q.dtype),
     )
     if group > 1:

@@ -3,23 +3,17 @@ most 256 tokens, whole score tile on chip, forward and backward (see window_kern
 
 from __future__ import annotations
 
-import os
+import math
 from typing import List
 
 import torch
 
-from haloattn.backend import Backend
+from haloattn.backend import Backend, cuda_capability
 from haloattn.hookspecs import hookimpl
 
-INTERPRET_ENV = "TRITON_INTERPRET"
+from .plugin import _triton_import_error, interpreting
 
-
-def _triton_import_error():
-    try:
-        import triton  # noqa: F401
-    except Exception as exc:  # any import failure means the backend cannot run here
-        return f"triton is not importable ({type(exc).__name__}: {exc})"
-    return None
+INT32_LIMIT = 2**31 - 1
 
 
 class TritonWindowBackend(Backend):
@@ -31,8 +25,16 @@ class TritonWindowBackend(Backend):
     description = "Triton, pattern 'window' up to 256 tokens per window: whole score tile on chip"
 
     def available(self) -> List[str]:
+        # The same verdicts, worded the same, as backend 'triton'.
         error = _triton_import_error()
-        return [error] if error else []
+        if error:
+            return [f"Triton cannot be imported ({error})"]
+        if not torch.cuda.is_available() and not interpreting():
+            return [
+                "no CUDA device: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
+                "in the interpreter, for tests)"
+            ]
+        return []
 
     def not_supported_reasons(self, problem) -> List[str]:
         from .window_launch import MAX_HEAD_DIM, MAX_WINDOW_TOKENS
@@ -48,15 +50,29 @@ class TritonWindowBackend(Backend):
             )
         device = problem.device
         if device.type == "cpu":
-            if os.environ.get(INTERPRET_ENV) != "1":
+            if not interpreting():
                 reasons.append(
-                    "device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its "
-                    "interpreter on CPU tensors, slowly)"
+                    "device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
+                    "in the interpreter, for tests)"
                 )
         elif device.type != "cuda":
             reasons.append(f"device {device.type}: Triton runs on CUDA devices")
+        else:
+            capability = cuda_capability(device)
+            if capability is not None and capability < (8, 0):
+                reasons.append(
+                    f"CUDA capability {capability[0]}.{capability[1]} is below 8.0 (Ampere), which these kernels need"
+                )
         if problem.dtype == torch.float64:
             reasons.append("float64 runs on the reference backend")
+        # Offsets inside one batch element are int32; allow q/k/v to be views of a projection up
+        # to 4x wider than themselves (Swin's packed qkv is 3x). window_launch checks the real span.
+        per_element = math.prod(problem.spatial) * problem.heads * max(problem.head_dim, problem.value_dim)
+        if 4 * per_element > INT32_LIMIT:
+            reasons.append(
+                f"one batch element holds {per_element} elements per tensor: more than int32 offsets "
+                f"cover for projection views (limit {INT32_LIMIT // 4}); backend 'triton' runs it"
+            )
         for name, dim in (("head_dim", problem.head_dim), ("value head_dim", problem.value_dim)):
             if dim > MAX_HEAD_DIM:
                 reasons.append(f"{name} {dim} > {MAX_HEAD_DIM}")
