@@ -320,12 +320,15 @@ def window_backward_kernel(
             delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
             if HAS_GLSE:
                 delta -= tl.load(GLSE + lse_ptr, mask=q_ok, other=0.0)
+            # A chunk's bias tile is a fresh name: re-assigning the hoisted ``bias`` inside the
+            # window loop would change a loop-carried value's type (scalar -> tile).
+            chunk_bias = bias
             if HAS_BIAS:
                 if NUM_M > 1:
-                    bias = tl.load(bias_ptr + (chunk * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * BLOCK
-                                   + cols[None, :])
+                    chunk_bias = tl.load(bias_ptr + (chunk * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * BLOCK
+                                         + cols[None, :])
             keep = _keep(k_ok, qc0, qc1, qc2, kc0, kc1, kc2, CAUSAL0, CAUSAL1, CAUSAL2)
-            s, tanh = _scores(q, k, bias, keep, scale, softcap, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST)
+            s, tanh = _scores(q, k, chunk_bias, keep, scale, softcap, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST)
             p = tl.exp2(s - lse[:, None])
             dv += _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
             dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
