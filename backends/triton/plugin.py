@@ -33,41 +33,53 @@ def _triton_import_error():
     return None
 
 
+def triton_available() -> List[str]:
+    """Why no Triton kernel can run in this process (empty: they can). Shared by every Triton
+    backend, so their verdicts read the same."""
+    error = _triton_import_error()
+    if error:
+        return [f"Triton cannot be imported ({error})"]
+    if not torch.cuda.is_available() and not interpreting():
+        return [
+            "no CUDA device: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
+            "in the interpreter, for tests)"
+        ]
+    return []
+
+
+def device_and_dtype_reasons(problem) -> List[str]:
+    """Why a problem's device or dtype rules out every Triton backend (empty: neither does)."""
+    reasons = []
+    device = problem.device
+    if device.type == "cpu":
+        if not interpreting():
+            reasons.append(
+                "device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
+                "in the interpreter, for tests)"
+            )
+    elif device.type != "cuda":
+        reasons.append(f"device {device.type}: Triton runs on CUDA devices")
+    else:
+        capability = cuda_capability(device)
+        if capability is not None and capability < (8, 0):
+            reasons.append(
+                f"CUDA capability {capability[0]}.{capability[1]} is below 8.0 (Ampere), which these kernels need"
+            )
+    if problem.dtype == torch.float64:
+        reasons.append("float64 runs on the reference backend")
+    return reasons
+
+
 class TritonBackend(Backend):
     name = "triton"
     priority = 100
     description = "fused Triton kernels for neighbourhood and window attention, forward and deterministic backward"
 
     def available(self) -> List[str]:
-        error = _triton_import_error()
-        if error:
-            return [f"Triton cannot be imported ({error})"]
-        if not torch.cuda.is_available() and not interpreting():
-            return [
-                "no CUDA device: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
-                "in the interpreter, for tests)"
-            ]
-        return []
+        return triton_available()
 
     def not_supported_reasons(self, problem) -> List[str]:
-        reasons = []
-        device = problem.device
-        if device.type == "cpu":
-            if not interpreting():
-                reasons.append(
-                    "device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
-                    "in the interpreter, for tests)"
-                )
-        elif device.type != "cuda":
-            reasons.append(f"device {device.type}: Triton runs on CUDA devices")
-        else:
-            capability = cuda_capability(device)
-            if capability is not None and capability < (8, 0):
-                reasons.append(
-                    f"CUDA capability {capability[0]}.{capability[1]} is below 8.0 (Ampere), which these kernels need"
-                )
-        if problem.dtype == torch.float64:
-            reasons.append("float64 runs on the reference backend")
+        reasons = device_and_dtype_reasons(problem)
         for value, what in ((problem.head_dim, "head_dim"), (problem.value_dim, "value head_dim (D_v)")):
             if value > MAX_HEAD_DIM:
                 reasons.append(f"{what} {value} exceeds {MAX_HEAD_DIM}")

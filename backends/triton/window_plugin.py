@@ -6,14 +6,10 @@ from __future__ import annotations
 import math
 from typing import List
 
-import torch
-
-from haloattn.backend import Backend, cuda_capability
+from haloattn.backend import Backend
 from haloattn.hookspecs import hookimpl
 
-from .plugin import _triton_import_error, interpreting
-
-INT32_LIMIT = 2**31 - 1
+from .plugin import device_and_dtype_reasons, triton_available
 
 
 class TritonWindowBackend(Backend):
@@ -25,19 +21,10 @@ class TritonWindowBackend(Backend):
     description = "Triton, pattern 'window' up to 256 tokens per window: whole score tile on chip"
 
     def available(self) -> List[str]:
-        # The same verdicts, worded the same, as backend 'triton'.
-        error = _triton_import_error()
-        if error:
-            return [f"Triton cannot be imported ({error})"]
-        if not torch.cuda.is_available() and not interpreting():
-            return [
-                "no CUDA device: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
-                "in the interpreter, for tests)"
-            ]
-        return []
+        return triton_available()
 
     def not_supported_reasons(self, problem) -> List[str]:
-        from .window_launch import MAX_HEAD_DIM, MAX_WINDOW_TOKENS
+        from .window_launch import INT32_LIMIT, MAX_HEAD_DIM, MAX_WINDOW_TOKENS
 
         reasons = []
         if problem.pattern != "window":
@@ -48,23 +35,7 @@ class TritonWindowBackend(Backend):
                 f"window {window} has {problem.window_tokens} tokens > {MAX_WINDOW_TOKENS}: "
                 "the neighbourhood kernel (backend 'triton') runs it"
             )
-        device = problem.device
-        if device.type == "cpu":
-            if not interpreting():
-                reasons.append(
-                    "device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1 to run its kernels "
-                    "in the interpreter, for tests)"
-                )
-        elif device.type != "cuda":
-            reasons.append(f"device {device.type}: Triton runs on CUDA devices")
-        else:
-            capability = cuda_capability(device)
-            if capability is not None and capability < (8, 0):
-                reasons.append(
-                    f"CUDA capability {capability[0]}.{capability[1]} is below 8.0 (Ampere), which these kernels need"
-                )
-        if problem.dtype == torch.float64:
-            reasons.append("float64 runs on the reference backend")
+        reasons += device_and_dtype_reasons(problem)
         # Offsets inside one batch element are int32; allow q/k/v to be views of a projection up
         # to 4x wider than themselves (Swin's packed qkv is 3x). window_launch checks the real span.
         per_element = math.prod(problem.spatial) * problem.heads * max(problem.head_dim, problem.value_dim)
