@@ -177,3 +177,27 @@ def test_long_windows_route_to_the_neighbourhood_kernel():
     q = torch.randn(1, 32, 64, 2, 16)
     explanation = haloattn.explain(q, q, q, (16, 32), pattern="window", shift=(8, 0), verbose=False)
     assert explanation.chosen == "triton"
+
+
+def test_batch_elements_beyond_int32_offsets_are_refused():
+    # The kernels index inside one batch element with int32: a view spanning more must raise
+    # (naming the span) rather than wrap around, and the plugin must decline such grids up front.
+    from haloattn.backends.triton import window_launch
+    from haloattn.backends.triton.window_plugin import TritonWindowBackend
+    from haloattn.problem import build_problem
+
+    fits = torch.empty_strided((2, 8, 8, 2, 16), (2048, 256, 32, 16, 1), device="meta")
+    assert window_launch.batch_element_span(fits) == 2048
+    window_launch._check_int32(fits)
+    # A [B, 2, 2, 1, 16] view whose first spatial stride is 2^31 elements spans more than int32 covers.
+    wide = torch.empty_strided((1, 2, 2, 1, 16), (2**33, 2**31, 2**29, 16, 1), device="meta")
+    assert window_launch.batch_element_span(wide) > window_launch.INT32_LIMIT
+    with pytest.raises(ValueError, match="int32"):
+        window_launch._check_int32(wide)
+
+    huge = torch.empty(1, 2048, 2048, 16, 64, device="meta")
+    reasons = TritonWindowBackend().not_supported_reasons(build_problem(huge, huge, huge, 8, pattern="window"))
+    assert any("int32 offsets" in r and "backend 'triton' runs it" in r for r in reasons), reasons
+    small = torch.empty(1, 64, 64, 16, 64, device="meta")
+    reasons = TritonWindowBackend().not_supported_reasons(build_problem(small, small, small, 8, pattern="window"))
+    assert not any("int32" in r for r in reasons), reasons
