@@ -127,6 +127,23 @@ def test_random_problems(dtype, seed):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer-loads", "descriptor-loads"])
+@pytest.mark.parametrize("seed", range(8))
+def test_random_problems_per_load_path(tma, seed, monkeypatch):
+    """Both ways of reading tiles (pointer gathers, tensor descriptors), whichever is the default."""
+    from haloattn.backends.triton import tiles
+
+    default = tiles.default_config
+    monkeypatch.setattr(tiles, "default_config", lambda p: {n: dict(c, tma=tma) for n, c in default(p).items()})
+    dtype = (torch.bfloat16, torch.float16)[seed % 2]
+    options = random_problem(random.Random(1000 + seed))
+    options.update(dtype=dtype, device="cuda", seed=seed)
+    spatial, window = options.pop("spatial"), options.pop("window")
+    check_against_oracle(spatial, window, **options)
+
+
+@gpu
+@needs_cuda
 def test_tf32_within_its_tolerance():
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True

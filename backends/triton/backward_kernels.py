@@ -13,6 +13,7 @@
 import triton
 import triton.language as tl
 
+from .descriptors import group_descriptor, load_box
 from .forward_kernel import query_tile
 from .index_math import key_range, query_range, split3
 from .scores import LOG2E, finish_scores, mma, relative_bias, within
@@ -45,7 +46,7 @@ def dq_kernel(
     TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, RPB_GRAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
-    LARGE: tl.constexpr, PRECISION: tl.constexpr,
+    LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -90,6 +91,11 @@ def dq_kernel(
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + bh[0] * skb + kvh.to(tl.int64) * skh
     v_base = V + bh[0] * svb + kvh.to(tl.int64) * svh
+    if TMA:
+        k_desc = group_descriptor(k_base + g0 * sk0 + g1 * sk1 + g2 * sk2, 1, skh, Lg0, Lg1, Lg2,
+                                  D0 * sk0, D1 * sk1, D2 * sk2, HEAD_D, RANK, TN0, TN1, TN2, BLOCK_D)
+        v_desc = group_descriptor(v_base + g0 * sv0 + g1 * sv1 + g2 * sv2, 1, svh, Lg0, Lg1, Lg2,
+                                  D0 * sv0, D1 * sv1, D2 * sv2, HEAD_DV, RANK, TN0, TN1, TN2, BLOCK_DV)
     if RPB_GRAD:
         # Row of the dS buffer: ((b * H + h) * N + flat query) * prod(K).
         ds_rows = ((bh[0] * H + bh[1]) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)
@@ -98,14 +104,18 @@ def dq_kernel(
         j0, j1, j2 = split3(j, nk1, nk2)
         ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
-        k_ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
-        k0, k1, k2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
-        if LARGE:
-            k0, k1, k2 = k0.to(tl.int64), k1.to(tl.int64), k2.to(tl.int64)
-        kt = tl.load(k_base + (k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d[None, :],
-                     mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-        vt = tl.load(v_base + (k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
-                     mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+        if TMA:
+            kt = load_box(k_desc, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_D)
+            vt = load_box(v_desc, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_DV)
+        else:
+            k_ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
+            k0, k1, k2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
+            if LARGE:
+                k0, k1, k2 = k0.to(tl.int64), k1.to(tl.int64), k2.to(tl.int64)
+            kt = tl.load(k_base + (k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d[None, :],
+                         mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+            vt = tl.load(v_base + (k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
+                         mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
         qk = mma(q, tl.trans(kt), None, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
@@ -165,7 +175,7 @@ def dkdv_kernel(
     TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    LARGE: tl.constexpr, PRECISION: tl.constexpr,
+    LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -203,6 +213,14 @@ def dkdv_kernel(
     nq = tl.cdiv(qhi0 - qlo0, TM0) * nq1 * nq2
 
     m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
+    if TMA:
+        # The G query heads of this kv head are one more descriptor axis.
+        heads0 = kvh64 * G
+        q_desc = group_descriptor(Q + b64 * sqb + heads0 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2, G, sqh,
+                                  Lg0, Lg1, Lg2, D0 * sq0, D1 * sq1, D2 * sq2, HEAD_D, RANK, TM0, TM1, TM2, BLOCK_D)
+        do_desc = group_descriptor(DO + b64 * sdob + heads0 * sdoh + g0 * sdo0 + g1 * sdo1 + g2 * sdo2, G, sdoh,
+                                   Lg0, Lg1, Lg2, D0 * sdo0, D1 * sdo1, D2 * sdo2, HEAD_DV, RANK, TM0, TM1, TM2,
+                                   BLOCK_DV)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dvacc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     for it in range(0, G * nq):
@@ -215,10 +233,14 @@ def dkdv_kernel(
         if LARGE:
             i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
         h64 = h.to(tl.int64)
-        q = tl.load(Q + (b64 * sqb + h64 * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :],
-                    mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-        do = tl.load(DO + (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
-                     mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+        if TMA:
+            q = load_box(q_desc, it // nq, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
+            do = load_box(do_desc, it // nq, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_DV)
+        else:
+            q = tl.load(Q + (b64 * sqb + h64 * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :],
+                        mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+            do = tl.load(DO + (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
+                         mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
         l_rows = b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
         # Rows outside the grid get lse = +inf, hence P = 0: they add nothing.
         lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E

@@ -68,6 +68,33 @@ def _kernel(fn):
     return interpreted_kernel(fn) if interpreting() else fn
 
 
+def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # Descriptors built inside a kernel live in a small global buffer Triton asks for per launch.
+    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
+
+
+def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
+    """Whether K/V tiles can come through tensor descriptors (TMA): asked for by the config, a
+    Hopper-or-newer GPU (or the interpreter), 16-bit data, int32 coordinates, and every batch,
+    token and head stride a multiple of 16 bytes, as the copy engine requires."""
+    if not wanted or large:
+        return False
+    first = tensors[0]
+    if first.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not interpreting() and (first.device.type != "cuda" or torch.cuda.get_device_capability(first.device)[0] < 9):
+        return False
+    for t in tensors:
+        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    if not interpreting():
+        from triton.runtime import _allocation
+
+        if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):  # keep a caller's own
+            triton.set_allocator(_descriptor_scratch)
+    return True
+
+
 def _block(dim: int) -> int:
     return max(16, triton.next_power_of_2(dim))
 
@@ -126,6 +153,7 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     geo = Geometry(problem)
     grid = (geo.grid0(cfg["q"]), H, B)
+    large = needs_int64(q, k, v, out)
     _kernel(forward_kernel)[grid](
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
         *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(out, r),
@@ -136,7 +164,8 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
         BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
-        LARGE=needs_int64(q, k, v, out), PRECISION=_precision(q.dtype),
+        LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
+        TMA=use_descriptors(cfg.get("tma", False), large, k, v),
         num_warps=cfg["warps"], num_stages=cfg["stages"],
     )
     return out, lse
@@ -204,7 +233,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     large = needs_int64(q, k, v, do, out)
     precision = _precision(q.dtype)
     softcap = problem.softcap or 1.0
-    feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=precision,
+    feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=precision, RANK=r,
                    BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim))
     need_q, need_k, need_v, need_rpb, _, need_ak, need_av = (bool(n) for n in needs_grad)
     need_rpb = need_rpb and rpb is not None
@@ -227,6 +256,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
             *geo.runtime_args(cfg["q"]), problem.scale, softcap,
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
+            TMA=use_descriptors(cfg.get("tma", False), large, k, v),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
         )
         if need_rpb:
@@ -245,7 +275,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
             G, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
-            HAS_RPB=rpb is not None,
+            HAS_RPB=rpb is not None, TMA=use_descriptors(cfg.get("tma", False), large, q, do),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
         )
         dk = dk if need_k else None

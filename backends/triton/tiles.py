@@ -134,13 +134,13 @@ def default_config(problem: Problem) -> Dict:
     """The heuristic default (see the module docstring)."""
     ext = group_extents(problem)
     q, kv, warps, stages = _best_forward(problem)
-    fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages}
+    fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": False}
     # The backward keeps a 128-token tile of the forward's shape; its streamed operand is 64
     # tokens. 8 warps: the 128 x D float32 accumulators spill with 4 (2.1-2.8x slower on H100).
     resident = list(q) if math.prod(q) == 128 else fit(q, ext, 128)
     stream = fit(kv, ext, 64)
-    dq = {"q": resident, "kv": stream, "warps": 8, "stages": 2}
-    dkdv = {"q": stream, "kv": resident, "warps": 8, "stages": 2}
+    dq = {"q": resident, "kv": stream, "warps": 8, "stages": 2, "tma": False}
+    dkdv = {"q": stream, "kv": resident, "warps": 8, "stages": 2, "tma": False}
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
 
 
@@ -151,13 +151,18 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     q_shape, kv_shape = base["fwd"]["q"], base["fwd"]["kv"]
     out = [base]
     for bm, bn, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3)):
-        fwd = {"q": fit(q_shape, ext, bm), "kv": fit(kv_shape, ext, bn), "warps": warps, "stages": stages}
-        if fwd != base["fwd"]:
-            out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
+        for tma in (False, True):
+            fwd = {"q": fit(q_shape, ext, bm), "kv": fit(kv_shape, ext, bn), "warps": warps, "stages": stages,
+                   "tma": tma}
+            if fwd != base["fwd"]:
+                out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
     stream32 = fit(base["dq"]["kv"], ext, 32)
-    for stream, warps, stages in ((stream32, 8, 2), (base["dq"]["kv"], 8, 3), (base["dq"]["kv"], 4, 3)):
-        out.append(dict(base, dq=_fit_shared(problem, "dq", dict(base["dq"], kv=stream, warps=warps, stages=stages)),
-                        dkdv=_fit_shared(problem, "dkdv", dict(base["dkdv"], q=stream, warps=warps, stages=stages))))
+    for stream, warps, stages, tma in ((stream32, 8, 2, False), (base["dq"]["kv"], 8, 3, False),
+                                       (base["dq"]["kv"], 4, 3, False), (base["dq"]["kv"], 8, 2, True),
+                                       (base["dq"]["kv"], 8, 3, True)):
+        knobs = dict(warps=warps, stages=stages, tma=tma)
+        out.append(dict(base, dq=_fit_shared(problem, "dq", dict(base["dq"], kv=stream, **knobs)),
+                        dkdv=_fit_shared(problem, "dkdv", dict(base["dkdv"], q=stream, **knobs))))
     return out
 
 

@@ -1,0 +1,42 @@
+"""Token tiles through tensor descriptors (Hopper's bulk tensor copy engine, TMA).
+
+The tokens a program streams lie in one dilation group of one batch element, under one or a few
+heads: a dense box ``[heads, Lg0, Lg1, Lg2, D]`` of the ``[B, *spatial, H, D]`` tensor with
+strides ``(head stride, Dl0 * s0, Dl1 * s1, Dl2 * s2, 1)``. One descriptor per program describes
+it, so a tile is one copy whatever its shape, dilation is a stride (never a copy), and rows past
+the grid arrive as zeros with no per-element mask or address arithmetic. The descriptor has the
+problem's own rank (a padded length-1 axis would need a made-up stride), hence three spellings.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def group_descriptor(base, heads, sth, Lg0, Lg1, Lg2, st0, st1, st2, DIM,
+                     RANK: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
+    """Descriptor of one dilation group's tokens under ``heads`` heads, read one head and one
+    ``T0 x T1 x T2`` box of tokens at a time."""
+    if RANK == 3:
+        desc = tl.make_tensor_descriptor(base, shape=[heads, Lg0, Lg1, Lg2, DIM], strides=[sth, st0, st1, st2, 1],
+                                         block_shape=[1, T0, T1, T2, BLOCK_D])
+    elif RANK == 2:
+        desc = tl.make_tensor_descriptor(base, shape=[heads, Lg1, Lg2, DIM], strides=[sth, st1, st2, 1],
+                                         block_shape=[1, T1, T2, BLOCK_D])
+    else:
+        desc = tl.make_tensor_descriptor(base, shape=[heads, Lg2, DIM], strides=[sth, st2, 1],
+                                         block_shape=[1, T2, BLOCK_D])
+    return desc
+
+
+@triton.jit
+def load_box(desc, head, y0, y1, y2, RANK: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Head ``head``'s box whose first token is (y0, y1, y2), row-major as ``[ROWS, BLOCK_D]``."""
+    if RANK == 3:
+        box = desc.load([head, y0, y1, y2, 0])
+    elif RANK == 2:
+        box = desc.load([head, y1, y2, 0])
+    else:
+        box = desc.load([head, y2, 0])
+    return box.reshape(ROWS, BLOCK_D)

@@ -1,0 +1,137 @@
+"""Kernel variants of backend ``triton`` side by side on the neighbourhood benchmark's problems:
+every distinct forward config and every distinct backward (dQ, dK/dV) config of
+``tiles.candidate_configs`` (tile shapes, warps, stages, tiles through tensor descriptors or not),
+with dense cuDNN SDPA over the same tokens timed in the same run for the forward efficiency
+column. Each variant's result is checked against the default config's.
+
+    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--json FILE]
+
+``--compile-only`` runs each variant once without timing, so several processes (one per problem)
+can fill the Triton cache in parallel before one timing run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench, make_inputs  # noqa: E402
+
+from haloattn.backend import AttentionInputs  # noqa: E402
+from haloattn.backends.triton import launch, tiles  # noqa: E402
+
+
+def dense_tflops(tokens, head_dim, device, dtype):
+    q, k, v = (torch.randn(BATCH, HEADS, tokens, head_dim, device=device, dtype=dtype) for _ in range(3))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ms = bench(lambda: F.scaled_dot_product_attention(q, k, v))
+    return 4 * BATCH * HEADS * head_dim * tokens * tokens / ms / 1e9
+
+
+def relative_difference(a, b):
+    return max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(a, b) if y is not None)
+
+
+def time_variants(configs, part, run, reference, flops=None, dense=None, compile_only=False):
+    """One row per distinct ``part`` of ``configs``: median ms, and the difference from ``reference``
+    (with ``compile_only``, each variant runs once: it fills the Triton cache for a later run)."""
+    rows, seen = [], set()
+    for cfg in configs:
+        key = json.dumps({name: cfg[name] for name in part}, sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            difference = relative_difference(run(cfg), reference)
+            ms = float("nan") if compile_only else bench(lambda cfg=cfg: run(cfg))
+        except Exception as exc:  # a variant that does not compile is a row, not the end of the run
+            rows.append({"config": json.loads(key), "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            continue
+        row = {"config": json.loads(key), "ms": ms, "rel_diff": difference, "default": len(rows) == 0}
+        if flops:
+            row["efficiency"] = flops / ms / 1e9 / dense
+        rows.append(row)
+    timed = [r for r in rows if "ms" in r]
+    base = next((r["ms"] for r in timed if r["default"]), None)
+    for r in timed:
+        r["default_over_this"] = base / r["ms"] if base else float("nan")
+    return sorted(rows, key=lambda r: r.get("ms", 1e9))
+
+
+def descriptor_configs(configs):
+    """The default and the candidates that read tiles through tensor descriptors."""
+    return configs[:1] + [c for c in configs[1:] if any(c[k].get("tma") for k in ("fwd", "dq", "dkdv"))]
+
+
+def sweep(index, backward=True, tma_only=False, compile_only=False):
+    q, k, v, problem = make_inputs(index)
+    inputs = AttentionInputs(q, k, v)
+    flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
+    dense = float("nan") if compile_only else dense_tflops(problem.tokens, problem.head_dim, q.device, q.dtype)
+    configs = tiles.candidate_configs(problem)  # the default comes first
+    if tma_only:
+        configs = descriptor_configs(configs)
+    out, lse = launch.forward(problem, inputs, configs[0])
+    result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
+              "forward": time_variants(configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
+                                       (out, lse), flops, dense, compile_only)}
+    if backward:
+        go = torch.randn_like(out)
+        needs = (True, True, True, False, False, False, False)
+
+        def run(cfg):
+            return launch.backward(problem, inputs, out, lse, go, None, needs, cfg)[:3]
+
+        result["backward"] = time_variants(configs, ["dq", "dkdv"], run, run(configs[0]),
+                                           compile_only=compile_only)
+    return result
+
+
+def label(config):
+    parts = []
+    for name, c in config.items():
+        parts.append(f"{name}: q {c['q']} kv {c['kv']} w{c['warps']} s{c['stages']}{' tma' if c.get('tma') else ''}")
+    return "; ".join(parts)
+
+
+def report(result):
+    print(f"\n## {result['problem']} (dense cuDNN {result['dense_tflops']:.0f} TFLOP/s)", flush=True)
+    for part in ("forward", "backward"):
+        for r in result.get(part, []):
+            if "ms" not in r:
+                print(f"  {part:8s} {label(r['config'])}: {r['error']}", flush=True)
+                continue
+            eff = f"  eff {r['efficiency']:.2f}" if "efficiency" in r else ""
+            mark = "  <- default" if r["default"] else ""
+            print(f"  {part:8s} {r['ms']:7.3f} ms{eff}  x{r['default_over_this']:.2f}  diff {r['rel_diff']:.1e}"
+                  f"  {label(r['config'])}{mark}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(str(i) for i in range(len(PROBLEMS))))
+    parser.add_argument("--no-backward", action="store_true")
+    parser.add_argument("--tma-only", action="store_true", help="the default and the descriptor (TMA) variants")
+    parser.add_argument("--compile-only", action="store_true", help="run each variant once, time nothing")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    results = []
+    for index in (int(i) for i in args.only.split(",")):
+        results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only))
+        if args.compile_only:
+            continue
+        report(results[-1])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
