@@ -32,7 +32,7 @@ from haloattn.problem import build_problem  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64", torch.int32: "i32"}
-COUNTED = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG", "STG", "LDS", "MUFU.EX2", "BAR.SYNC", "LDL", "STL")
+COUNTED = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG", "STG", "LDS", "STS", "LDSM", "MUFU.EX2", "BAR.SYNC", "LDL", "STL")
 
 
 class Captured(Exception):
@@ -143,8 +143,9 @@ def main():
         config = json.loads(args.config) if args.config else None
         print(f"# {name}: {tiles.normalise(config, problem)}")
         sink = []
-        original = launch._kernel
+        original, copy_engine = launch._kernel, launch.has_copy_engine
         launch._kernel = lambda fn: Capture(fn, sink)
+        launch.has_copy_engine = lambda device: True  # compiling for sm_90: descriptor loads are there
         try:
             inputs = AttentionInputs(q, k, v)
             out, lse = launch.forward(problem, inputs, config)
@@ -152,7 +153,7 @@ def main():
                 needs = (True, True, True, False, False, False, False)
                 launch.backward(problem, inputs, out, lse, torch.empty_like(out), None, needs, config)
         finally:
-            launch._kernel = original
+            launch._kernel, launch.has_copy_engine = original, copy_engine
         for fn, a, kw in sink:
             compile_report(fn, a, kw, f"{index}-{fn.__name__}", args.sass)
 

@@ -73,6 +73,11 @@ def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
 
 
+def has_copy_engine(device: torch.device) -> bool:
+    """Hopper (sm_90) and newer copy tensor tiles with TMA."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     """Whether K/V tiles can come through tensor descriptors (TMA): asked for by the config, a
     Hopper-or-newer GPU (or the interpreter), 16-bit data, int32 coordinates, and every batch,
@@ -82,7 +87,7 @@ def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     first = tensors[0]
     if first.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if not interpreting() and (first.device.type != "cuda" or torch.cuda.get_device_capability(first.device)[0] < 9):
+    if not interpreting() and not has_copy_engine(first.device):
         return False
     for t in tensors:
         if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
