@@ -25,14 +25,21 @@ from haloattn.problem import Problem
 MIN_TILE = 16  # tl.dot needs at least 16 rows
 SHARED_BUDGET = 200 * 1024  # bytes; Hopper allows 227 KiB per block, leave room for the compiler
 
-# (BLOCK_M, BLOCK_N) -> (warps, stages, relative speed on computed pairs), forward kernel; from
+# (BLOCK_M, BLOCK_N) -> (warps, stages, relative speed on computed pairs) of the forward kernel,
+# per way of reading K/V tiles, relative to 128 x 128 blocks with pointer loads. Pointer loads:
 # the tuning sweep of the first H100 run (2-D 31x31 and 63x63: about 340-390, 315-350 and
-# 310-345 TFLOP/s on computed pairs).
+# 310-345 TFLOP/s on computed pairs). Tensor descriptors (TMA): the H100 variant sweep of
+# 2026-11-23 (bench_kernel_variants.py), where they lift 64 x 64 blocks by 1.11-1.31x (to about
+# 1.00-1.06 on 1-D, 2-D 31x31 and 63x63) but 128-query blocks hardly (0.94-1.05; 0.66 once).
 FORWARD_BLOCKS = {
-    (128, 128): (8, 2, 1.00),
-    (128, 64): (8, 3, 0.91),
-    (64, 64): (4, 3, 0.92),
+    False: {(128, 128): (8, 2, 1.00), (128, 64): (8, 3, 0.91), (64, 64): (4, 3, 0.92)},
+    True: {(128, 128): (8, 2, 0.97), (128, 64): (8, 3, 0.93), (64, 64): (4, 3, 1.02)},
 }
+# Head dims above this read K/V through tensor descriptors by default: on the H100 that was
+# 1.07-1.31x faster at D=128 on every benchmark problem, and 0.76x at D=64 (pointer gathers of
+# 128-byte rows win there). The backward's streamed tiles stay on pointer loads: descriptors
+# measured 0.88-1.01x there (1.06x at D=64 only).
+DESCRIPTOR_MIN_HEAD_DIM = 65
 
 
 def _pow2_ceil(n: int) -> int:
@@ -87,11 +94,17 @@ def _shapes(rank: int, tokens: int, extents: Sequence[int]) -> List[Tuple[int, .
     return sorted(out)
 
 
+def descriptor_loads(problem: Problem) -> bool:
+    """Whether the forward reads K/V through tensor descriptors by default (the launcher still
+    checks the device, alignment and offsets, and falls back to pointer loads)."""
+    return problem.dtype.itemsize == 2 and problem.head_dim >= DESCRIPTOR_MIN_HEAD_DIM
+
+
 @lru_cache(maxsize=256)
 def _best_forward(problem: Problem) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
     ext = group_extents(problem)
     best = None
-    for (bm, bn), (warps, stages, speed) in FORWARD_BLOCKS.items():
+    for (bm, bn), (warps, stages, speed) in FORWARD_BLOCKS[descriptor_loads(problem)].items():
         for q in _shapes(problem.rank, bm, ext):
             for kv in _shapes(problem.rank, bn, ext):
                 pairs = math.prod(_axis_key_tiles(a, problem.pattern, t, u) for a, t, u in zip(problem.axes, q, kv))
@@ -134,7 +147,7 @@ def default_config(problem: Problem) -> Dict:
     """The heuristic default (see the module docstring)."""
     ext = group_extents(problem)
     q, kv, warps, stages = _best_forward(problem)
-    fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": False}
+    fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptor_loads(problem)}
     # The backward keeps a 128-token tile of the forward's shape; its streamed operand is 64
     # tokens. 8 warps: the 128 x D float32 accumulators spill with 4 (2.1-2.8x slower on H100).
     resident = list(q) if math.prod(q) == 128 else fit(q, ext, 128)
