@@ -362,3 +362,31 @@ def test_accelerator_problem_on_the_reference_backend_warns_with_reasons(runtime
         DISPATCHER.select(problem, "reference")
         cpu = torch.randn(1, 6, 6, 2, 4)
         haloattn.attention(cpu, cpu, cpu, 3)
+
+
+def test_backends_run_on_their_inputs_device(monkeypatch):
+    """Kernel launchers use the current CUDA device: the core makes it the inputs' device around
+    every backend call (here: inputs on cuda:1 while cuda:0 is current)."""
+    from haloattn import backend as backend_module
+
+    entered = []
+
+    class FakeDeviceGuard:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            entered.append("exit")
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", FakeDeviceGuard)
+    with backend_module.on_device(torch.device("cuda", 1)):
+        pass
+    assert entered == [torch.device("cuda", 1), "exit"]
+    entered.clear()
+    with backend_module.on_device(torch.device("cuda", 0)), backend_module.on_device(torch.device("cpu")):
+        pass
+    assert entered == []  # already current, or not CUDA: nothing to switch

@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import ops
-from .backend import AttentionInputs, Backend
+from .backend import AttentionInputs, Backend, on_device
 from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
 from .problem import build_problem
 from .tuning import AUTOTUNE_ENV, CACHE_DIR_ENV
@@ -120,7 +120,8 @@ def attention(
     if needs_grad:
         out, lse = ops.AttentionFunction.apply(problem, chosen, config, *tensors)
     else:
-        out, lse = chosen.forward(problem, AttentionInputs(*tensors), config)
+        with on_device(query.device):
+            out, lse = chosen.forward(problem, AttentionInputs(*tensors), config)
     return (out, lse) if return_lse else out
 
 

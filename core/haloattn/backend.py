@@ -79,6 +79,16 @@ def cuda_capability(device: torch.device) -> Optional[tuple]:
     return torch.cuda.get_device_capability(device)
 
 
+def on_device(device: torch.device):
+    """Make ``device`` the current CUDA device for the block. Kernel launchers (Triton's, the CUDA
+    backend's stream lookup) work on the current device, so the core enters this around every
+    backend call: a backend always finds the current device to be its inputs' device, also for
+    tensors on ``cuda:1`` in a process whose current device is ``cuda:0``."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 
 @contextlib.contextmanager
 def recording_autograd():

@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from .backend import AttentionInputs
+from .backend import AttentionInputs, on_device
 from .dispatch import DISPATCHER
 from .problem import build_problem
 
@@ -26,14 +26,16 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 def _full_grads(problem, backend, config, inputs, out, lse, grad_out, grad_lse, needs):
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    return backend.backward(problem, inputs, out, lse, grad_out, grad_lse, needs, config)
+    with on_device(out.device):
+        return backend.backward(problem, inputs, out, lse, grad_out, grad_lse, needs, config)
 
 
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, problem, backend, config, *tensors):
         inputs = AttentionInputs(*tensors)
-        out, lse = backend.forward(problem, inputs, config)
+        with on_device(inputs.query.device):
+            out, lse = backend.forward(problem, inputs, config)
         ctx.problem, ctx.backend, ctx.config = problem, backend, config
         ctx.save_for_backward(*tensors, out, lse)
         ctx.set_materialize_grads(False)
@@ -115,7 +117,8 @@ def attention_op(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     inputs = AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values)
     problem, backend, config = _resolve(spec, inputs)
-    out, lse = backend.forward(problem, inputs, config)
+    with on_device(query.device):
+        out, lse = backend.forward(problem, inputs, config)
     return out, lse
 
 

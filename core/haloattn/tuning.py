@@ -245,7 +245,7 @@ def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Opt
     """Time every (backend, config) candidate on ``inputs``; store and return the fastest.
     ``forced``: the candidates are that one forced backend; its result is stored apart (see
     :func:`signature`)."""
-    from .backend import AttentionInputs
+    from .backend import AttentionInputs, on_device
 
     trials: List[Tuple[object, Optional[dict]]] = [(b, c) for b in candidates for c in b.configs(problem)]
     detached = AttentionInputs(*(t.detach() if t is not None else None for t in inputs))
@@ -260,9 +260,10 @@ def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Opt
             print(f"\rhaloattn tuning [{bar:<20}] {n}/{len(trials)} {label[:50]:<50}", end="", file=sys.stderr, flush=True)
 
         def step(backend=backend, config=config):
-            out, lse = backend.forward(problem, detached, config)
-            if needs_grad:
-                backend.backward(problem, detached, out, lse, torch.ones_like(out), None, needs, config)
+            with on_device(problem.device):
+                out, lse = backend.forward(problem, detached, config)
+                if needs_grad:
+                    backend.backward(problem, detached, out, lse, torch.ones_like(out), None, needs, config)
 
         try:
             ms = time_call(step, problem.device)
