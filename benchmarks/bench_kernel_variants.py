@@ -66,8 +66,8 @@ def time_variants(configs, part, run, reference, flops=None, dense=None, compile
 
 
 def descriptor_configs(configs):
-    """The default and the candidates that read tiles through tensor descriptors."""
-    return configs[:1] + [c for c in configs[1:] if any(c[k].get("tma") for k in ("fwd", "dq", "dkdv"))]
+    """The default and the candidates whose forward reads tiles through tensor descriptors."""
+    return configs[:1] + [c for c in configs[1:] if c["fwd"].get("tma")]
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False):
@@ -76,11 +76,10 @@ def sweep(index, backward=True, tma_only=False, compile_only=False):
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
     dense = float("nan") if compile_only else dense_tflops(problem.tokens, problem.head_dim, q.device, q.dtype)
     configs = tiles.candidate_configs(problem)  # the default comes first
-    if tma_only:
-        configs = descriptor_configs(configs)
+    forward_configs = descriptor_configs(configs) if tma_only else configs
     out, lse = launch.forward(problem, inputs, configs[0])
     result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
-              "forward": time_variants(configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
+              "forward": time_variants(forward_configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
                                        (out, lse), flops, dense, compile_only)}
     if backward:
         go = torch.randn_like(out)
@@ -118,7 +117,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(str(i) for i in range(len(PROBLEMS))))
     parser.add_argument("--no-backward", action="store_true")
-    parser.add_argument("--tma-only", action="store_true", help="the default and the descriptor (TMA) variants")
+    parser.add_argument("--tma-only", action="store_true",
+                        help="forward: the default and the descriptor (TMA) variants only")
     parser.add_argument("--compile-only", action="store_true", help="run each variant once, time nothing")
     parser.add_argument("--json")
     args = parser.parse_args()

@@ -176,6 +176,13 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         knobs = dict(warps=warps, stages=stages, tma=tma)
         out.append(dict(base, dq=_fit_shared(problem, "dq", dict(base["dq"], kv=stream, **knobs)),
                         dkdv=_fit_shared(problem, "dkdv", dict(base["dkdv"], q=stream, **knobs))))
+    # 64-token resident tiles (the forward's small query tile): fewer wasted pairs on small
+    # windows, and 4 warps hold their 64 x D accumulators without spilling.
+    resident64 = fit(q_shape, ext, 64)
+    for stages in (2, 3):
+        knobs = dict(warps=4, stages=stages, tma=False)
+        out.append(dict(base, dq=_fit_shared(problem, "dq", dict(base["dq"], q=resident64, kv=base["dq"]["kv"], **knobs)),
+                        dkdv=_fit_shared(problem, "dkdv", dict(base["dkdv"], kv=resident64, q=base["dq"]["kv"], **knobs))))
     return out
 
 
