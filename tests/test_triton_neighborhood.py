@@ -213,3 +213,14 @@ def test_only_some_inputs_need_gradients():
     ref, _ = oracle.attention(q.double(), k.double(), leaves[0], 3, rpb=leaves[1], causal=True)
     r_v, r_rpb = torch.autograd.grad(ref, leaves, grad.double())
     assert oracle.rel_error(g_v, r_v) <= 1e-5 and oracle.rel_error(g_rpb, r_rpb) <= 1e-5
+
+
+@pytest.mark.parametrize("length,window,stride,causal", [(64, 31, 1, False), (50, 7, 3, False), (40, 9, 1, True)])
+def test_cost_model_counts_a_dilation_group_like_an_undilated_axis(length, window, stride, causal):
+    """Group 0 of an axis of length 2L with dilation 2 is an undilated axis of length L."""
+    from haloattn.geometry import Axis
+
+    for q_tile, kv_tile in ((8, 8), (16, 8), (4, 16)):
+        dilated = tiles._axis_key_tiles(Axis(2 * length, window, stride, 2, causal), "neighborhood", q_tile, kv_tile)
+        plain = tiles._axis_key_tiles(Axis(length, window, stride, 1, causal), "neighborhood", q_tile, kv_tile)
+        assert dilated == plain

@@ -69,13 +69,14 @@ def fit(shape: Sequence[int], extents: Sequence[int], tokens: int) -> List[int]:
 
 @lru_cache(maxsize=4096)
 def _axis_key_tiles(axis: Axis, pattern: str, q_tile: int, kv_tile: int) -> int:
-    """Key tiles visited on one axis, summed over the query tiles of group 0 on that axis."""
+    """Key tiles visited on one axis, summed over the query tiles of group 0 on that axis
+    (``key_range`` takes grid coordinates: group 0's coordinate ``x`` is token ``x * dilation``)."""
     group_len = axis.group_length(0)
     total = 0
     for start in range(0, group_len, q_tile):
         last = min(start + q_tile, group_len) - 1
-        lo = key_range(axis, pattern, start)[1]
-        hi = key_range(axis, pattern, last)[2]
+        lo = key_range(axis, pattern, start * axis.dilation)[1]
+        hi = key_range(axis, pattern, last * axis.dilation)[2]
         total += -(-(hi - lo) // kv_tile)
     return total
 

@@ -1,0 +1,86 @@
+"""Upper bounds on the neighbourhood benchmark's efficiency that follow from the problem alone,
+without a GPU: what any box-tiled kernel must compute, and what any kernel must move.
+
+Efficiency (benchmarks/RESULTS.md) = effective TFLOP/s over attended pairs / dense cuDNN TFLOP/s.
+Two ceilings bound it:
+
+* work: a kernel whose query tiles are boxes computes, per query tile, the union of its queries'
+  neighbourhoods rounded up to whole key tiles. ``pairs computed / pairs attended`` for the
+  backend's default tiles (and the best 64- or 128-query box) divides whatever fraction of
+  cuDNN's rate the inner loop reaches;
+* memory: q, k, v read once and out written once (bf16), at the device's copy bandwidth. When
+  that time exceeds the attended FLOPs at cuDNN's rate, efficiency cannot exceed their ratio.
+
+    python benchmarks/efficiency_bounds.py [--dense-tflops 630] [--bandwidth-tbs 3.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs  # noqa: E402
+
+import torch  # noqa: E402
+
+from haloattn.backends.triton import tiles  # noqa: E402
+from haloattn.geometry import key_range  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
+
+
+def computed_pairs(problem, q_tile, kv_tile) -> int:
+    """Pairs a box-tiled forward computes: per axis and dilation group, key tiles visited per query
+    tile; the pattern is an AND over axes, so the counts multiply."""
+    total = 1
+    for axis, tq, tk in zip(problem.axes, q_tile, kv_tile):
+        per_axis = 0
+        for group in range(axis.dilation):
+            length = axis.group_length(group)
+            for start in range(0, length, tq):
+                last = min(start + tq, length) - 1
+                lo = key_range(axis, problem.pattern, start * axis.dilation + group)[1]
+                hi = key_range(axis, problem.pattern, last * axis.dilation + group)[2]
+                per_axis += min(tq, length - start) * (-(-(hi - lo) // tk) * tk)
+        total *= per_axis
+    return total * problem.batch
+
+
+def best_box(problem):
+    """The 64- or 128-query box (with key tiles of 64 tokens) that computes the fewest pairs."""
+    ext = tiles.group_extents(problem)
+    best = None
+    for tokens in (64, 128):
+        for q in tiles._shapes(problem.rank, tokens, ext):
+            for kv in tiles._shapes(problem.rank, 64, ext):
+                pairs = computed_pairs(problem, q, kv)
+                if best is None or pairs < best[0]:
+                    best = (pairs, q, kv)
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dense-tflops", type=float, default=630.0, help="dense cuDNN forward rate (H100: 610-680)")
+    parser.add_argument("--bandwidth-tbs", type=float, default=3.0, help="device copy bandwidth (H100 HBM3: ~3.0)")
+    args = parser.parse_args()
+    print("| problem | default tiles | computed / attended | best box | computed / attended | memory-bound ceiling |")
+    print("|---|---|---|---|---|---|")
+    for name, spatial, window, options, D in PROBLEMS:
+        q = torch.empty(BATCH, *spatial, HEADS, D, dtype=torch.bfloat16, device="meta")
+        problem = build_problem(q, q, q, window, **options)
+        attended = attended_pairs(problem)
+        fwd = tiles.default_config(problem)["fwd"]
+        waste = computed_pairs(problem, fwd["q"], fwd["kv"]) / attended
+        best_pairs, best_q, best_kv = best_box(problem)
+        flops_s = 4 * BATCH * HEADS * D * attended / (args.dense_tflops * 1e12)
+        bytes_s = 4 * BATCH * HEADS * D * problem.tokens * 2 / (args.bandwidth_tbs * 1e12)
+        memory = min(1.0, flops_s / bytes_s)
+        print(f"| {name} | {fwd['q']} / {fwd['kv']} | {waste:.2f} | {best_q} / {best_kv} | "
+              f"{best_pairs / attended:.2f} | {memory:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
