@@ -1,5 +1,9 @@
 """Neighbourhood attention on one GPU: haloattn backend ``triton`` against FlexAttention (compiled,
 with a block mask built for the same neighbourhood) and dense cuDNN SDPA over the same tokens.
+Flex gets the tokens permuted into 128-token tiles and a block mask built exactly, without a
+compile, from haloattn.geometry; its mask_mod only looks up precomputed per-token tables (see the
+FlexAttention section). ``--check-flex`` checks that mask pair by pair against haloattn's rule
+and runs Flex end to end on small problems, timing nothing (a CPU is enough).
 
 Effective TFLOP/s count attended pairs only (exact, from haloattn.geometry): forward
 4 * B * H * D * pairs, forward+backward 3.5x that; dense SDPA counts every pair. Efficiency =
@@ -18,6 +22,7 @@ the compile phase alone and writes its outcome to FILE, so a driver script can o
 other work and hand FILE to the timing run through ``--flex-compile-status FILE``.
 
     python benchmarks/bench_neighborhood.py [--tune 0,1,5] [--no-flex] [--json FILE] [--markdown FILE]
+    python benchmarks/bench_neighborhood.py --check-flex [cpu|cuda] [--only 0,4]
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 import haloattn
-from haloattn.geometry import key_range
+from haloattn.geometry import attends, key_range, unravel
 from haloattn.problem import build_problem
 
 # name: (spatial, window, options, head_dim)
@@ -71,72 +76,188 @@ def bench(fn, grad_to_none=None) -> float:
     return do_bench(fn, warmup=10, rep=60, grad_to_none=grad_to_none, return_mode="median")
 
 
-# ---- FlexAttention: tokens are permuted into tiles (2-D 8x16, 3-D 2x8x8, NATTEN's "token
-# permute"; not timed) so a 128-token Flex block is a compact box, and the mask_mod closes over
-# Python ints, so its index arithmetic compiles with constant divisors (one compile per problem).
+# ---- FlexAttention. Tokens are permuted (NATTEN's "token permute"; not timed) so that a
+# 128-token Flex block is a box of the grid, 8x16 in 2-D, 2x8x8 in 3-D, 128 in 1-D, inside one
+# dilation group: each axis is first split into its dilation groups (coordinate y * dilation + g
+# goes to g * L/dilation + y), on which the pattern is a plain neighbourhood, so a dilated problem
+# gets full blocks as an undilated one does (tiles across groups would make every block partial).
+#
+# The mask reaches Flex as lookup tables indexed by a token's position in that order: per axis,
+# every key's code and the code range [lo, hi) every query accepts, computed outside Flex by
+# haloattn.geometry's own rule. The mask_mod is then loads and comparisons only. (The earlier
+# mask_mod closed over the index arithmetic itself, per-axis div/mod to undo the permutation and
+# the window rules with their clamps; with it, compiled create_block_mask plus Flex forward and
+# backward exceeded 200 s for four 2-D problems on an H100, torch 2.11, and create_block_mask
+# alone took 10-27 s to compile on a 2-core CPU.)
+# The mask_mod's code depends on the rank alone, so problems of one rank, N and D share Flex's
+# compiled kernels. The block mask is built with plain torch ops, no compile: a block is a box and
+# the pattern is an AND over axes, so a (query block, key block) pair is non-empty (full) exactly
+# when it is non-empty (full) on every axis, which one small per-axis table answers.
 FLEX_TILES = {1: (128,), 2: (8, 16), 3: (2, 8, 8)}
 
 
-def flex_tile(problem):
-    tile = FLEX_TILES[problem.rank]
-    return tile if all(L % t == 0 for L, t in zip(problem.spatial, tile)) else (1,) * (problem.rank - 1) + (128,)
+def flex_layout(problem):
+    """(spatial, dilation, tile): the token order Flex gets. Each tile side must divide its axis's
+    group length L / dilation; else 128 along the last axis alone."""
+    spatial, dilation = problem.spatial, problem.dilation
+    for tile in (FLEX_TILES[problem.rank], (1,) * (problem.rank - 1) + (128,)):
+        if all(L % Dl == 0 and (L // Dl) % s == 0 for L, Dl, s in zip(spatial, dilation, tile)):
+            return spatial, dilation, tile
+    raise ValueError(f"no 128-token tiling of {spatial} with dilation {dilation}")
 
 
-def to_tiles(t, spatial, tile):
-    """[B, *spatial, H, D] -> [B, H, N, D] with the tokens of each tile contiguous (a copy)."""
+def to_tiles(t, layout):
+    """[B, *spatial, H, D] -> [B, H, N, D] in the layout's order (a copy): tiles row-major over
+    (group, tile along the group) per axis, the tokens of a tile contiguous."""
+    spatial, dilation, tile = layout
     B, H, D = t.shape[0], t.shape[-2], t.shape[-1]
     r = len(spatial)
     shape = [B]
-    for L, s in zip(spatial, tile):
-        shape += [L // s, s]
+    for L, Dl, s in zip(spatial, dilation, tile):
+        shape += [L // Dl // s, s, Dl]  # coordinate (u * s + w) * Dl + g
     t = t.reshape(*shape, H, D)
-    order = [0, 2 * r + 1] + [1 + 2 * a for a in range(r)] + [2 + 2 * a for a in range(r)] + [2 * r + 2]
+    tiles = [d for a in range(r) for d in (3 + 3 * a, 1 + 3 * a)]  # (g, u) of each axis
+    order = [0, 3 * r + 1] + tiles + [2 + 3 * a for a in range(r)] + [3 * r + 2]
     return t.permute(*order).reshape(B, H, -1, D)
 
 
-def from_tiles(t, spatial, tile):
+def from_tiles(t, layout):
+    """Inverse of to_tiles: [B, H, N, D] -> [B, *spatial, H, D]."""
+    spatial, dilation, tile = layout
     B, H, D = t.shape[0], t.shape[1], t.shape[-1]
     r = len(spatial)
-    t = t.reshape(B, H, *(L // s for L, s in zip(spatial, tile)), *tile, D)
-    order = [0]
-    for a in range(r):
-        order += [2 + a, 2 + r + a]
-    order += [1, 2 + 2 * r]
+    grid = [d for L, Dl, s in zip(spatial, dilation, tile) for d in (Dl, L // Dl // s)]
+    t = t.reshape(B, H, *grid, *tile, D)
+    order = [0] + [d for a in range(r) for d in (3 + 2 * a, 2 + 2 * r + a, 2 + 2 * a)] + [1, 2 + 3 * r]
     return t.permute(*order).reshape(B, *spatial, H, D)
 
 
-def flex_mask_mod_for(problem, tile):
-    tiles_per_axis = [L // s for L, s in zip(problem.spatial, tile)]
-    volume = math.prod(tile)
-    axes = [(a.length, a.window, a.stride, a.dilation, a.causal) for a in problem.axes]
+def tiled_coords(layout):
+    """Per axis, the grid coordinate of the token at each position of the layout's order (from
+    to_tiles itself, so the tables cannot disagree with the tensors Flex gets)."""
+    spatial = layout[0]
+    N = math.prod(spatial)
+    flat = to_tiles(torch.arange(N).reshape(1, *spatial, 1, 1), layout).reshape(N)
+    return unravel(flat, spatial)
 
-    def coords(idx):
-        t, w = idx // volume, idx % volume
-        out = []
-        for a in reversed(range(len(tile))):
-            out.append((t % tiles_per_axis[a]) * tile[a] + w % tile[a])
-            t, w = t // tiles_per_axis[a], w // tile[a]
-        return out[::-1]
 
+def flex_mask_tables(problem, layout, device):
+    """Per axis (key code, query lo, query hi), int32 tensors indexed by position in the layout's
+    order. A key at coordinate j = y * dilation + g has code g * G + y (G: the longest dilation
+    group), and geometry.key_range's rule for a query (same group g, lo <= y < hi) becomes the
+    single test g * G + lo <= code < g * G + hi."""
+    tables = []
+    for axis, i in zip(problem.axes, tiled_coords(layout)):
+        G = axis.group_length(0)
+        group, lo, hi = key_range(axis, problem.pattern, i)
+        code = (i % axis.dilation) * G + i // axis.dilation
+        tables.append(tuple(t.to(device=device, dtype=torch.int32) for t in (code, group * G + lo, group * G + hi)))
+    return tables
+
+
+def flex_mask_mod(tables):
     def mask_mod(b, h, q_idx, kv_idx):
         ok = None
-        for (L, K, S, Dl, C), i, j in zip(axes, coords(q_idx), coords(kv_idx)):
-            g = i % Dl
-            x, y = i // Dl, j // Dl
-            Lg = (L - g + Dl - 1) // Dl
-            if C:
-                leader = torch.minimum((x // S) * S + S - 1, Lg - 1)
-                axis_ok = (y >= torch.clamp(leader - K + 1, min=0)) & (y <= x)
-            else:
-                leader = torch.minimum((x // S) * S + S // 2, Lg - 1)
-                start = torch.minimum(torch.clamp(leader - K // 2, min=0), Lg - K)
-                axis_ok = (y >= start) & (y < start + K)
-            if Dl > 1:
-                axis_ok = axis_ok & ((j % Dl) == g)
+        for code, lo, hi in tables:
+            c = code[kv_idx]
+            axis_ok = (lo[q_idx] <= c) & (c < hi[q_idx])
             ok = axis_ok if ok is None else ok & axis_ok
         return ok
 
     return mask_mod
+
+
+def axis_block_tables(axis, pattern, size):
+    """(some, every): [n, n] booleans over this axis's tile segments (n = L / size; segment t holds
+    group g = t // (n / dilation), group coordinates y0 <= y < y0 + size), whether a query segment
+    sees some / every key of a key segment. A query of group g sees the keys of its own group with
+    lo <= y < hi, so it sees |[lo, hi) & [y0, y0 + size)| keys of a segment of group g, none of
+    another group's (counts: L x L pairs would be 1 G in 1-D)."""
+    L, Dl = axis.length, axis.dilation
+    per_group = L // Dl // size
+    t = torch.arange(L // size)
+    seg_group, seg_y0 = t // per_group, (t % per_group) * size
+    y = seg_y0[:, None] + torch.arange(size)  # [n, size]: the queries of each segment
+    group, lo, hi = key_range(axis, pattern, (y * Dl + seg_group[:, None]).reshape(-1, 1))
+    count = (torch.minimum(hi, seg_y0 + size) - torch.maximum(lo, seg_y0)).clamp(min=0)
+    count = torch.where(group == seg_group, count, 0).reshape(L // size, size, -1)
+    return (count > 0).any(1), (count == size).all(1)
+
+
+def flex_block_classes(problem, layout):
+    """(non-empty, full): [n, n] booleans over (query block, key block), blocks numbered as
+    to_tiles lays them out (row-major over the per-axis segments)."""
+    nonempty = full = torch.ones(1, 1, dtype=torch.bool)
+    for axis, size in zip(problem.axes, layout[2]):
+        some, every = axis_block_tables(axis, problem.pattern, size)
+        n = some.shape[0]
+        nonempty = (nonempty[:, None, :, None] & some[None, :, None, :]).reshape(nonempty.shape[0] * n, -1)
+        full = (full[:, None, :, None] & every[None, :, None, :]).reshape(full.shape[0] * n, -1)
+    return nonempty, full
+
+
+def flex_block_mask(problem, layout, tables, device):
+    """Flex's BlockMask: partial blocks run the mask_mod, full blocks skip it, empty ones are
+    never visited. Same layout as create_block_mask's (indices ascending, B = H = 1)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    nonempty, full = flex_block_classes(problem, layout)
+
+    def ordered(dense):
+        dense = dense.to(device=device, dtype=torch.int32)[None, None]
+        indices = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32)
+        return dense.sum(-1).to(torch.int32), indices
+
+    N = problem.tokens
+    return BlockMask.from_kv_blocks(*ordered(nonempty & ~full), *ordered(full), BLOCK_SIZE=math.prod(layout[2]),
+                                    mask_mod=flex_mask_mod(tables), seq_lengths=(N, N))
+
+
+def flex_setup(problem, device):
+    """(layout, block mask) for Flex; the mask_mod rides on the block mask."""
+    layout = flex_layout(problem)
+    return layout, flex_block_mask(problem, layout, flex_mask_tables(problem, layout, device), device)
+
+
+def check_flex_mask(problem, layout, block_mask):
+    """Check Flex's mask against the exact rule, every (query, key) pair in the layout's order: the
+    mask_mod must equal geometry.attends (AND over axes), and each block must be listed as
+    partial / full / absent exactly as its pairs are some-but-not-all / all / none. Returns the
+    number of mismatching pairs plus mismatching blocks (0 when the mask is right)."""
+    N, Bs = problem.tokens, block_mask.BLOCK_SIZE[0]
+    n = N // Bs
+    device = block_mask.kv_indices.device
+
+    def dense(num, indices):
+        d = torch.zeros(n, n, dtype=torch.bool)
+        for qb in range(n):
+            d[qb, indices[0, 0, qb, :num[0, 0, qb]].long().cpu()] = True
+        return d
+
+    x = torch.arange(N).reshape(1, *problem.spatial, 1, 1)
+    bad = int((from_tiles(to_tiles(x, layout), layout) != x).sum())  # from_tiles undoes to_tiles
+    partial = dense(block_mask.kv_num_blocks, block_mask.kv_indices)
+    full = dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
+    # The q-major copies (the backward pass walks these) must be the transposes.
+    bad += int((dense(block_mask.q_num_blocks, block_mask.q_indices) != partial.T).sum())
+    bad += int((dense(block_mask.full_q_num_blocks, block_mask.full_q_indices) != full.T).sum())
+    coords = [c.to(device) for c in tiled_coords(layout)]
+    mask_mod = block_mask.mask_mod
+    kv = torch.arange(N, device=device)
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    blocks = max(1, (1 << 24) // (N * Bs))  # query blocks per slab
+    for qb0 in range(0, n, blocks):
+        q = torch.arange(qb0 * Bs, min(qb0 + blocks, n) * Bs, device=device)
+        exact = None
+        for axis, c in zip(problem.axes, coords):
+            axis_ok = attends(axis, problem.pattern, c[q][:, None], c[None, :])
+            exact = axis_ok if exact is None else exact & axis_ok
+        bad += int((mask_mod(zero, zero, q[:, None], kv[None, :]) != exact).sum())
+        per_block = exact.reshape(-1, Bs, n, Bs)
+        some, every = per_block.any(3).any(1).cpu(), per_block.all(3).all(1).cpu()
+        rows = slice(qb0, qb0 + some.shape[0])
+        bad += int((full[rows] != every).sum()) + int((partial[rows] != (some & ~every)).sum())
+    return bad
 
 
 def make_inputs(index, device="cuda", dtype=torch.bfloat16):
@@ -176,26 +297,83 @@ def tune_problem(index, launch, tiles):
             "tune_bwd_default_over_best": b_default / min(bwd_ms.values()), "tune_fwd_ms": fwd_ms, "tune_bwd_ms": bwd_ms}
 
 
+# ---- --check-flex: Flex's mask against haloattn, without timing anything (runs on a CPU).
+
+# Small problems with every option of PROBLEMS, for an end-to-end Flex run that a CPU can afford.
+FLEX_SMOKE = [
+    ((1024,), 255, {}),
+    ((32, 32), 7, {}),
+    ((32, 32), 7, {"dilation": 2}),
+    ((32, 32), 7, {"causal": (True, False)}),
+    ((32, 32), 8, {"stride": 4}),
+    ((32, 32), 16, {"stride": 16}),
+    ((4, 16, 16), (3, 5, 5), {"causal": (True, False, False)}),
+]
+
+
+def check_flex(indices, device, log=print):
+    """Block mask and mask_mod of every problem in ``indices`` against the exact rule, at full
+    size; then compiled Flex forward (and backward off CPU, where Flex has none) against
+    haloattn's reference backend on FLEX_SMOKE. Returns the number of failures."""
+    failures = 0
+    for index in indices:
+        name, spatial, window, options, _ = PROBLEMS[index]
+        stub = torch.empty(1, *spatial, 1, 8)
+        problem = build_problem(stub, stub, stub, window, **options)
+        t0 = time.time()
+        layout, block_mask = flex_setup(problem, device)
+        built = time.time() - t0
+        bad = check_flex_mask(problem, layout, block_mask)
+        n = problem.tokens // math.prod(layout[2])
+        partial, full = int(block_mask.kv_num_blocks.sum()), int(block_mask.full_kv_num_blocks.sum())
+        log(f"{name}: tile {layout[2]}, {n}x{n} blocks: {partial} partial, {full} full, {n * n - partial - full} "
+            f"skipped; built in {built:.2f} s, checked in {time.time() - t0 - built:.1f} s: "
+            f"{'OK' if bad == 0 else f'{bad} MISMATCHES'}")
+        failures += bad > 0
+
+    flex = flex_function()
+    backward = torch.device(device).type != "cpu"
+    for spatial, window, options in FLEX_SMOKE:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, *spatial, 2, 32, device=device, requires_grad=backward) for _ in range(3))
+        problem = build_problem(q, k, v, window, **options)
+        t0 = time.time()
+        layout, block_mask = flex_setup(problem, device)
+        f_out = from_tiles(flex(*(to_tiles(t, layout) for t in (q, k, v)), block_mask=block_mask), layout)
+        ref = haloattn.attention(q, k, v, window, backend="reference", **options)
+        errors = [((f_out - ref).norm() / ref.norm()).item()]
+        if backward:
+            go = torch.randn_like(ref)
+            grads = [torch.autograd.grad(out, (q, k, v), go) for out in (f_out, ref)]
+            errors += [((a - b).norm() / b.norm()).item() for a, b in zip(*grads)]
+        ok = max(errors) < 1e-3  # float32: a wrong mask shows as errors of 1e-2 and more
+        log(f"Flex end to end, {spatial} window {window} {options}: relative error "
+            f"{' '.join(f'{e:.1e}' for e in errors)} ({'out, dq, dk, dv' if backward else 'out'}), "
+            f"{time.time() - t0:.1f} s: {'OK' if ok else 'FAILED'}")
+        failures += not ok
+    return failures
+
+
 # ---- Flex workers (child processes of this script) and their supervisor.
 
 ROW_TAG = "FLEXROW "
 
 
-def flex_functions():
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def flex_function():
+    from torch.nn.attention.flex_attention import flex_attention
 
     # One Flex compile per problem and process: keep dynamo from falling back to eager.
     for limit in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, 64)
-    return torch.compile(flex_attention, dynamic=False), torch.compile(create_block_mask, dynamic=False)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def flex_worker(phase, indices, tune):
     """phase "compile": run haloattn (default config, and every tune candidate of the problems in
     ``tune``) and Flex forward and forward+backward once; phase "time": time Flex and compare its
     output with haloattn's. One ROW_TAG line per problem on stdout."""
-    flex, block_mask_fn = flex_functions()
+    flex = flex_function()
     from haloattn.backends.triton import launch, tiles
 
     for index in indices:
@@ -213,11 +391,10 @@ def flex_worker(phase, indices, tune):
                     bwd()
             torch.cuda.synchronize()
             row["triton_compile_s"] = time.time() - began
-        tile = flex_tile(problem)
-        fq, fk, fv = (to_tiles(t, spatial, tile) for t in (q, k, v))
         t0 = time.time()
-        block_mask = block_mask_fn(flex_mask_mod_for(problem, tile), BATCH, 1, problem.tokens, problem.tokens,
-                                   device=q.device)
+        layout, block_mask = flex_setup(problem, q.device)
+        row["flex_block_mask_s"] = time.time() - t0
+        fq, fk, fv = (to_tiles(t, layout) for t in (q, k, v))
         f_out = flex(fq, fk, fv, block_mask=block_mask)
         torch.cuda.synchronize()
         row["flex_fwd_ready_s"] = time.time() - t0
@@ -228,8 +405,8 @@ def flex_worker(phase, indices, tune):
         row["flex_fwdbwd_ready_s"] = time.time() - t0
         if phase == "time":
             out = haloattn.attention(q, k, v, window, backend="triton", **options)
-            row["flex_token_tile"] = list(tile)
-            row["flex_vs_triton_rel_error"] = ((from_tiles(f_out, spatial, tile).float() - out.float()).norm()
+            row["flex_token_tile"] = list(layout[2])
+            row["flex_vs_triton_rel_error"] = ((from_tiles(f_out, layout).float() - out.float()).norm()
                                                / out.float().norm()).item()
             row["flex_fwd_ms"] = bench(lambda: flex(fq, fk, fv, block_mask=block_mask))
             row["flex_fwdbwd_ms"] = bench(lambda: flex(fqg, fkg, fvg, block_mask=block_mask).backward(fgo),
@@ -430,6 +607,9 @@ def main():
     parser.add_argument("--flex-timeout", type=float, default=60.0, help="seconds per problem for timing Flex")
     parser.add_argument("--flex-compile-only", metavar="FILE", help="run the compile phase alone, outcome to FILE")
     parser.add_argument("--flex-compile-status", metavar="FILE", help="outcome of an earlier --flex-compile-only")
+    parser.add_argument("--check-flex", metavar="DEVICE", nargs="?", const="cpu",
+                        help="check Flex's block mask and mask_mod against haloattn on DEVICE (default cpu), "
+                             "time nothing, exit 1 on a mismatch")
     parser.add_argument("--flex-worker", choices=("compile", "time"), help=argparse.SUPPRESS)
     parser.add_argument("--only", default="", help="comma list of problem indices")
     parser.add_argument("--json")
@@ -442,6 +622,8 @@ def main():
     def log(message):  # progress on stderr: which step a time limit stopped, and how long each took
         print(f"[{time.time() - began:6.1f}s] {message}", file=sys.stderr, flush=True)
 
+    if args.check_flex:
+        sys.exit(1 if check_flex(only, args.check_flex, log) else 0)
     if args.flex_worker:
         flex_worker(args.flex_worker, only, tune)
         return

@@ -4,7 +4,11 @@
 # The benchmark's compile phase (haloattn kernels, tune candidates and FlexAttention, one worker
 # per problem, bounded by FLEX_COMPILE_TIMEOUT) runs in the background while the tests run; the
 # timing run then finds its caches warm. Knobs: SKIP_TESTS=1, TEST_TIMEOUT, BENCH_TIMEOUT,
-# FLEX_COMPILE_TIMEOUT. At most 8 files under $OUT (the device tool's limit).
+# FLEX_COMPILE_TIMEOUT, CHECK_FLEX=1 (also during the compile phase: bench_neighborhood.py
+# --check-flex cuda, Flex's mask against haloattn's rule pair by pair and Flex forward+backward on
+# small problems against the reference backend; one more file, check_flex.log).
+# At most 8 files under $OUT (the device tool's limit): tests.log, check_flex.log and --tune's
+# bench_tune.json together make 9.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -25,6 +29,10 @@ if [ -z "$SKIP_TESTS" ]; then
   timeout ${TEST_TIMEOUT:-200} python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider --timeout 120 -rf \
     tests/test_triton_gpu.py > "$OUT/tests.log" 2>&1
   echo "tests: exit $? after $(( $(date +%s) - began )) s"; tail -5 "$OUT/tests.log"
+fi
+if [ -n "$CHECK_FLEX" ]; then
+  timeout ${CHECK_TIMEOUT:-200} python3 benchmarks/bench_neighborhood.py --check-flex cuda "$@" > "$OUT/check_flex.log" 2>&1
+  echo "check-flex: exit $? after $(( $(date +%s) - began )) s"; grep -v -i warn "$OUT/check_flex.log" | tail -20
 fi
 wait $compile_pid
 echo "compile phase done after $(( $(date +%s) - began )) s"; grep -o '"flex_status": "[^"]*"' "$OUT/flex_compile.json" | sort | uniq -c
