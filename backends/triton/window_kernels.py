@@ -35,8 +35,11 @@ LN2 = tl.constexpr(0.6931471805599453)
 # Runtime sizes, and the batch/spatial strides that change with them, must not trigger a
 # recompilation: they are excluded from Triton's specialisation. Row alignment, which that
 # specialisation would have proven, comes from the ALIGN constexpr instead (a property of the
-# channel layout, not of the grid): strides arrive divided by ALIGN and offsets are multiplied
-# back by it, which proves the rows ALIGN-aligned so loads vectorise.
+# channel layout, not of the grid): strides (head strides too) arrive divided by ALIGN and offsets
+# are multiplied back by it, which proves the rows ALIGN-aligned so loads vectorise. Vectorised
+# 16-bit loads matter beyond bandwidth: cp.async moves 4, 8 or 16 bytes, so the pipeliner only
+# makes float16/bfloat16 loads asynchronous when at least two channels provably travel together
+# (likewise D and DV are constexpr, see _row_mask).
 _RUNTIME_SIZES = [
     "batch", "L0", "L1", "L2", "NW0", "NW1", "NW2", "OFF0", "OFF1", "OFF2",
     "DL0", "DL1", "DL2", "num_windows", "windows_per_program",
@@ -121,19 +124,30 @@ def _keep(k_ok, qc0, qc1, qc2, kc0, kc1, kc2,
 
 
 @triton.jit
-def _load_rows(ptr, rows, row_ok, D, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr):
-    """``[rows, BLOCK_D]`` tile; ``ptr`` points at the window's first slot, ``rows`` in ALIGN units.
-    The channel stride is 1 (the host makes it so)."""
+def _row_mask(row_ok, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows that are in the grid, and channels below the head dim. D is a compile-time constant on
+    purpose: with a runtime D the channel mask's constancy is unknown (1 element), every load is
+    split into 2-byte pieces for 16-bit types, and cp.async (4 bytes at least) cannot carry them,
+    so the software pipeliner leaves the float16/bfloat16 loads synchronous."""
     cols = tl.arange(0, BLOCK_D)
-    return tl.load(ptr + rows[:, None] * ALIGN + cols[None, :],
-                   mask=row_ok[:, None] & (cols[None, :] < D), other=0.0)
+    if D == BLOCK_D:
+        return row_ok[:, None] & (cols[None, :] < BLOCK_D)  # the channel test folds away
+    return row_ok[:, None] & (cols[None, :] < D)
 
 
 @triton.jit
-def _store_rows(ptr, rows, row_ok, D, value, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr):
+def _load_rows(ptr, rows, row_ok, D: tl.constexpr, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr):
+    """``[rows, BLOCK_D]`` tile; ``ptr`` points at the window's first slot, ``rows`` in ALIGN units.
+    The channel stride is 1 (the host makes it so)."""
+    cols = tl.arange(0, BLOCK_D)
+    return tl.load(ptr + rows[:, None] * ALIGN + cols[None, :], mask=_row_mask(row_ok, D, BLOCK_D), other=0.0)
+
+
+@triton.jit
+def _store_rows(ptr, rows, row_ok, D: tl.constexpr, value, BLOCK_D: tl.constexpr, ALIGN: tl.constexpr):
     cols = tl.arange(0, BLOCK_D)
     tl.store(ptr + rows[:, None] * ALIGN + cols[None, :], value.to(ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (cols[None, :] < D))
+             mask=_row_mask(row_ok, D, BLOCK_D))
 
 
 @triton.jit
@@ -177,7 +191,8 @@ def window_forward_kernel(
     slb, sl0, sl1, sl2, slh,
     batch, L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2,
     num_windows, windows_per_program,
-    H, G, D, DV, scale, softcap,
+    H, G, scale, softcap,
+    D: tl.constexpr, DV: tl.constexpr,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -207,10 +222,10 @@ def window_forward_kernel(
     if HAS_BIAS:
         bias = tl.load(BIAS + h * (BLOCK * BLOCK) + (first_q + tl.arange(0, BLOCK_M))[:, None] * BLOCK
                        + tl.arange(0, BLOCK)[None, :])
-    Qh = Q + h * sqh
-    Kh = K + kv_h * skh
-    Vh = V + kv_h * svh
-    Oh = O + h * soh
+    Qh = Q + h * sqh * ALIGN
+    Kh = K + kv_h * skh * ALIGN
+    Vh = V + kv_h * svh * ALIGN
+    Oh = O + h * soh * ALIGN
     Lh = LSE + h * slh
 
     count = tl.minimum(windows_per_program, num_windows - first_win)
@@ -252,7 +267,8 @@ def window_backward_kernel(
     sdvb, sdv0, sdv1, sdv2, sdvh,
     batch, L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2,
     num_windows, windows_per_program,
-    H, G, D, DV, scale, softcap,
+    H, G, scale, softcap,
+    D: tl.constexpr, DV: tl.constexpr,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -284,14 +300,14 @@ def window_backward_kernel(
             bias = tl.load(bias_ptr + tl.arange(0, BLOCK_M)[:, None] * BLOCK + cols[None, :])
     dbias_ptr = DBIAS + pid.to(tl.int64) * (BLOCK * BLOCK)
     dbias = tl.zeros((BLOCK_M, BLOCK), dtype=tl.float32)
-    Qh = Q + h * sqh
-    Kh = K + kv_h * skh
-    Vh = V + kv_h * svh
-    Oh = O + h * soh
-    DOh = DO + h * sdoh
-    DQh = DQ + h * sdqh
-    DKh = DK + h * sdkh
-    DVh = DV_OUT + h * sdvh
+    Qh = Q + h * sqh * ALIGN
+    Kh = K + kv_h * skh * ALIGN
+    Vh = V + kv_h * svh * ALIGN
+    Oh = O + h * soh * ALIGN
+    DOh = DO + h * sdoh * ALIGN
+    DQh = DQ + h * sdqh * ALIGN
+    DKh = DK + h * sdkh * ALIGN
+    DVh = DV_OUT + h * sdvh * ALIGN
 
     count = tl.minimum(windows_per_program, num_windows - first_win)
     for i in tl.range(0, count, num_stages=NUM_STAGES):

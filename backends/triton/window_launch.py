@@ -71,11 +71,11 @@ LOG2E = 1.4426950408889634
 
 
 def _strides(t: torch.Tensor, rank: int, align: int = 1):
-    """(batch, axis0, axis1, axis2, head) strides with the spatial axes padded to rank 3; the batch
-    and spatial ones divided by ``align`` (see window_kernels: ALIGN). The channel stride is 1."""
+    """(batch, axis0, axis1, axis2, head) strides with the spatial axes padded to rank 3, divided by
+    ``align`` (see window_kernels: ALIGN). The channel stride is 1."""
     s = t.stride()
-    outer = (s[0],) + (0,) * (3 - rank) + tuple(s[1:1 + rank])
-    return tuple(x // align for x in outer) + (s[1 + rank],)
+    outer = (s[0],) + (0,) * (3 - rank) + tuple(s[1:1 + rank]) + (s[1 + rank],)
+    return tuple(x // align for x in outer)
 
 
 def _unit_channels(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -86,9 +86,10 @@ def _unit_channels(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _row_alignment(rank: int, *tensors: torch.Tensor) -> int:
-    """Largest power of two (at most 8 elements) dividing every batch/spatial stride: the kernels
-    assert it on row offsets so loads stay vectorised although those strides are not specialised."""
-    strides = [x for t in tensors for x in _strides(t, rank)[:4]]
+    """Largest power of two (at most 8 elements) dividing every batch/spatial/head stride: the
+    kernels assert it on row offsets so loads stay vectorised although those strides are not
+    specialised (and a head stride such as 30 would otherwise leave rows 1-element aligned)."""
+    strides = [x for t in tensors for x in _strides(t, rank)]
     align = 8
     while align > 1 and any(s % align for s in strides):
         align //= 2
@@ -132,6 +133,7 @@ def _meta(launch: WindowLaunch, problem, inputs_dtype):
         W0=launch.windows[0], W1=launch.windows[1], W2=launch.windows[2],
         CAUSAL0=launch.causal[0], CAUSAL1=launch.causal[1], CAUSAL2=launch.causal[2],
         BLOCK=launch.block, BLOCK_M=launch.block_m, BLOCK_D=launch.block_d, BLOCK_DV=launch.block_dv,
+        D=problem.head_dim, DV=problem.value_dim,
         HAS_SOFTCAP=problem.softcap is not None,
         PRECISION=_precision(inputs_dtype),
         UPCAST=inputs_dtype == torch.bfloat16 and interpreting(),
@@ -201,10 +203,36 @@ def _multiprocessors(device: torch.device) -> int:
 # about PROGRAMS_PER_SM programs per multiprocessor so the last wave is short.
 PROGRAMS_PER_SM = 16
 MAX_WINDOWS_PER_PROGRAM = 16
+# Forward stages: Triton 3.6 issues a pipelined loop's next loads at the END of the iteration and
+# waits for them at the top of the next one, so num_stages=2 overlaps nothing inside a program
+# (cp.async issued, then at once waited for); 3 keeps one window's loads in flight during this
+# window's math. Swin-T float16 at 3 stages: 166 registers (3 programs of 4 warps per SM, against
+# 2 at 177 registers with 2 stages), 40 KB shared memory, no spills (compile_report_window.py).
+# Deeper pipelines where the buffers stay under STAGE_BYTES (float32 12x12 windows would
+# need 213 KB at 3 stages: they keep 2). The backward, see _default_stages.
+STAGE_BYTES = 128 * 1024
+DEFAULT_STAGES = 3
 DEFAULTS = {
-    "forward": dict(num_stages=2, num_warps=4),
-    "backward": dict(num_stages=1, num_warps=8),
+    "forward": dict(num_stages=DEFAULT_STAGES, num_warps=4),
+    "backward": dict(num_stages=DEFAULT_STAGES, num_warps=8),
 }
+
+
+def _default_stages(kind: str, launch: WindowLaunch, element_size: int) -> int:
+    """Pipeline depth: 3 (see above) where the stage buffers fit in STAGE_BYTES. The forward buffers
+    Q, K, V per stage, the backward K, V, Q, O, dO. The backward of square tiles (one query chunk)
+    was 1 stage (no cp.async: one program of 8 warps per SM waiting on every window's loads alone);
+    at 3 stages Swin-T float16 takes 62 KB, no spills. Query-chunked backward stays at 1 (more
+    would not fit; the rpb-gradient partial is read back from memory in the loop)."""
+    bd, bv = launch.block_d, launch.block_dv
+    if kind == "forward":
+        per_stage, fallback = launch.block_m * bd + launch.block * (bd + bv), 2
+    else:
+        if launch.block_m != launch.block:
+            return 1
+        per_stage, fallback = launch.block * (2 * bd + 3 * bv), 1
+    stages = DEFAULT_STAGES
+    return stages if stages * per_stage * element_size <= STAGE_BYTES else fallback
 
 
 def _windows_per_program(launch: WindowLaunch, problem, device: torch.device, query_chunks: int) -> int:
@@ -214,17 +242,33 @@ def _windows_per_program(launch: WindowLaunch, problem, device: torch.device, qu
     return max(1, min(MAX_WINDOWS_PER_PROGRAM, pairs // (PROGRAMS_PER_SM * _multiprocessors(device))))
 
 
-def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, query_chunks: int) -> dict:
-    """windows_per_program, num_stages and num_warps of one kernel: the config's ``{kind}_...``
-    entries where given (autotuning, benchmarks), the defaults otherwise."""
+def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, query_chunks: int,
+                   element_size: int = 2) -> dict:
+    """windows_per_program, num_stages and num_warps of one kernel (and maxnreg, a register cap,
+    where the config sets one): the config's ``{kind}_...`` entries where given (autotuning,
+    benchmarks), the defaults otherwise. ``element_size`` (of q) sizes the pipeline buffers."""
     config = config or {}
     chosen = dict(DEFAULTS[kind])
+    chosen["num_stages"] = _default_stages(kind, launch, element_size)
     if launch.block_m * launch.block > 64 * 64:
         chosen["num_warps"] = 8  # keep the float32 score tile near 32-64 registers a thread
     chosen["windows_per_program"] = _windows_per_program(launch, problem, device, query_chunks)
     for key in ("windows_per_program", "num_stages", "num_warps"):
         chosen[key] = int(config.get(f"{kind}_{key}", chosen[key]))
+    if config.get(f"{kind}_maxnreg"):
+        # A register cap (ptx .maxnreg): e.g. 128 fits 4 programs of 4 warps per SM where the
+        # uncapped Swin-T float16 forward (166 registers) fits 3; ptxas spills ~100 B for it.
+        chosen["maxnreg"] = int(config[f"{kind}_maxnreg"])
     return chosen
+
+
+def _compile_options(cfg: dict) -> dict:
+    """Triton launch options of a chosen config: warps, and a register cap where one is set
+    (``maxnreg``: more programs per multiprocessor; the interpreter takes no such option)."""
+    options = dict(num_warps=cfg["num_warps"])
+    if cfg.get("maxnreg") and not interpreting():
+        options["maxnreg"] = cfg["maxnreg"]
+    return options
 
 
 def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_chunks: int = 1) -> int:
@@ -240,7 +284,7 @@ def forward(problem, inputs, config=None):
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     bias = dense_bias(rpb, launch, problem) if rpb is not None else lse  # unused pointer when no rpb
     chunks = launch.block // launch.block_m
-    cfg = _launch_config("forward", launch, problem, q.device, config, chunks)
+    cfg = _launch_config("forward", launch, problem, q.device, config, chunks, q.element_size())
     grid = (_programs(launch, problem, cfg["windows_per_program"], chunks),)
     align = _row_alignment(rank, q, k, v, out)
     _kernel(window_forward_kernel)[grid](
@@ -248,9 +292,8 @@ def forward(problem, inputs, config=None):
         *_strides(q, rank, align), *_strides(k, rank, align), *_strides(v, rank, align),
         *_strides(out, rank, align), *_strides(lse.unsqueeze(-1), rank),
         *_grid_args(launch, problem), cfg["windows_per_program"],
-        problem.heads, problem.heads // problem.kv_heads, problem.head_dim, problem.value_dim,
-        problem.scale, problem.softcap or 1.0,
-        HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
+        problem.heads, problem.heads // problem.kv_heads, problem.scale, problem.softcap or 1.0,
+        HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], **_compile_options(cfg),
         **_meta(launch, problem, q.dtype),
     )
     return out, lse
@@ -270,7 +313,11 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         dk = torch.empty(*q.shape, dtype=torch.float32, device=q.device)
         dv = torch.empty(*q.shape[:-1], problem.value_dim, dtype=torch.float32, device=q.device)
     bias_grad = rpb is not None and needs_grad[3]
-    cfg = _launch_config("backward", launch, problem, q.device, config, 1)
+    cfg = _launch_config("backward", launch, problem, q.device, config, 1, q.element_size())
+    if bias_grad and launch.block_m != launch.block:
+        # Query chunks read-modify-write their rpb-gradient partial in memory inside the window
+        # loop: a pipelined loop would prefetch the next window's read before this one's write.
+        cfg["num_stages"] = 1
     programs = _programs(launch, problem, cfg["windows_per_program"])
     # Several query chunks accumulate their rpb-gradient partial in memory: start it at zero.
     allocate = torch.empty if launch.block_m == launch.block else torch.zeros
@@ -290,10 +337,9 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         *_strides(grad_out, rank, align), *_strides(dq, rank, align),
         *_strides(dk, rank, align), *_strides(dv, rank, align),
         *_grid_args(launch, problem), cfg["windows_per_program"],
-        problem.heads, group, problem.head_dim, problem.value_dim,
-        problem.scale, problem.softcap or 1.0,
+        problem.heads, group, problem.scale, problem.softcap or 1.0,
         HAS_BIAS=rpb is not None, BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None,
-        ALIGN=align, NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
+        ALIGN=align, NUM_STAGES=cfg["num_stages"], **_compile_options(cfg),
         **_meta(launch, problem, q.dtype),
     )
     if group > 1:
