@@ -1,0 +1,64 @@
+"""Host time per call against device time per call, on problems small enough for the host to matter.
+
+A call whose host side (argument checks, dispatch, Triton's launcher) takes longer than its kernels
+leaves the GPU idle between calls: then the host time, not the kernel, sets the speed. For each
+problem this prints the host time per call (many calls queued without synchronising), the device
+time (triton.testing.do_bench median) and, for scale, the same for the backend's launch function
+called directly (no haloattn dispatch).
+
+    python benchmarks/bench_launch_overhead.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from triton.testing import do_bench
+
+import haloattn
+from haloattn.backend import AttentionInputs
+from haloattn.dispatch import DISPATCHER
+from haloattn.problem import build_problem
+
+PROBLEMS = [
+    # name, shape [B, *spatial, H, D], window, options
+    ("2-D 128x128 16x16 stride 16, H 16, D 128", (1, 128, 128, 16, 128), 16, {"stride": 16}),
+    ("2-D 32x32 7x7, H 4, D 64", (1, 32, 32, 4, 64), 7, {}),
+    ("Swin-T stage 1 windows (B 128, 56x56, 7x7, H 3, D 32)", (128, 56, 56, 3, 32), 7, {"pattern": "window"}),
+    ("Swin 7x7 windows, B 1, 56x56, H 3, D 32", (1, 56, 56, 3, 32), 7, {"pattern": "window", "shift": 3}),
+]
+
+
+def host_ms(fn, calls=200):
+    fn()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - began) / calls * 1e3
+    torch.cuda.synchronize()
+    return host
+
+
+def main():
+    print("| problem | backend | attention(): host ms / device ms | backend.forward direct: host ms / device ms |")
+    print("|---|---|---|---|")
+    for name, shape, window, options in PROBLEMS:
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        problem = build_problem(q, k, v, window, **options)
+        backend, config = DISPATCHER.select(problem, None)
+        inputs = AttentionInputs(q, k, v)
+
+        def api():
+            return haloattn.attention(q, k, v, window, **options)
+
+        def direct():
+            return backend.forward(problem, inputs, config)
+
+        cells = [f"{host_ms(f):.3f} / {do_bench(f, warmup=10, rep=50, return_mode='median'):.3f}" for f in (api, direct)]
+        print(f"| {name} | {backend.name} | {cells[0]} | {cells[1]} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
