@@ -9,7 +9,9 @@ autocast. Stock timm runs its default attention path (eager, unless TIMM_FUSED_A
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import json
 
 import torch
 from timm.models import swin_transformer
@@ -42,11 +44,32 @@ def throughput(model, batch, train):
     return ms, batch * 1000.0 / ms
 
 
+@contextlib.contextmanager
+def window_defaults(settings):
+    """Within the block, triton_window launches with ``settings`` as its defaults (a config the
+    caller passes still wins): for comparing default choices in a whole model, backward included."""
+    from haloattn.backends.triton import window_launch
+
+    original = window_launch._launch_config
+
+    def launch_config(kind, launch, problem, device, config, *rest, **kw):
+        return original(kind, launch, problem, device, {**settings, **(config or {})}, *rest, **kw)
+
+    window_launch._launch_config = launch_config
+    try:
+        yield
+    finally:
+        window_launch._launch_config = original
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--fused", action="store_true", help="also time stock timm with its SDPA path")
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--window-config", action="append", default=[], metavar="JSON",
+                        help="also time patch_swin with these triton_window launch settings as its defaults "
+                             "(e.g. '{\"forward_num_stages\": 2}'); repeatable")
     args = parser.parse_args()
     torch.manual_seed(0)
     stock = swin_transformer.swin_tiny_patch4_window7_224(pretrained=False).cuda()
@@ -58,14 +81,20 @@ def main():
                 module.fused_attn = True
         variants["stock timm, fused_attn (SDPA)"] = fused
     variants["haloattn patch_swin"] = patch_swin(copy.deepcopy(stock))
+    settings_of = {}
+    for settings in args.window_config:
+        name = f"haloattn patch_swin, {settings}"
+        variants[name] = patch_swin(copy.deepcopy(stock))
+        settings_of[name] = json.loads(settings)
 
     lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, bf16 autocast",
              "| model | train step (ms) | train img/s | inference (ms) | inference img/s |", "|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     results = {}
     for name, model in variants.items():
-        train_ms, train_ips = throughput(model, args.batch, train=True)
-        infer_ms, infer_ips = throughput(model, args.batch, train=False)
+        with window_defaults(settings_of.get(name, {})):
+            train_ms, train_ips = throughput(model, args.batch, train=True)
+            infer_ms, infer_ips = throughput(model, args.batch, train=False)
         results[name] = (train_ips, infer_ips)
         lines.append(f"| {name} | {train_ms:.1f} | {train_ips:.0f} | {infer_ms:.1f} | {infer_ips:.0f} |")
         print(lines[-1], flush=True)
