@@ -203,35 +203,36 @@ def _multiprocessors(device: torch.device) -> int:
 # about PROGRAMS_PER_SM programs per multiprocessor so the last wave is short.
 PROGRAMS_PER_SM = 16
 MAX_WINDOWS_PER_PROGRAM = 16
-# Forward stages: Triton 3.6 issues a pipelined loop's next loads at the END of the iteration and
-# waits for them at the top of the next one, so num_stages=2 overlaps nothing inside a program
-# (cp.async issued, then at once waited for); 3 keeps one window's loads in flight during this
-# window's math. Swin-T float16 at 3 stages: 166 registers (3 programs of 4 warps per SM, against
-# 2 at 177 registers with 2 stages), 40 KB shared memory, no spills (compile_report_window.py).
-# Deeper pipelines where the buffers stay under STAGE_BYTES (float32 12x12 windows would
-# need 213 KB at 3 stages: they keep 2). The backward, see _default_stages.
+# Pipeline depth and warps, measured on the H100 (2026-11-23, bench_window.py --sweep, CUDA-graph
+# timed, Swin-T stage 1). Forward: Triton 3.6 issues a pipelined loop's next loads at the END of
+# the iteration and waits for them at the top of the next one, so 2 stages overlap nothing inside
+# a program; 3 keep one window's loads in flight during this window's math (16-bit: the fastest
+# of the sweep; 166 registers, 3 programs of 4 warps per SM). float32 keeps 2 (3 spill; 2 were
+# 1.04x faster). Backward of square tiles: 2 stages and 4 warps (1.35-1.38x faster than 3 stages
+# and 8 warps; timm Swin-T training 1.16x stock against 1.04x). Deeper pipelines only where the
+# stage buffers stay under STAGE_BYTES; larger score tiles get 8 warps (_launch_config).
 STAGE_BYTES = 128 * 1024
-DEFAULT_STAGES = 3
 DEFAULTS = {
-    "forward": dict(num_stages=DEFAULT_STAGES, num_warps=4),
-    "backward": dict(num_stages=DEFAULT_STAGES, num_warps=8),
+    "forward": dict(num_stages=3, num_warps=4),
+    "backward": dict(num_stages=2, num_warps=4),
 }
 
 
 def _default_stages(kind: str, launch: WindowLaunch, element_size: int) -> int:
-    """Pipeline depth: 3 (see above) where the stage buffers fit in STAGE_BYTES. The forward buffers
-    Q, K, V per stage, the backward K, V, Q, O, dO. The backward of square tiles (one query chunk)
-    was 1 stage (no cp.async: one program of 8 warps per SM waiting on every window's loads alone);
-    at 3 stages Swin-T float16 takes 62 KB, no spills. Query-chunked backward stays at 1 (more
-    would not fit; the rpb-gradient partial is read back from memory in the loop)."""
+    """Pipeline depth (see above) where the stage buffers fit in STAGE_BYTES, else one stage less
+    (forward: 2 at least). The forward buffers Q, K, V per stage, the backward K, V, Q, O, dO.
+    Query-chunked backward stays at 1 (more would not fit; the rpb-gradient partial is read back
+    from memory in the loop)."""
     bd, bv = launch.block_d, launch.block_dv
+    stages = DEFAULTS[kind]["num_stages"]
     if kind == "forward":
         per_stage, fallback = launch.block_m * bd + launch.block * (bd + bv), 2
+        if element_size == 4:
+            stages = 2
     else:
         if launch.block_m != launch.block:
             return 1
         per_stage, fallback = launch.block * (2 * bd + 3 * bv), 1
-    stages = DEFAULT_STAGES
     return stages if stages * per_stage * element_size <= STAGE_BYTES else fallback
 
 
