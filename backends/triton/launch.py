@@ -8,6 +8,7 @@ batch sizes do not recompile.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import List, Optional, Tuple
 
@@ -100,8 +101,20 @@ def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     return True
 
 
+def cdiv(a: int, b: int) -> int:
+    # Not triton.cdiv: from Python that is a JIT function call costing ~8 us on the host, and
+    # a launch computes several of these.
+    return -(-a // b)
+
+
 def _block(dim: int) -> int:
-    return max(16, triton.next_power_of_2(dim))
+    return max(16, 1 << max(0, dim - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=256)
+def geometry(problem: Problem) -> "Geometry":
+    """The problem's Geometry, built once per problem (host time per call)."""
+    return Geometry(problem)
 
 
 class Geometry:
@@ -118,7 +131,7 @@ class Geometry:
         self.window = problem.pattern == "window"
 
     def tiles_per_group(self, tile: List[int]) -> List[int]:
-        return [triton.cdiv(-(-L // d), t) for L, d, t in zip(self.L, self.Dl, _pad3(tile, 1))]
+        return [cdiv(cdiv(L, d), t) for L, d, t in zip(self.L, self.Dl, _pad3(tile, 1))]
 
     def grid0(self, tile: List[int]) -> int:
         return math.prod(d * n for d, n in zip(self.Dl, self.tiles_per_group(tile)))
@@ -156,7 +169,7 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     B, H, r = problem.batch, problem.heads, problem.rank
     out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    geo = Geometry(problem)
+    geo = geometry(problem)
     grid = (geo.grid0(cfg["q"]), H, B)
     large = needs_int64(q, k, v, out)
     _kernel(forward_kernel)[grid](
@@ -217,7 +230,7 @@ def row_delta(out: torch.Tensor, grad_out: torch.Tensor, grad_lse: Optional[torc
     delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
     dlse = grad_lse.float().reshape(-1) if grad_lse is not None else delta
     block_rows = 64
-    _kernel(delta_kernel)[(triton.cdiv(rows, block_rows),)](
+    _kernel(delta_kernel)[(cdiv(rows, block_rows),)](
         o, do, dlse, delta, rows, o.stride(0), do.stride(0), dv,
         BLOCK_R=block_rows, BLOCK_DV=_block(dv), HAS_DLSE=grad_lse is not None, num_warps=4,
     )
@@ -234,7 +247,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     G = H // Hkv
     lse = lse.contiguous()
     delta = row_delta(out, do, grad_lse)
-    geo = Geometry(problem)
+    geo = geometry(problem)
     large = needs_int64(q, k, v, do, out)
     precision = _precision(q.dtype)
     softcap = problem.softcap or 1.0
@@ -289,7 +302,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     if need_ak or need_av:
         dak = torch.empty_like(ak)
         dav = torch.empty_like(av)
-        _kernel(extra_dkdv_kernel)[(triton.cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B)](
+        _kernel(extra_dkdv_kernel)[(cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B)](
             q, ak, av, do, lse, delta, dak, dav,
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
             *lse_strides, *_extra_strides(dak), *_extra_strides(dav),

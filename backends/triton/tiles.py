@@ -145,8 +145,10 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict) -> Dict:
     return cfg
 
 
+@lru_cache(maxsize=1024)
 def default_config(problem: Problem) -> Dict:
-    """The heuristic default (see the module docstring)."""
+    """The heuristic default (see the module docstring). Cached per problem (it is on every
+    launch's host path): callers copy before changing it, never change it in place."""
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)

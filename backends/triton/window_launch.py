@@ -40,6 +40,7 @@ class WindowLaunch(NamedTuple):
     block_dv: int
 
 
+@functools.lru_cache(maxsize=256)  # per-call host time: a Problem is hashable and immutable
 def plan(problem) -> WindowLaunch:
     pad = 3 - problem.rank
     axes = problem.axes
@@ -73,7 +74,11 @@ LOG2E = 1.4426950408889634
 def _strides(t: torch.Tensor, rank: int, align: int = 1):
     """(batch, axis0, axis1, axis2, head) strides with the spatial axes padded to rank 3, divided by
     ``align`` (see window_kernels: ALIGN). The channel stride is 1."""
-    s = t.stride()
+    return _padded_strides(t.stride(), rank, align)
+
+
+@functools.lru_cache(maxsize=1024)
+def _padded_strides(s: Tuple[int, ...], rank: int, align: int):
     outer = (s[0],) + (0,) * (3 - rank) + tuple(s[1:1 + rank]) + (s[1 + rank],)
     return tuple(x // align for x in outer)
 
@@ -98,7 +103,12 @@ def _row_alignment(rank: int, *tensors: torch.Tensor) -> int:
 
 def batch_element_span(t: torch.Tensor) -> int:
     """Elements one batch element of ``t`` spans: the kernels index inside it with int32."""
-    return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape[1:], t.stride()[1:]) if n > 0)
+    return _span(tuple(t.shape[1:]), t.stride()[1:])
+
+
+@functools.lru_cache(maxsize=1024)
+def _span(shape: Tuple[int, ...], stride: Tuple[int, ...]) -> int:
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride) if n > 0)
 
 
 def _check_int32(*tensors) -> None:
@@ -273,7 +283,8 @@ def _compile_options(cfg: dict) -> dict:
 
 
 def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_chunks: int = 1) -> int:
-    return problem.heads * query_chunks * triton.cdiv(launch.num_windows, windows_per_program)
+    # -(-a // b), not triton.cdiv: from Python that is a JIT function call (~8 us of host time).
+    return problem.heads * query_chunks * -(-launch.num_windows // windows_per_program)
 
 
 def forward(problem, inputs, config=None):
