@@ -201,3 +201,25 @@ def test_batch_elements_beyond_int32_offsets_are_refused():
     small = torch.empty(1, 64, 64, 16, 64, device="meta")
     reasons = TritonWindowBackend().not_supported_reasons(build_problem(small, small, small, 8, pattern="window"))
     assert not any("int32" in r for r in reasons), reasons
+
+
+def test_windows_whose_kernels_exceed_shared_memory_go_to_the_neighbourhood_kernel():
+    """Measured sm_90 shared memory of the window kernels against a GPU's per-block limit."""
+    from haloattn.backends.triton.window_plugin import shared_memory_reasons
+
+    h100, small_gpu = 227 * 1024, 99 * 1024
+
+    def reasons(window, dtype, head_dim, limit):
+        q = torch.empty(1, 24, 24, 2, head_dim, dtype=dtype, device="meta")
+        return shared_memory_reasons(haloattn.build_problem(q, q, q, window, pattern="window"), limit)
+
+    assert reasons(12, torch.float16, 32, h100) == []  # Swin V2 / Swin-B 384 in 16-bit
+    assert reasons(10, torch.float16, 128, h100) == []  # 224 KiB: just fits
+    assert reasons(7, torch.float32, 128, h100) == []
+    (reason,) = reasons(12, torch.float32, 32, h100)  # the backward needs 336 KiB
+    assert reason == ("window 12x12 (144 tokens) in float32 with head_dim 32 needs 336 KiB of shared memory per "
+                      "block, more than this GPU's 227 KiB: the neighbourhood kernel (backend 'triton') runs it")
+    assert reasons(12, torch.bfloat16, 128, h100)  # forward 304 KiB
+    assert reasons(10, torch.float32, 96, h100)  # padded to 128: 320 KiB
+    assert reasons(8, torch.float16, 128, small_gpu)  # 104 KiB on a 99 KiB GPU
+    assert reasons(8, torch.float16, 64, small_gpu) == []

@@ -24,6 +24,30 @@ SQUARE_TILE_MAX = 128
 QUERY_CHUNK = 64
 
 
+# Shared memory (bytes) of the forward and backward kernels at their default launch settings,
+# compiled for sm_90 (benchmarks/compile_report_window.py, 2026-11-23), by tile class (padded
+# window: 64 slots or fewer, 128, or query-chunked beyond), bytes per element and padded head dim
+# (32 or fewer, 64, 128). The plugin compares them with the GPU's per-block limit (H100: 227 KiB),
+# so a problem whose kernels cannot launch goes to backend 'triton' instead of failing there.
+SHARED_MEMORY = {
+    (64, 2, 32): (40960, 41216), (64, 2, 64): (81920, 73984), (64, 2, 128): (106496, 73728),
+    (64, 4, 32): (40960, 90368), (64, 4, 64): (81920, 65536), (64, 4, 128): (163840, 98304),
+    (128, 2, 32): (81920, 98816), (128, 2, 64): (114688, 98304), (128, 2, 128): (229376, 163840),
+    (128, 4, 32): (81920, 163840), (128, 4, 64): (163840, 196608), (128, 4, 128): (327680, 262144),
+    (256, 2, 32): (114688, 106496), (256, 2, 64): (155648, 147456), (256, 2, 128): (311296, 229376),
+    (256, 4, 32): (139264, 344064), (256, 4, 64): (278528, 557056), (256, 4, 128): (557056, 983040),
+}
+
+
+def shared_memory_needed(problem) -> int:
+    """Bytes of shared memory per block the problem's forward and backward kernels need (the
+    larger), from SHARED_MEMORY."""
+    volume = math.prod(problem.window)
+    tile = 64 if volume <= 64 else 128 if volume <= SQUARE_TILE_MAX else 256
+    dim = max(32, 1 << max(0, max(problem.head_dim, problem.value_dim) - 1).bit_length())
+    return max(SHARED_MEMORY[(tile, problem.dtype.itemsize, dim)])
+
+
 class WindowLaunch(NamedTuple):
     """Per-problem launch constants, every axis padded in front to rank 3 (length 1, window 1)."""
 

@@ -12,6 +12,35 @@ from haloattn.hookspecs import hookimpl
 from .plugin import device_and_dtype_reasons, triton_available
 
 
+def shared_memory_limit(device) -> int:
+    """Shared memory one block may use on this GPU (opt-in maximum)."""
+    import torch
+
+    properties = torch.cuda.get_device_properties(device)
+    limit = getattr(properties, "shared_memory_per_block_optin", 0)
+    if limit:
+        return limit
+    # Older torch: the CUDA programming guide's per-block maxima by compute capability.
+    return {(9, 0): 227, (8, 0): 163, (8, 7): 163}.get((properties.major, properties.minor), 99) * 1024
+
+
+def shared_memory_reasons(problem, limit: int) -> List[str]:
+    """Why the window kernels cannot launch for this problem on a GPU with ``limit`` bytes of shared
+    memory per block (empty: they can)."""
+    from .window_launch import shared_memory_needed
+
+    needed = shared_memory_needed(problem)
+    if needed <= limit:
+        return []
+    window = "x".join(map(str, problem.window))
+    dim = max(problem.head_dim, problem.value_dim)
+    return [
+        f"window {window} ({problem.window_tokens} tokens) in {str(problem.dtype).replace('torch.', '')} with "
+        f"head_dim {dim} needs {needed // 1024} KiB of shared memory per block, more than this GPU's "
+        f"{limit // 1024} KiB: the neighbourhood kernel (backend 'triton') runs it"
+    ]
+
+
 class TritonWindowBackend(Backend):
     """Short windows (Swin W-MSA / SW-MSA, MaxViT grid attention, Video Swin). Ranks ahead of
     ``triton`` so window problems it can run never reach the general neighbourhood kernel."""
@@ -36,6 +65,8 @@ class TritonWindowBackend(Backend):
                 "the neighbourhood kernel (backend 'triton') runs it"
             )
         reasons += device_and_dtype_reasons(problem)
+        if not reasons and problem.device.type == "cuda":
+            reasons += shared_memory_reasons(problem, shared_memory_limit(problem.device))
         # Offsets inside one batch element are int32; allow q/k/v to be views of a projection up
         # to 4x wider than themselves (Swin's packed qkv is 3x). window_launch checks the real span.
         per_element = math.prod(problem.spatial) * problem.heads * max(problem.head_dim, problem.value_dim)
