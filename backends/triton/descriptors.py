@@ -40,3 +40,23 @@ def load_box(desc, head, y0, y1, y2, RANK: tl.constexpr, ROWS: tl.constexpr, BLO
     else:
         box = desc.load([head, y2, 0])
     return box.reshape(ROWS, BLOCK_D)
+
+
+@triton.jit
+def load_token_tile(desc, base, s0, s1, s2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
+                    Lg0, Lg1, Lg2, DIM, TMA: tl.constexpr, LARGE: tl.constexpr, RANK: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``[ROWS, BLOCK_D]`` tile of the tokens at group coordinates (y0, y1, y2) (the box starting at
+    (ys0, ys1, ys2)) of dilation group (g0, g1, g2): one descriptor copy with TMA, else a masked
+    pointer gather from ``base`` through the strides; rows outside the grid are zeros either way."""
+    if TMA:
+        tile = load_box(desc, 0, ys0, ys1, ys2, RANK, ROWS, BLOCK_D)
+    else:
+        ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
+        t0, t1, t2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
+        if LARGE:
+            t0, t1, t2 = t0.to(tl.int64), t1.to(tl.int64), t2.to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)
+        tile = tl.load(base + (t0 * s0 + t1 * s1 + t2 * s2)[:, None] + cols[None, :],
+                       mask=ok[:, None] & (cols[None, :] < DIM), other=0.0)
+    return tile

@@ -11,7 +11,7 @@ per-pair mask. Tensors are read in place through their strides ([B, *spatial, H,
 import triton
 import triton.language as tl
 
-from .descriptors import group_descriptor, load_box
+from .descriptors import group_descriptor, load_token_tile
 from .index_math import group_length, key_range, split3
 from .scores import LN2, finish_scores, mma, relative_bias, within
 
@@ -90,6 +90,8 @@ def forward_kernel(
                                   D0 * sk0, D1 * sk1, D2 * sk2, HEAD_D, RANK, TN0, TN1, TN2, BLOCK_D)
         v_desc = group_descriptor(v_base + g0 * sv0 + g1 * sv1 + g2 * sv2, 1, svh, Lg0, Lg1, Lg2,
                                   D0 * sv0, D1 * sv1, D2 * sv2, HEAD_DV, RANK, TN0, TN1, TN2, BLOCK_DV)
+    else:
+        k_desc, v_desc = k_base, v_base  # unused: the tiles come through pointers
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -98,15 +100,8 @@ def forward_kernel(
         j0, j1, j2 = split3(j, nk1, nk2)
         ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
-        if TMA:
-            kt = load_box(k_desc, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_D)
-        else:
-            k_ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
-            k0, k1, k2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
-            if LARGE:
-                k0, k1, k2 = k0.to(tl.int64), k1.to(tl.int64), k2.to(tl.int64)
-            kt = tl.load(k_base + (k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d[None, :],
-                         mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+        kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
+                             Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
         qk = mma(q, tl.trans(kt), None, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
@@ -122,11 +117,8 @@ def forward_kernel(
         p = tl.math.exp2(s - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if TMA:
-            vt = load_box(v_desc, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_DV)
-        else:
-            vt = tl.load(v_base + (k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
-                         mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+        vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
+                             Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
         acc = mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISION)
         m_i = m_new
 
