@@ -13,7 +13,7 @@
 import triton
 import triton.language as tl
 
-from .descriptors import group_descriptor, load_box, load_token_tile
+from .descriptors import group_descriptor, kv_descriptors, load_box, load_token_tile
 from .forward_kernel import query_tile
 from .index_math import key_range, query_range, split3
 from .scores import LOG2E, finish_scores, mma, relative_bias, within
@@ -91,13 +91,9 @@ def dq_kernel(
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + bh[0] * skb + kvh.to(tl.int64) * skh
     v_base = V + bh[0] * svb + kvh.to(tl.int64) * svh
-    if TMA:
-        k_desc = group_descriptor(k_base + g0 * sk0 + g1 * sk1 + g2 * sk2, 1, skh, Lg0, Lg1, Lg2,
-                                  D0 * sk0, D1 * sk1, D2 * sk2, HEAD_D, RANK, TN0, TN1, TN2, BLOCK_D)
-        v_desc = group_descriptor(v_base + g0 * sv0 + g1 * sv1 + g2 * sv2, 1, svh, Lg0, Lg1, Lg2,
-                                  D0 * sv0, D1 * sv1, D2 * sv2, HEAD_DV, RANK, TN0, TN1, TN2, BLOCK_DV)
-    else:
-        k_desc, v_desc = k_base, v_base  # unused: the tiles come through pointers
+    k_desc, v_desc = kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh,
+                                    Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1, TN2,
+                                    BLOCK_D, BLOCK_DV)
     if RPB_GRAD:
         # Row of the dS buffer: ((b * H + h) * N + flat query) * prod(K).
         ds_rows = ((bh[0] * H + bh[1]) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)

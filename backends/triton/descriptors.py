@@ -60,3 +60,20 @@ def load_token_tile(desc, base, s0, s1, s2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g
         tile = tl.load(base + (t0 * s0 + t1 * s1 + t2 * s2)[:, None] + cols[None, :],
                        mask=ok[:, None] & (cols[None, :] < DIM), other=0.0)
     return tile
+
+
+@triton.jit
+def kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh, Lg0, Lg1, Lg2,
+                   D0, D1, D2, HEAD_D, HEAD_DV, TMA: tl.constexpr, RANK: tl.constexpr,
+                   T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Descriptors of dilation group (g0, g1, g2)'s keys and values (one head), for
+    ``load_token_tile``; without TMA the bases stand in for them, unused."""
+    if TMA:
+        k_desc = group_descriptor(k_base + g0 * sk0 + g1 * sk1 + g2 * sk2, 1, skh, Lg0, Lg1, Lg2,
+                                  D0 * sk0, D1 * sk1, D2 * sk2, HEAD_D, RANK, T0, T1, T2, BLOCK_D)
+        v_desc = group_descriptor(v_base + g0 * sv0 + g1 * sv1 + g2 * sv2, 1, svh, Lg0, Lg1, Lg2,
+                                  D0 * sv0, D1 * sv1, D2 * sv2, HEAD_DV, RANK, T0, T1, T2, BLOCK_DV)
+    else:
+        k_desc, v_desc = k_base, v_base
+    return k_desc, v_desc

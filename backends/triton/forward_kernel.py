@@ -11,7 +11,7 @@ per-pair mask. Tensors are read in place through their strides ([B, *spatial, H,
 import triton
 import triton.language as tl
 
-from .descriptors import group_descriptor, load_token_tile
+from .descriptors import kv_descriptors, load_token_tile
 from .index_math import group_length, key_range, split3
 from .scores import LN2, finish_scores, mma, relative_bias, within
 
@@ -85,13 +85,9 @@ def forward_kernel(
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
     v_base = V + b.to(tl.int64) * svb + kvh.to(tl.int64) * svh
-    if TMA:
-        k_desc = group_descriptor(k_base + g0 * sk0 + g1 * sk1 + g2 * sk2, 1, skh, Lg0, Lg1, Lg2,
-                                  D0 * sk0, D1 * sk1, D2 * sk2, HEAD_D, RANK, TN0, TN1, TN2, BLOCK_D)
-        v_desc = group_descriptor(v_base + g0 * sv0 + g1 * sv1 + g2 * sv2, 1, svh, Lg0, Lg1, Lg2,
-                                  D0 * sv0, D1 * sv1, D2 * sv2, HEAD_DV, RANK, TN0, TN1, TN2, BLOCK_DV)
-    else:
-        k_desc, v_desc = k_base, v_base  # unused: the tiles come through pointers
+    k_desc, v_desc = kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh,
+                                    Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1, TN2,
+                                    BLOCK_D, BLOCK_DV)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
