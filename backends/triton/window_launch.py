@@ -64,8 +64,14 @@ class WindowLaunch(NamedTuple):
     block_dv: int
 
 
-@functools.lru_cache(maxsize=256)  # per-call host time: a Problem is hashable and immutable
 def plan(problem) -> WindowLaunch:
+    """Launch constants of a problem, computed once per problem (host time per call); the tile
+    limits are part of the key so that changing them (tests shrink them) takes effect."""
+    return _plan(problem, SQUARE_TILE_MAX, QUERY_CHUNK)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(problem, square_tile_max: int, query_chunk: int) -> WindowLaunch:
     pad = 3 - problem.rank
     axes = problem.axes
     lengths = (1,) * pad + tuple(a.length for a in axes)
@@ -85,7 +91,7 @@ def plan(problem) -> WindowLaunch:
     return WindowLaunch(
         lengths, windows, dilations, causal, offsets, tuple(per_axis), num_windows,
         block=block,
-        block_m=block if block <= SQUARE_TILE_MAX else QUERY_CHUNK,
+        block_m=block if block <= square_tile_max else query_chunk,
         block_d=max(16, triton.next_power_of_2(problem.head_dim)),
         block_dv=max(16, triton.next_power_of_2(problem.value_dim)),
     )
