@@ -93,12 +93,20 @@ def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     for t in tensors:
         if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return False
-    if not interpreting():
+    if not interpreting() and not _has_allocator():
+        triton.set_allocator(_descriptor_scratch)
+    return True
+
+
+def _has_allocator() -> bool:
+    """Whether the caller set a Triton allocator of their own (kept); on a Triton without this
+    internal, assume not."""
+    try:
         from triton.runtime import _allocation
 
-        if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):  # keep a caller's own
-            triton.set_allocator(_descriptor_scratch)
-    return True
+        return not isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+    except (ImportError, AttributeError):
+        return False
 
 
 def cdiv(a: int, b: int) -> int:
