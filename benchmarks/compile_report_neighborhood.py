@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_neighborhood import BATCH, HEADS, PROBLEMS  # noqa: E402
-from sm90_compile import Capture, compile_captured  # noqa: E402
+from sm90_compile import captured_launches, compile_captured  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import launch, tiles  # noqa: E402
@@ -46,18 +46,12 @@ def main():
         name, q, k, v, problem = problem_tensors(index)
         config = json.loads(args.config) if args.config else None
         print(f"# {name}: {tiles.normalise(config, problem)}")
-        sink = []
-        original, copy_engine = launch._kernel, launch.has_copy_engine
-        launch._kernel = lambda fn: Capture(fn, sink)
-        launch.has_copy_engine = lambda device: True  # compiling for sm_90: descriptor loads are there
-        try:
+        with captured_launches(launch) as sink:
             inputs = AttentionInputs(q, k, v)
             out, lse = launch.forward(problem, inputs, config)
             if args.backward:
                 needs = (True, True, True, False, False, False, False)
                 launch.backward(problem, inputs, out, lse, torch.empty_like(out), None, needs, config)
-        finally:
-            launch._kernel, launch.has_copy_engine = original, copy_engine
         for fn, _, a, kw in sink:
             compile_captured(fn, a, kw, f"{index}-{fn.__name__}", args.sass)
 

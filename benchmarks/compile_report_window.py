@@ -26,7 +26,7 @@ os.environ.pop("TRITON_INTERPRET", None)
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sm90_compile import Capture, compile_captured  # noqa: E402
+from sm90_compile import captured_launches, compile_captured  # noqa: E402
 
 import haloattn.nn  # noqa: E402
 from haloattn.backend import AttentionInputs  # noqa: E402
@@ -65,16 +65,11 @@ def main():
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
             problem, inputs = shape_inputs(batch, grid, window, heads, head_dim, dtype)
-            sink = []
-            original = window_launch._kernel
-            window_launch._kernel = lambda fn: Capture(fn, sink)
-            try:
+            with captured_launches(window_launch) as sink:
                 out, lse = window_launch.forward(problem, inputs, config)
                 if args.backward:
                     needs = (True, True, True, True, False, False, False)
                     window_launch.backward(problem, inputs, out, lse, torch.empty_like(out), None, needs, config)
-            finally:
-                window_launch._kernel = original
             for fn, grid_, a, kw in sink:
                 label = f"{index}-{dtype_name}-{fn.__name__.replace('window_', '').replace('_kernel', '')}"
                 print(f"# {name} {dtype_name}: grid {grid_}", flush=True)

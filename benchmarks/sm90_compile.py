@@ -11,6 +11,7 @@ and reports registers, spills, shared memory and counts of the SASS instructions
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -37,6 +38,22 @@ class Capture:
         def record(*args, **kwargs):
             self.sink.append((self.fn, grid, args, kwargs))
         return record
+
+
+@contextlib.contextmanager
+def captured_launches(launcher):
+    """Within the block, ``launcher._kernel`` records launches instead of running them; yields the
+    list they are appended to. A launcher that checks for the copy engine (TMA) is told sm_90 has it."""
+    sink = []
+    saved = {name: getattr(launcher, name) for name in ("_kernel", "has_copy_engine") if hasattr(launcher, name)}
+    launcher._kernel = lambda fn: Capture(fn, sink)
+    if "has_copy_engine" in saved:
+        launcher.has_copy_engine = lambda device: True
+    try:
+        yield sink
+    finally:
+        for name, value in saved.items():
+            setattr(launcher, name, value)
 
 
 def specialise(fn, args, kwargs):

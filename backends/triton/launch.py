@@ -116,7 +116,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def _block(dim: int) -> int:
-    return max(16, 1 << max(0, dim - 1).bit_length())
+    return max(16, tiles.pow2_ceil(dim))
 
 
 @functools.lru_cache(maxsize=256)

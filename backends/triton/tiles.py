@@ -42,7 +42,7 @@ FORWARD_BLOCKS = {
 DESCRIPTOR_MIN_HEAD_DIM = 65
 
 
-def _pow2_ceil(n: int) -> int:
+def pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
@@ -54,7 +54,7 @@ def group_extents(problem: Problem) -> List[int]:
 def fit(shape: Sequence[int], extents: Sequence[int], tokens: int) -> List[int]:
     """A box of ``tokens`` tokens (a power of two) shaped like ``shape`` but no longer on an axis
     than that axis' (power-of-two rounded) extent; freed factors go to the fastest axes first."""
-    caps = [_pow2_ceil(e) for e in extents]
+    caps = [pow2_ceil(e) for e in extents]
     tile = [min(int(s), c) for s, c in zip(shape, caps)]
     for axis in reversed(range(len(tile))):
         while math.prod(tile) < tokens and tile[axis] < caps[axis]:
@@ -129,8 +129,8 @@ def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, it
 def _fit_shared(problem: Problem, kernel: str, cfg: Dict) -> Dict:
     """Lower stages, then halve the larger block, until the program fits in shared memory."""
     item = 4 if problem.dtype.itemsize == 4 else 2
-    d = max(16, _pow2_ceil(problem.head_dim))
-    dv = max(16, _pow2_ceil(problem.value_dim))
+    d = max(16, pow2_ceil(problem.head_dim))
+    dv = max(16, pow2_ceil(problem.value_dim))
     ext = group_extents(problem)
     cfg = dict(cfg)
     while _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item) > SHARED_BUDGET:
@@ -207,6 +207,6 @@ def normalise(config, problem: Problem) -> Dict:
             shape = list(given[part])
             if len(shape) != problem.rank:
                 shape = default[part]
-            given[part] = fit(shape, ext, _pow2_ceil(math.prod(shape)))
+            given[part] = fit(shape, ext, pow2_ceil(math.prod(shape)))
         out[kernel] = _fit_shared(problem, kernel, given)
     return out
