@@ -22,14 +22,18 @@ already partitioned to [B * nW, heads, N, D]:
 * ``eager``: timm-style ``q * scale @ k^T + bias + mask, softmax, @ v``.
 
 Baselines get their partitioned inputs and their masks for free (not timed): the comparison is
-attention against attention. Times are ``triton.testing.do_bench`` medians. In forward+backward
-the baselines' masks require grad (Swin's bias trains), as haloattn's rpb table does.
+attention against attention. Times are ``triton.testing.do_bench`` medians, host time included;
+with ``--cudagraph`` medians of CUDA-graph replays, device time alone, forward and forward+backward
+alike (a call whose capture fails is timed with do_bench and marked ``*``, with a footnote saying
+why; the JSON gives each figure's method under "<figure> timing"). Forward+backward is the forward
+and ``torch.autograd.grad`` of every input: q, k, v and, for the baselines, their masks, which
+require grad (Swin's bias trains), as haloattn's rpb table does.
 
 ``--sweep`` times haloattn's window kernels over launch configs (windows per program, warps,
 pipeline stages) on the Swin-T stage 1 rows, through the backend's ``config`` argument.
 ``--check`` (CPU, Triton interpreter) checks the mask layouts and that a config reaches the launch.
 
-    python benchmarks/bench_window.py [--quick] [--markdown FILE] [--json FILE]
+    python benchmarks/bench_window.py [--quick] [--cudagraph] [--markdown FILE] [--json FILE]
     python benchmarks/bench_window.py --sweep [--markdown FILE] [--json FILE]
     TRITON_INTERPRET=1 python benchmarks/bench_window.py --check
 """
@@ -176,16 +180,70 @@ def eager_core(q, k, v, attn_mask, scale):
     return attn.softmax(-1) @ v
 
 
-# With --cudagraph, calls that need no autograd are timed as CUDA-graph replays: device time alone.
-# A short call's host side (argument checks, dispatch, Triton's launcher: 0.1-0.3 ms on the H100's
-# host) can exceed its kernels, and do_bench's events then time the host, not the kernel.
+# With --cudagraph, every call (forward, and forward+backward) is timed as CUDA-graph replays: device
+# time alone. A short call's host side (argument checks, dispatch, Triton's launcher, autograd's
+# engine: 0.1-0.3 ms on the H100's host) can exceed its kernels, and do_bench's events then time
+# the host, not the kernels; a graph-timed forward against a do_bench-timed backward would mix both.
 CUDAGRAPH = False
+GRAPH, DO_BENCH = "cuda graph", "do_bench"  # the timing methods, as the JSON names them
 
 
-def bench(fn, grads=None):
-    if CUDAGRAPH and grads is None:
-        return do_bench_cudagraph(fn, rep=100, return_mode="median")
-    return do_bench(fn, warmup=25, rep=200, grad_to_none=grads, return_mode="median")
+def bench(fn):
+    """(median milliseconds, timing method, why the CUDA graph failed or None).
+
+    A call that cannot be captured (an SDPA backend, say) is timed with do_bench instead and the
+    failure is returned and printed, so that its figure is marked, never mixed in silently."""
+    if not CUDAGRAPH:
+        return do_bench(fn, warmup=25, rep=200, return_mode="median"), DO_BENCH, None
+    try:
+        # do_bench_cudagraph's side stream does not wait for the stream the inputs were made on.
+        torch.cuda.synchronize()
+        # It calls fn 6 times on a side stream before capturing (a warm-up and 5 to size the graph):
+        # the side-stream warm-up PyTorch's CUDA-graph docs ask for before capturing a backward.
+        return do_bench_cudagraph(fn, rep=100, return_mode="median"), GRAPH, None
+    except Exception as exc:  # whatever broke the capture: the fallback below says what it was
+        failure = capture_failure(exc)
+    print(f"    CUDA-graph capture failed, timed with do_bench instead: {failure}", flush=True)
+    torch.cuda.synchronize()  # the warm-up left on the side stream would run into do_bench's timing
+    return do_bench(fn, warmup=25, rep=200, return_mode="median"), DO_BENCH, failure
+
+
+def capture_failure(exc):
+    """One line on why a capture failed. An error inside ``torch.cuda.graph`` makes its exit end the
+    capture, which raises again ("operation failed due to a previous error during capture"): the
+    first error, at the end of the chain of contexts, is the one that says what was not capturable."""
+    first = exc
+    while first.__context__ is not None:
+        first = first.__context__
+    text = " ".join(f"{type(first).__name__}: {first}".split())
+    return text[:200] + "..." if len(text) > 200 else text
+
+
+def store(figures, key, timed):
+    """Put a bench() result in ``figures``: the milliseconds under ``key``, the method under
+    ``key timing`` and, when the CUDA graph failed, why under ``key graph failure``."""
+    ms, method, failure = timed
+    figures[key], figures[f"{key} timing"] = ms, method
+    if failure is not None:
+        figures[f"{key} graph failure"] = failure
+
+
+def copy_figure(figures, key, source, source_key):
+    """A stored figure, its method and its failure (if any), under another key."""
+    for suffix in ("", " timing", " graph failure"):
+        if source_key + suffix in source:
+            figures[key + suffix] = source[source_key + suffix]
+
+
+def forward_backward(forward, leaves, grad_out):
+    """A call running ``forward()`` and its backward into gradients of every leaf, returned.
+
+    torch.autograd.grad, not .backward(): nothing accumulates into .grad, so there is no .grad to
+    reset between calls, and a captured backward allocates its gradients in the graph's own pool
+    rather than adding into tensors left by the warm-up. Both timing methods time this same call."""
+    def step():
+        return torch.autograd.grad(forward(), leaves, grad_out)
+    return step
 
 
 def forced(backend):
@@ -217,13 +275,15 @@ def unsupported_reason(fn, backend):
             return "unsupported: " + (text[:160] + "..." if len(text) > 160 else text)
 
 
-def time_sdpa(fn, backend, grads=None):
-    """(milliseconds, None) or (None, reason) for ``fn`` under a forced backend (None: auto)."""
+def time_sdpa(variant, kind, fn, backend):
+    """Time ``fn`` under a forced backend (None: auto) into ``variant[kind]`` (see store); if the
+    backend cannot run it, ``variant[kind]`` is None and ``variant[kind + " note"]`` says why."""
     reason = unsupported_reason(fn, backend)
     if reason is not None:
-        return None, reason
+        variant[kind], variant[f"{kind} note"] = None, reason
+        return
     with forced(backend):
-        return bench(fn, grads), None
+        store(variant, kind, bench(fn))
 
 
 def run_shape(name, batch, grid, window, heads, head_dim, shift, dtype, quick):
@@ -249,8 +309,8 @@ def run_shape(name, batch, grid, window, heads, head_dim, shift, dtype, quick):
         return eager_core(qw, kw, vw, eager_mask, scale)
 
     result = {"shape": name, "shift": shift, "dtype": str(dtype).replace("torch.", ""), "variants": []}
-    result["halo fwd"] = bench(halo)
-    result["eager fwd"] = bench(eager)
+    store(result, "halo fwd", bench(halo))
+    store(result, "eager fwd", bench(eager))
     train = not quick and dtype != torch.float32
     if train:
         # Separate q/k/v leaves, as the baselines get: attention against attention.
@@ -258,19 +318,18 @@ def run_shape(name, batch, grid, window, heads, head_dim, shift, dtype, quick):
         rpb_leaf = rpb.clone().requires_grad_(True)
         grad = torch.randn(batch, *grid, heads, head_dim, device=device, dtype=dtype)
 
-        def halo_train():
-            out = haloattn.attention(*halo_leaves, window, pattern="window", shift=shift, scale=scale, rpb=rpb_leaf)
-            out.backward(grad)
+        def halo_forward():
+            return haloattn.attention(*halo_leaves, window, pattern="window", shift=shift, scale=scale, rpb=rpb_leaf)
 
         eager_leaves = [t.clone().requires_grad_(True) for t in (qw, kw, vw)]
         eager_leaf = eager_mask.clone().requires_grad_(True)
         grad_w = partition(grad, window)
 
-        def eager_train():
-            eager_core(*eager_leaves, eager_leaf, scale).backward(grad_w)
+        def eager_forward():
+            return eager_core(*eager_leaves, eager_leaf, scale)
 
-        result["halo fwd+bwd"] = bench(halo_train, halo_leaves + [rpb_leaf])
-        result["eager fwd+bwd"] = bench(eager_train, eager_leaves + [eager_leaf])
+        store(result, "halo fwd+bwd", bench(forward_backward(halo_forward, halo_leaves + [rpb_leaf], grad)))
+        store(result, "eager fwd+bwd", bench(forward_backward(eager_forward, eager_leaves + [eager_leaf], grad_w)))
 
     for layout in layouts:
         shape = folded if layout.windows_in_heads else qw.shape
@@ -295,12 +354,13 @@ def run_shape(name, batch, grid, window, heads, head_dim, shift, dtype, quick):
             def fwd(mask=layout.mask, fq=fq, fk=fk, fv=fv):
                 return F.scaled_dot_product_attention(fq, fk, fv, attn_mask=mask, scale=scale)
 
-            variant["fwd"], variant["fwd note"] = time_sdpa(fwd, backend)
+            time_sdpa(variant, "fwd", fwd, backend)
             if train:
-                def fwd_bwd(mask=mask_leaf, leaves=leaves, grad_f=grad_f):
-                    F.scaled_dot_product_attention(*leaves, attn_mask=mask, scale=scale).backward(grad_f)
+                def train_forward(mask=mask_leaf, leaves=leaves):
+                    return F.scaled_dot_product_attention(*leaves, attn_mask=mask, scale=scale)
 
-                variant["fwd+bwd"], variant["fwd+bwd note"] = time_sdpa(fwd_bwd, backend, leaves + [mask_leaf])
+                fwd_bwd = forward_backward(train_forward, leaves + [mask_leaf], grad_f)
+                time_sdpa(variant, "fwd+bwd", fwd_bwd, backend)
             result["variants"].append(variant)
             print("    " + format_variant(result, variant), flush=True)
     summarize_sdpa(result, shift)
@@ -316,10 +376,11 @@ def summarize_sdpa(result, shift):
         timed = [v for v in result["variants"] if v.get(kind) is not None]
         for v in timed:
             if v["variant"] == old:
-                result[f"sdpa old {kind}"] = v[kind]
+                copy_figure(result, f"sdpa old {kind}", v, kind)
         if timed:
+            # A do_bench fallback (marked) competes too: its host time can only make it lose.
             best = min(timed, key=lambda v: v[kind])
-            result[f"sdpa best {kind}"] = best[kind]
+            copy_figure(result, f"sdpa best {kind}", best, kind)
             result[f"sdpa best {kind} variant"] = best["variant"]
 
 
@@ -339,13 +400,28 @@ def format_header():
     return "| shape | shift | dtype | " + " | ".join(names) + " |\n|" + "---|" * (len(names) + 3)
 
 
+# Figures timed with do_bench because their CUDA graph failed (with --cudagraph) carry this mark,
+# and so does a ratio with such a figure on either side; timing_notes() lists why.
+FALLBACK_MARK = "*"
+
+
+def _mark(figures, *keys):
+    return FALLBACK_MARK if any(f"{key} graph failure" in figures for key in keys) else ""
+
+
+def _ms(figures, key):
+    return f"{figures[key]:.3f}{_mark(figures, key)}"
+
+
 def _ratio(row, base, ours):
-    return f"{row[base] / row[ours]:.2f}x" if base in row and ours in row else "-"
+    if base not in row or ours not in row:
+        return "-"
+    return f"{row[base] / row[ours]:.2f}x{_mark(row, base, ours)}"
 
 
 def format_row(row):
     cells = [row["shape"], str(row["shift"]), row["dtype"]]
-    cells += [f"{row[c]:.3f}" if c in row else "-" for c in COLUMNS]
+    cells += [_ms(row, c) if c in row else "-" for c in COLUMNS]
     cells += [_ratio(row, base, ours) for _, base, ours in RATIOS]
     cells.append(f"{row.get('sdpa best fwd variant', '-')} / {row.get('sdpa best fwd+bwd variant', '-')}")
     return "| " + " | ".join(cells) + " |"
@@ -357,7 +433,7 @@ VARIANT_HEADER = ("| shape | shift | dtype | sdpa variant | auto picks | fwd (ms
 
 def _time_cell(variant, kind):
     if variant.get(kind) is not None:
-        return f"{variant[kind]:.3f}"
+        return _ms(variant, kind)
     return variant.get(f"{kind} note") or "-"
 
 
@@ -365,6 +441,35 @@ def format_variant(row, variant):
     cells = [row["shape"], str(row["shift"]), row["dtype"], variant["variant"], variant.get("auto picks", ""),
              _time_cell(variant, "fwd"), _time_cell(variant, "fwd+bwd"), variant["mask"]]
     return "| " + " | ".join(cells) + " |"
+
+
+def timing_legend():
+    """How the figures were timed: the line above the tables."""
+    if not CUDAGRAPH:
+        return ("Times: medians of `triton.testing.do_bench`, host time included (`--cudagraph`: device "
+                "time). Forward+backward: `torch.autograd.grad` of every input (q, k, v, bias/mask or rpb).")
+    return ("Times: medians of CUDA-graph replays (`--cudagraph`), device time alone, forward and "
+            "forward+backward alike (`torch.autograd.grad` of every input: q, k, v, bias/mask or rpb); "
+            f"`{FALLBACK_MARK}`: timed with `do_bench` instead, host time included, as its CUDA graph "
+            "failed (see below); a ratio is marked if either of its figures is.")
+
+
+def timing_notes(rows):
+    """The footnote list: each figure timed with do_bench because its CUDA graph failed, and why
+    ("" when none did). Figures of "sdpa old/best" are copies of variants' and listed as those."""
+    notes = []
+    for row in rows:
+        where = f"{row['shape']}, shift {row['shift']}, {row['dtype']}"
+        for key in ("halo fwd", "eager fwd", "halo fwd+bwd", "eager fwd+bwd"):
+            if f"{key} graph failure" in row:
+                notes.append(f"- {where}, {key}: {row[key + ' graph failure']}")
+        for v in row["variants"]:
+            for kind in ("fwd", "fwd+bwd"):
+                if f"{kind} graph failure" in v:
+                    notes.append(f"- {where}, sdpa {v['variant']} {kind}: {v[kind + ' graph failure']}")
+    if not notes:
+        return ""
+    return f"\n`{FALLBACK_MARK}` timed with `do_bench`, their CUDA graph having failed:\n\n" + "\n".join(notes) + "\n"
 
 
 def write_outputs(args, markdown, data):
@@ -377,6 +482,7 @@ def write_outputs(args, markdown, data):
 
 
 def run_bench(args):
+    print(timing_legend() + "\n", flush=True)
     print(format_header(), flush=True)
     rows = []
     for name, (batch, grid, window, heads, head_dim) in SHAPES.items():
@@ -387,8 +493,8 @@ def run_bench(args):
             for shift in (0, window // 2):
                 rows.append(run_shape(name, batch, grid, window, heads, head_dim, shift, dtype, args.quick))
     variants = "\n".join(format_variant(r, v) for r in rows for v in r["variants"])
-    markdown = (format_header() + "\n" + "\n".join(format_row(r) for r in rows) + "\n\n"
-                + VARIANT_HEADER + "\n" + variants + "\n")
+    markdown = (timing_legend() + "\n\n" + format_header() + "\n" + "\n".join(format_row(r) for r in rows) + "\n\n"
+                + VARIANT_HEADER + "\n" + variants + "\n" + timing_notes(rows))
     print("\n" + markdown, flush=True)
     write_outputs(args, markdown, rows)
 
@@ -680,7 +786,8 @@ def main():
     parser.add_argument("--markdown", help="also write the tables to this file")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--cudagraph", action="store_true",
-                        help="time forward calls as CUDA-graph replays (device time, no host overhead)")
+                        help="time forward and forward+backward calls as CUDA-graph replays (device time, "
+                             "no host overhead); a call that cannot be captured falls back to do_bench, marked *")
     args = parser.parse_args()
     global CUDAGRAPH
     CUDAGRAPH = args.cudagraph
