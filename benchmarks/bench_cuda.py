@@ -2,7 +2,9 @@
 
 Effective TFLOP/s count attended pairs only (4 * B * H * D * pairs forward, 3.5x that forward +
 backward); efficiency = effective TFLOP/s / dense cuDNN TFLOP/s over the same tokens, as in
-bench_neighborhood.py. Also reports the cuda output's relative difference from triton's.
+bench_neighborhood.py. Also reports the cuda output's relative difference from triton's, and the
+forward time of the cuda backend's portable (mma.sync) kernel beside its default (on sm_90 the
+Hopper wgmma kernel; HALOATTN_CUDA_FORWARD picks one).
 
     python benchmarks/bench_cuda.py [--only 1,5,8] [--json FILE]
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +22,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import haloattn
 from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench
 from haloattn.problem import build_problem
+
+
+def time_portable_forward(q, k, v, window, options):
+    os.environ["HALOATTN_CUDA_FORWARD"] = "portable"
+    try:
+        return bench(lambda: haloattn.attention(q, k, v, window, backend="cuda", **options))
+    finally:
+        del os.environ["HALOATTN_CUDA_FORWARD"]
 
 
 def time_backend(name, q, k, v, window, options):
@@ -63,6 +74,8 @@ def main():
                 f"{backend}_fwd_eff": flops / f / 1e9 / row["dense_fwd_tflops"],
                 f"{backend}_fwdbwd_eff": 3.5 * flops / fb / 1e9 / row["dense_fwdbwd_tflops"],
             })
+        if "cuda_fwd_ms" in row:
+            row["cuda_portable_fwd_ms"] = time_portable_forward(q, k, v, window, options)
         if "cuda_fwd_ms" in row and "triton_fwd_ms" in row:
             row["cuda_speedup_fwd"] = row["triton_fwd_ms"] / row["cuda_fwd_ms"]
             row["cuda_speedup_fwdbwd"] = row["triton_fwdbwd_ms"] / row["cuda_fwdbwd_ms"]
@@ -84,11 +97,13 @@ def print_table(rows):
     def cell(row, key, fmt):
         return format(row[key], fmt) if key in row else "-"
 
-    print("problem | cuda fwd ms | eff | triton fwd ms | eff | cuda/triton fwd | cuda f+b ms | eff | triton f+b ms | eff | cuda/triton f+b | diff")
+    print("problem | cuda fwd ms | eff | triton fwd ms | eff | cuda/triton fwd | portable fwd ms | cuda f+b ms | eff | "
+          "triton f+b ms | eff | cuda/triton f+b | diff")
     for r in rows:
         print(" | ".join([
             r["problem"], cell(r, "cuda_fwd_ms", ".3f"), cell(r, "cuda_fwd_eff", ".2f"), cell(r, "triton_fwd_ms", ".3f"),
-            cell(r, "triton_fwd_eff", ".2f"), cell(r, "cuda_speedup_fwd", ".2f"), cell(r, "cuda_fwdbwd_ms", ".2f"),
+            cell(r, "triton_fwd_eff", ".2f"), cell(r, "cuda_speedup_fwd", ".2f"), cell(r, "cuda_portable_fwd_ms", ".3f"),
+            cell(r, "cuda_fwdbwd_ms", ".2f"),
             cell(r, "cuda_fwdbwd_eff", ".2f"), cell(r, "triton_fwdbwd_ms", ".2f"), cell(r, "triton_fwdbwd_eff", ".2f"),
             cell(r, "cuda_speedup_fwdbwd", ".2f"), cell(r, "cuda_vs_triton_rel_diff", ".1e"),
         ]))

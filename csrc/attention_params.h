@@ -30,6 +30,9 @@ struct TokenTensor {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 enum class Pattern : int { kNeighborhood = 0, kWindow = 1 };
+// Which forward kernel runs: auto takes the Hopper one (wgmma) where the device is sm_90 and this
+// build has sm_90a code, else the portable one (mma.sync); the others force one (benchmarks, tests).
+enum class ForwardKernel : int { kAuto = 0, kPortable = 1, kHopper = 2 };
 
 struct AttentionParams {
   DType dtype = DType::kBFloat16;
@@ -43,6 +46,7 @@ struct AttentionParams {
   float scale = 1.0f;
   TokenTensor query, key, value, out;
   int64_t lse = 0;  // float32 [B, *spatial, H], contiguous
+  ForwardKernel forward_kernel = ForwardKernel::kAuto;
   // Backward only.
   TokenTensor grad_out, grad_query, grad_key, grad_value;
   int64_t grad_lse = 0;  // float32 [B, *spatial, H] contiguous, or 0 when absent
@@ -54,6 +58,7 @@ struct AttentionParams {
 // Host entry points (defined in the .cu files). Each returns an empty string on success, else
 // the CUDA error or the unsupported parameter, which bindings.cpp raises as a Python exception.
 std::string forward(const AttentionParams& params);
+std::string forward_sm90(const AttentionParams& params);  // the Hopper kernel, no checks
 std::string backward(const AttentionParams& params);
 // Number of CUDA devices, or -1 with the runtime's error in `error`.
 int device_count(std::string& error);

@@ -77,13 +77,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("forward",
         [](int dtype, int pattern, int batch, int heads, int kv_heads, int head_dim, int value_dim,
            const std::vector<AxisTuple>& axes, double scale, const TensorTuple& query, const TensorTuple& key,
-           const TensorTuple& value, const TensorTuple& out, int64_t lse, int device, int64_t stream) {
+           const TensorTuple& value, const TensorTuple& out, int64_t lse, int device, int64_t stream,
+           int forward_kernel) {
           AttentionParams p = make_params(dtype, pattern, batch, heads, kv_heads, head_dim, value_dim, axes, scale, device, stream);
           p.query = token_tensor(query);
           p.key = token_tensor(key);
           p.value = token_tensor(value);
           p.out = token_tensor(out);
           p.lse = lse;
+          if (forward_kernel < 0 || forward_kernel > 2)
+            throw std::invalid_argument("forward_kernel must be 0 (auto), 1 (portable) or 2 (hopper)");
+          p.forward_kernel = static_cast<haloattn::ForwardKernel>(forward_kernel);
           std::string error;
           {
             py::gil_scoped_release release;
@@ -94,7 +98,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("dtype"), py::arg("pattern"), py::arg("batch"), py::arg("heads"), py::arg("kv_heads"),
         py::arg("head_dim"), py::arg("value_dim"), py::arg("axes"), py::arg("scale"), py::arg("query"),
         py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("device"), py::arg("stream"),
-        "Fused forward: writes out [B, *spatial, H, D] and the float32 LSE [B, *spatial, H] (contiguous).");
+        py::arg("forward_kernel") = 0,
+        "Fused forward: writes out [B, *spatial, H, D] and the float32 LSE [B, *spatial, H] (contiguous). "
+        "forward_kernel: 0 auto (the Hopper wgmma kernel on sm_90, else the portable one), 1 portable, 2 hopper.");
 
   m.def("backward",
         [](int dtype, int pattern, int batch, int heads, int kv_heads, int head_dim, int value_dim,

@@ -223,11 +223,29 @@ std::string launch_forward(const AttentionParams& p) {
 
 }  // namespace
 
+// True where the Hopper kernel can run: the device is sm_90 and this build holds sm_90a code
+// (HALOATTN_SM90A, set by CMake when HALOATTN_CUDA_ARCHS names 90a).
+static bool hopper_kernel_runs_on(int device) {
+#ifdef HALOATTN_SM90A
+  int major = 0, minor = 0;  // attribute queries are cheap, unlike cudaGetDeviceProperties
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+         major == 9 && minor == 0;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
 std::string forward(const AttentionParams& p) {
   std::string bad = check_supported(p);
   if (!bad.empty()) return bad;
   // This module's CUDA runtime keeps its own current device: follow the tensors'.
   HALOATTN_CUDA_TRY(cudaSetDevice(p.device));
+  const bool hopper = hopper_kernel_runs_on(p.device);
+  if (p.forward_kernel == ForwardKernel::kHopper && !hopper)
+    return "forward_kernel='hopper' needs an sm_90 device and a build with sm_90a in HALOATTN_CUDA_ARCHS";
+  if (hopper && p.forward_kernel != ForwardKernel::kPortable) return forward_sm90(p);
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
     return launch_forward<typename decltype(dtype_tag)::type, decltype(dim_tag)::value>(p);
   });

@@ -147,10 +147,29 @@ def test_random_problems(seed):
         ((40, 48), 7, {}),
         ((12, 12, 12), 5, {"dilation": (1, 2, 1)}),
         ((1000,), 33, {"causal": True, "stride": 4}),
+        ((64, 64), 31, {}),  # 23 key chunks per tile: the Hopper kernel's stage ring wraps 5 times
     ],
 )
 def test_larger_grids_against_reference(spatial, window, options):
     check_problem(spatial, window, heads=4, kv_heads=2, against="reference", **options)
+
+
+@requires_cuda_backend
+@pytest.mark.parametrize("kernel", ["portable", "hopper"])
+@pytest.mark.parametrize("seed", range(100, 108))
+def test_each_forward_kernel_on_random_problems(kernel, seed, monkeypatch):
+    # On sm_90 the default forward is the Hopper kernel; this keeps the portable one tested too.
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", kernel)
+    options = random_problem(random.Random(seed))
+    check_problem(options.pop("spatial"), options.pop("window"), seed=seed, **options)
+
+
+@requires_cuda_backend
+def test_unknown_forward_kernel_is_named(monkeypatch):
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "fastest")
+    q = torch.randn(1, 8, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="HALOATTN_CUDA_FORWARD='fastest'; allowed: auto, portable, hopper"):
+        haloattn.attention(q, q, q, 3, backend="cuda")
 
 
 @requires_cuda_backend

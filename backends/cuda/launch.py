@@ -3,6 +3,7 @@ shapes, the current stream), and the output buffers the kernels write."""
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -15,6 +16,18 @@ from .module import load
 RANK = 3  # the kernels see every grid as rank 3, padded with leading unit axes
 DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 PATTERN_CODE = {"neighborhood": 0, "window": 1}
+
+
+# HALOATTN_CUDA_FORWARD picks the forward kernel: auto (the Hopper wgmma kernel on sm_90 devices,
+# else the portable mma.sync one), or forces portable / hopper (benchmarks and tests compare them).
+FORWARD_KERNEL_CODE = {"auto": 0, "portable": 1, "hopper": 2}
+
+
+def forward_kernel_code() -> int:
+    name = os.environ.get("HALOATTN_CUDA_FORWARD", "auto")
+    if name not in FORWARD_KERNEL_CODE:
+        raise ValueError(f"HALOATTN_CUDA_FORWARD={name!r}; allowed: {', '.join(FORWARD_KERNEL_CODE)}")
+    return FORWARD_KERNEL_CODE[name]
 
 
 def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
@@ -59,7 +72,7 @@ def forward(problem: Problem, inputs: AttentionInputs):
     module.forward(
         **_common(problem),
         query=_tensor_arg(q, r), key=_tensor_arg(k, r), value=_tensor_arg(v, r), out=_tensor_arg(out, r),
-        lse=lse.data_ptr(),
+        lse=lse.data_ptr(), forward_kernel=forward_kernel_code(),
     )
     return out, lse
 

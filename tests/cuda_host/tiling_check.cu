@@ -6,11 +6,15 @@
 //                 query attends (the count of box keys passing `attends` equals the brute force);
 //                 where tile_shares_one_window, every query attends the whole box (no mask);
 //   dK/dV:       every key is in exactly one tile, and the tile's query box holds every query
-//                 that attends it.
+//                 that attends it;
+//   box walks:    a BoxCursor (box_cursor.cuh) advanced in the steps the Hopper kernel takes
+//                 lands where unravelling the flat position does, and is past the box exactly
+//                 when the position is.
 // Prints "ok" or the first mismatch, one line per problem.
 #include <cstdio>
 #include <vector>
 
+#include "box_cursor.cuh"
 #include "row_windows.cuh"
 
 using namespace haloattn;
@@ -33,6 +37,23 @@ void token_coords(const AttentionParams& p, int flat, int (&c)[kMaxRank]) {
   unravel3(flat, extent, c);
 }
 
+bool cursor_walks_match(const int (&extent)[kMaxRank]) {
+  const int box = extent[0] * extent[1] * extent[2];
+  for (int step : {1, 8, 16, 64, 128}) {
+    for (int start = 0; start < 2 * step && start <= box; ++start) {
+      BoxCursor c = box_cursor(start, extent);
+      for (int flat = start; flat < box + 2 * step; flat += step, advance(c, step, extent)) {
+        if ((c.x[0] >= extent[0]) != (flat >= box)) return false;
+        if (flat >= box) break;
+        int x[kMaxRank];
+        unravel3(flat, extent, x);
+        if (x[0] != c.x[0] || x[1] != c.x[1] || x[2] != c.x[2]) return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Walks one direction: `forward` = query tiles over key boxes, else key tiles over query boxes.
 const char* check(const AttentionParams& p, bool forward) {
   const TileShape shape = choose_tile(p);
@@ -45,6 +66,7 @@ const char* check(const AttentionParams& p, bool forward) {
     int lo[kMaxRank], extent[kMaxRank];
     if (forward) key_box(p, w, lo, extent); else query_box(p, w, lo, extent);
     const int box = extent[0] * extent[1] * extent[2];
+    if (forward && cta < 4 && !cursor_walks_match(extent)) return "a box cursor walk disagrees with unravelling";
     for (int row = 0; row < kTileTokens; ++row) {
       int x[kMaxRank];
       if (!tile_row_coords(w, shape, row, x)) continue;
