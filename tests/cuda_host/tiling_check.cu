@@ -7,6 +7,9 @@
 //                 where tile_shares_one_window, every query attends the whole box (no mask);
 //   dK/dV:       every key is in exactly one tile, and the tile's query box holds every query
 //                 that attends it;
+//   pair tiles:   (the Hopper forward) each token is in exactly one half of one pair, a half's
+//                 rows lie in its own box, its key box is one contiguous run of the union box's
+//                 flat positions, and that run holds every key its queries attend;
 //   box walks:    a BoxCursor (box_cursor.cuh) advanced in the steps the Hopper kernel takes
 //                 lands where unravelling the flat position does, and is past the box exactly
 //                 when the position is.
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "box_cursor.cuh"
+#include "pair_tiles.cuh"
 #include "row_windows.cuh"
 
 using namespace haloattn;
@@ -102,6 +106,58 @@ const char* check(const AttentionParams& p, bool forward) {
   return "ok";
 }
 
+int attended_count(const AttentionParams& p, const int (&own)[kMaxRank]) {
+  int expected = 0;
+  for (int other = 0; other < static_cast<int>(grid_tokens(p)); ++other) {
+    int c[kMaxRank];
+    token_coords(p, other, c);
+    expected += attends_brute(p, own, c);
+  }
+  return expected;
+}
+
+const char* check_pairs(const AttentionParams& p) {
+  const TileShape shape = choose_pair_tile(p);
+  if (shape.n[0] * shape.n[1] * shape.n[2] > 2 * kTileTokens) return "a pair tile holds more than 128 tokens";
+  std::vector<int> seen(grid_tokens(p), 0);
+  for (int cta = 0; cta < count_tiles(p, shape, 1); ++cta) {
+    const TileWork w = locate_tile(p, shape, 1, cta);
+    if (w.empty) continue;
+    int union_lo[kMaxRank], union_extent[kMaxRank];
+    key_box(p, w, union_lo, union_extent);
+    for (int half = 0; half < 2; ++half) {
+      const TileHalf h = tile_half(w, shape, half);
+      if (h.rows > kTileTokens) return "a half holds more than 64 rows";
+      const FlatRun run = own_key_run(p, h, union_lo, union_extent);
+      if (!h.work.empty) {
+        int lo[kMaxRank], extent[kMaxRank];
+        key_box(p, h.work, lo, extent);
+        if (run.hi - run.lo != extent[0] * extent[1] * extent[2]) return "a half's key box is not one run of the union box";
+      }
+      for (int r = 0; r < h.rows; ++r) {
+        int x[kMaxRank];
+        if (!tile_row_coords(w, shape, h.first_row + r, x)) continue;
+        int own[kMaxRank];
+        for (int a = 0; a < kMaxRank; ++a) {
+          if (x[a] < h.work.x0[a] || x[a] >= h.work.x1[a]) return "a half's row lies outside its box";
+          own[a] = x[a] * p.axis[a].dilation + w.group[a];
+        }
+        seen[token_index(p, w, x)] += 1;
+        const RowWindow window = query_window(p, w, x, true);
+        int found = 0;
+        for (int flat = run.lo; flat < run.hi; ++flat) {
+          int y[kMaxRank];
+          if (box_coords(flat, union_lo, union_extent, y)) found += attends(window, y);
+        }
+        if (found != attended_count(p, own)) return "a half's key run misses keys";
+      }
+    }
+  }
+  for (int count : seen)
+    if (count != 1) return "a token is not in exactly one half of a pair";
+  return "ok";
+}
+
 }  // namespace
 
 int main() {
@@ -113,9 +169,10 @@ int main() {
       AxisParams& x = p.axis[a];
       std::scanf("%d %d %d %d %d %d", &x.length, &x.window, &x.stride, &x.dilation, &x.causal, &x.shift);
     }
-    const char* fwd = check(p, true);
-    const char* bwd = check(p, false);
-    std::printf("%s\n", fwd[0] == 'o' && fwd[1] == 'k' ? bwd : fwd);
+    const char* verdict = "ok";
+    for (const char* v : {check(p, true), check(p, false), check_pairs(p)})
+      if (verdict[0] == 'o' && verdict[1] == 'k') verdict = v;
+    std::printf("%s\n", verdict);
   }
   return 0;
 }

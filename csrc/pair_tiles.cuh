@@ -1,0 +1,82 @@
+// The Hopper forward kernel's work unit: two 64-token query tiles side by side (a "pair tile"),
+// one per consumer warpgroup, that share the copies of one key box (their union's), so each key
+// crosses from L2 once per 128 queries instead of once per 64.
+//
+// The pair is split along its first axis longer than one token, so each half is a contiguous run
+// of the pair's rows in flat order, and each half's own key box is a contiguous run of the union
+// box in flat order too (the halves differ only along the split axis, and every axis before it
+// has extent 1): a warpgroup walks exactly the 64-key chunks that overlap its run.
+#pragma once
+
+#include "row_windows.cuh"
+#include "token_tiles.cuh"
+
+namespace haloattn {
+
+// choose_tile's 64-token tile doubled along the slowest axis that still has more than one tile.
+inline TileShape choose_pair_tile(const AttentionParams& p) {
+  TileShape s = choose_tile(p);
+  for (int a = 0; a < kMaxRank; ++a) {
+    if (tiles_along(p.axis[a], s, a) > 1) {
+      s.n[a] *= 2;
+      break;
+    }
+  }
+  return s;
+}
+
+struct TileHalf {
+  TileWork work;  // the half as a tile of its own (empty past the grid)
+  int first_row;  // its first row among the pair's rows (flat order)
+  int rows;       // rows it owns (some may lie past the grid)
+};
+
+__host__ __device__ inline TileHalf tile_half(const TileWork& pair, const TileShape& shape, int half) {
+  TileHalf h;
+  h.work = pair;
+  int split = -1;
+  for (int a = kMaxRank - 1; a >= 0; --a)
+    if (shape.n[a] >= 2) split = a;
+  if (split < 0) {  // a one-token pair: the first half owns it
+    h.first_row = 0;
+    h.rows = half == 0 ? 1 : 0;
+    h.work.empty = pair.empty || half != 0;
+    return h;
+  }
+  h.rows = shape.n[0] * shape.n[1] * shape.n[2] / 2;
+  h.first_row = half * h.rows;
+  // Constant indices only (an array indexed at run time would live in local memory).
+#pragma unroll
+  for (int a = 0; a < kMaxRank; ++a) {
+    if (a != split) continue;
+    h.work.x0[a] = pair.x0[a] + half * (shape.n[a] / 2);
+    h.work.x1[a] = min(h.work.x0[a] + shape.n[a] / 2, pair.x1[a]);
+    h.work.extent[a] = h.work.x1[a] - h.work.x0[a];
+    h.work.empty = pair.empty || h.work.extent[a] <= 0;
+  }
+  return h;
+}
+
+// Flat position of box-relative coordinates x in a box of `extent`.
+__host__ __device__ inline int ravel3(const int (&x)[kMaxRank], const int (&extent)[kMaxRank]) {
+  return (x[0] * extent[1] + x[1]) * extent[2] + x[2];
+}
+
+// The run [lo, hi) of the union box's flat positions that a half's own key box occupies.
+struct FlatRun {
+  int lo, hi;
+};
+
+__host__ __device__ inline FlatRun own_key_run(const AttentionParams& p, const TileHalf& h, const int (&union_lo)[kMaxRank],
+                                               const int (&union_extent)[kMaxRank]) {
+  if (h.work.empty) return {0, 0};
+  int lo[kMaxRank], extent[kMaxRank], first[kMaxRank], last[kMaxRank];
+  key_box(p, h.work, lo, extent);
+  for (int a = 0; a < kMaxRank; ++a) {
+    first[a] = lo[a] - union_lo[a];
+    last[a] = first[a] + extent[a] - 1;
+  }
+  return {ravel3(first, union_extent), ravel3(last, union_extent) + 1};
+}
+
+}  // namespace haloattn
