@@ -15,6 +15,7 @@
 // one pair overlap the other pair's math and epilogue.
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 
 #include <cmath>
 #include <string>
@@ -38,6 +39,11 @@ constexpr int kStages = 4;       // K/V ring depth
 constexpr int kConsumers = 2;    // warpgroups, one per half of a pair tile
 constexpr int kWarpgroup = 128;  // threads
 constexpr int kThreads = kWarpgroup * (1 + kConsumers);
+
+// Registers per thread after the role split (setmaxnreg): consumers hold S, O and two P
+// buffers; 128 * 96 + 256 * 208 is the whole 64K register file at one CTA per SM.
+constexpr int kProducerRegisters = 96;
+constexpr int kConsumerRegisters = 208;
 
 using Barrier = cutlass::arch::ClusterBarrier;
 
@@ -254,96 +260,155 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     const T* sQ_half = sQ + (buffer * kConsumers + half) * L::kTileElems;
     Barrier::wait(&q_full[buffer], (pair_count >> 1) & 1);
 
-    for (int c = 0; c < chunks; ++c) {
-      const int n = chunk_count + c, stage = ring_stage(n);
-      Barrier::wait(&full[stage], ring_phase(n));
-      if (c >= first_chunk && c < end_chunk) {
-        const T* sK_now = sK + stage * L::kTileElems;
-        const T* sV_now = sV + stage * L::kTileElems;
-        float s[kSRegs];
-        cute::warpgroup_arrive();
+    // S = Q K^T of a chunk, issued (not waited for).
+    auto issue_scores = [&](float (&s)[kSRegs], int stage) {
+      const T* sK_now = sK + stage * L::kTileElems;
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(sQ_half, ks), k_major_descriptor<T, kChunk>(sK_now, ks), s,
-                            ks > 0);
-        }
-        cute::warpgroup_commit_batch();
-        cute::warpgroup_wait<0>();
-        fence_registers(s);
-
-        // Mask (unless every key of the chunk is in every row's window) and scale; row maxima
-        // over the quad of lanes that shares a row.
-        const bool masked = !shared_window || c * kChunk < run.lo || (c + 1) * kChunk > run.hi;
-        float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
-        const int4* key_coord = sCoord + stage * kChunk;
-#pragma unroll
-        for (int j = 0; j < kKeyTiles; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            bool keep_a = true, keep_b = true;
-            if (masked) {
-              const int4 key = key_coord[8 * j + 2 * t + e];
-              keep_a = holds<RANK>(win_a, key);
-              keep_b = holds<RANK>(win_b, key);
-            }
-            s[4 * j + e] = keep_a ? s[4 * j + e] * scale_log2 : -INFINITY;
-            s[4 * j + 2 + e] = keep_b ? s[4 * j + 2 + e] * scale_log2 : -INFINITY;
-            tile_max_a = fmaxf(tile_max_a, s[4 * j + e]);
-            tile_max_b = fmaxf(tile_max_b, s[4 * j + 2 + e]);
-          }
-        }
-#pragma unroll
-        for (int offset = 1; offset < 4; offset <<= 1) {
-          tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffff, tile_max_a, offset));
-          tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffff, tile_max_b, offset));
-        }
-        const float new_m_a = fmaxf(m_a, tile_max_a), new_m_b = fmaxf(m_b, tile_max_b);
-        // A row with no key yet keeps max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
-        const float base_a = new_m_a == -INFINITY ? 0.f : new_m_a;
-        const float base_b = new_m_b == -INFINITY ? 0.f : new_m_b;
-        const float alpha_a = exp2f(m_a - base_a), alpha_b = exp2f(m_b - base_b);
-        m_a = new_m_a;
-        m_b = new_m_b;
-        l_a *= alpha_a;
-        l_b *= alpha_b;
-#pragma unroll
-        for (int j = 0; j < kKeyTiles; ++j) {
-          s[4 * j + 0] = exp2f(s[4 * j + 0] - base_a);
-          s[4 * j + 1] = exp2f(s[4 * j + 1] - base_a);
-          s[4 * j + 2] = exp2f(s[4 * j + 2] - base_b);
-          s[4 * j + 3] = exp2f(s[4 * j + 3] - base_b);
-          l_a += s[4 * j + 0] + s[4 * j + 1];
-          l_b += s[4 * j + 2] + s[4 * j + 3];
-        }
-        // Once the row maxima settle (after a chunk or two) the rescale is a no-op: skip it.
-        if (__any_sync(0xffffffff, alpha_a != 1.f || alpha_b != 1.f)) {
-#pragma unroll
-          for (int j = 0; j < kORegs / 4; ++j) {
-            o[4 * j + 0] *= alpha_a;
-            o[4 * j + 1] *= alpha_a;
-            o[4 * j + 2] *= alpha_b;
-            o[4 * j + 3] *= alpha_b;
-          }
-        }
-        // P's A fragments: two adjacent 8-key accumulator tiles are one 16-key k-step.
-        uint32_t pa[kChunk / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < kChunk / 16; ++kk) {
-          pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-          pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-          pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-          pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-        fence_registers(o);
-        cute::warpgroup_arrive();
-#pragma unroll
-        for (int kk = 0; kk < kChunk / 16; ++kk) mma_rs<T, D>(pa[kk], mn_major_descriptor<T, kChunk>(sV_now, kk), o);
-        cute::warpgroup_commit_batch();
-        cute::warpgroup_wait<0>();
-        fence_registers(o);
+      for (int ks = 0; ks < D / 16; ++ks) {
+        mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(sQ_half, ks), k_major_descriptor<T, kChunk>(sK_now, ks), s,
+                          ks > 0);
       }
-      Barrier::arrive(&empty[stage]);
+      cute::warpgroup_commit_batch();
+    };
+    // O += P V of a chunk, issued (not waited for).
+    auto issue_values = [&](const uint32_t (&pa)[kChunk / 16][4], int stage) {
+      const T* sV_now = sV + stage * L::kTileElems;
+#pragma unroll
+      for (int kk = 0; kk < kChunk / 16; ++kk) mma_rs<T, D>(pa[kk], mn_major_descriptor<T, kChunk>(sV_now, kk), o);
+      cute::warpgroup_commit_batch();
+    };
+    // Mask, online softmax and P's A fragments of chunk c's scores; returns the rescale factors
+    // of O (applied by the caller once the previous chunk's P V has finished with O).
+    auto softmax = [&](float (&s)[kSRegs], int stage, int c, uint32_t (&pa)[kChunk / 16][4], float& alpha_a,
+                       float& alpha_b) {
+      // Mask unless every key of the chunk is in every row's window.
+      const bool masked = !shared_window || c * kChunk < run.lo || (c + 1) * kChunk > run.hi;
+      const int4* key_coord = sCoord + stage * kChunk;
+      float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& sa = s[4 * j + e];
+          float& sb = s[4 * j + 2 + e];
+          sa *= scale_log2;
+          sb *= scale_log2;
+          if (masked) {
+            const int4 key = key_coord[8 * j + 2 * t + e];
+            sa = holds<RANK>(win_a, key) ? sa : -INFINITY;
+            sb = holds<RANK>(win_b, key) ? sb : -INFINITY;
+          }
+          tile_max_a = fmaxf(tile_max_a, sa);
+          tile_max_b = fmaxf(tile_max_b, sb);
+        }
+      }
+#pragma unroll
+      for (int offset = 1; offset < 4; offset <<= 1) {
+        tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffff, tile_max_a, offset));
+        tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffff, tile_max_b, offset));
+      }
+      const float new_m_a = fmaxf(m_a, tile_max_a), new_m_b = fmaxf(m_b, tile_max_b);
+      // A row with no key yet keeps max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
+      const float base_a = new_m_a == -INFINITY ? 0.f : new_m_a;
+      const float base_b = new_m_b == -INFINITY ? 0.f : new_m_b;
+      alpha_a = exp2f(m_a - base_a);
+      alpha_b = exp2f(m_b - base_b);
+      m_a = new_m_a;
+      m_b = new_m_b;
+      l_a *= alpha_a;
+      l_b *= alpha_b;
+#pragma unroll
+      for (int j = 0; j < kKeyTiles; ++j) {
+        s[4 * j + 0] = exp2f(s[4 * j + 0] - base_a);
+        s[4 * j + 1] = exp2f(s[4 * j + 1] - base_a);
+        s[4 * j + 2] = exp2f(s[4 * j + 2] - base_b);
+        s[4 * j + 3] = exp2f(s[4 * j + 3] - base_b);
+        l_a += s[4 * j + 0] + s[4 * j + 1];
+        l_b += s[4 * j + 2] + s[4 * j + 3];
+      }
+      // Two adjacent 8-key accumulator tiles are one 16-key k-step of P.
+#pragma unroll
+      for (int kk = 0; kk < kChunk / 16; ++kk) {
+        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+    };
+    auto rescale = [&](float alpha_a, float alpha_b) {
+      // Once the row maxima settle (after a chunk or two) the rescale is a no-op: skip it.
+      if (!__any_sync(0xffffffff, alpha_a != 1.f || alpha_b != 1.f)) return;
+#pragma unroll
+      for (int j = 0; j < kORegs / 4; ++j) {
+        o[4 * j + 0] *= alpha_a;
+        o[4 * j + 1] *= alpha_a;
+        o[4 * j + 2] *= alpha_b;
+        o[4 * j + 3] *= alpha_b;
+      }
+    };
+    // Chunks outside this half's run are only waited for and released (the ring needs both).
+    auto pass_over = [&](int c) {
+      const int n = chunk_count + c;
+      Barrier::wait(&full[ring_stage(n)], ring_phase(n));
+      Barrier::arrive(&empty[ring_stage(n)]);
+    };
+
+    for (int c = 0; c < first_chunk; ++c) pass_over(c);
+    if (first_chunk < end_chunk) {
+      // Software pipeline: chunk c's S = Q K^T runs on the tensor cores while chunk c - 1's
+      // P V does, and chunk c's softmax overlaps the tail of that P V.
+      float s[kSRegs];
+      uint32_t pa_prev[kChunk / 16][4], pa[kChunk / 16][4];
+      float alpha_a, alpha_b;
+      int prev_stage = ring_stage(chunk_count + first_chunk);
+      Barrier::wait(&full[prev_stage], ring_phase(chunk_count + first_chunk));
+      cute::warpgroup_arrive();
+      issue_scores(s, prev_stage);
+      cute::warpgroup_wait<0>();
+      fence_registers(s);
+      softmax(s, prev_stage, first_chunk, pa_prev, alpha_a, alpha_b);  // O is still zero: no rescale
+      // One step: chunk c's scores and softmax (into `next`) around the P V of `current`.
+      auto step = [&](int c, uint32_t (&current)[kChunk / 16][4], uint32_t (&next)[kChunk / 16][4]) {
+        const int n = chunk_count + c, stage = ring_stage(n);
+        Barrier::wait(&full[stage], ring_phase(n));
+        fence_registers(o);
+        cute::warpgroup_arrive();
+        issue_scores(s, stage);
+        issue_values(current, prev_stage);
+        cute::warpgroup_wait<1>();  // the scores (committed first) are ready
+        fence_registers(s);
+        softmax(s, stage, c, next, alpha_a, alpha_b);
+        cute::warpgroup_wait<0>();  // the previous P V is done with O, its P and its stage
+        fence_registers(o);
+        fence_fragments(current);
+        Barrier::arrive(&empty[prev_stage]);
+        rescale(alpha_a, alpha_b);
+        prev_stage = stage;
+      };
+      // Two steps per iteration, so P's two register buffers swap roles without a copy (a copy
+      // would define a wgmma input inside the pipeline and serialise the MMAs).
+      int c = first_chunk + 1;
+      for (; c + 1 < end_chunk; c += 2) {
+        step(c, pa_prev, pa);
+        step(c + 1, pa, pa_prev);
+      }
+      if (c < end_chunk) {
+        step(c, pa_prev, pa);
+        fence_registers(o);
+        cute::warpgroup_arrive();
+        issue_values(pa, prev_stage);
+      } else {
+        fence_registers(o);
+        cute::warpgroup_arrive();
+        issue_values(pa_prev, prev_stage);
+      }
+      cute::warpgroup_wait<0>();
+      fence_registers(o);
+      fence_fragments(pa_prev);
+      fence_fragments(pa);
+      Barrier::arrive(&empty[prev_stage]);
     }
+    for (int c = end_chunk; c < chunks; ++c) pass_over(c);
     Barrier::arrive(&q_empty[buffer]);
     chunk_count += chunks;
     ++pair_count;
@@ -404,8 +469,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
   __syncthreads();
 
   if (threadIdx.x < kWarpgroup) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     produce<T, D>(p, shape, pairs, sQ, sK, sV, sCoord, q_full, q_empty, full, empty);
   } else {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
     consume<T, D, RANK>(p, shape, pairs, sQ, sK, sV, sCoord, q_full, q_empty, full, empty);
   }
 #endif

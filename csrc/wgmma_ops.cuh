@@ -110,5 +110,15 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
   for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(d[i]);
 }
 
+// The same for register A fragments: an asynchronous MMA reads them after its issue, so they must
+// stay live (and unchanged) until the wait; fencing them after the wait keeps them so.
+template <int K>
+__device__ __forceinline__ void fence_fragments(uint32_t (&a)[K][4]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cute::warpgroup_fence_operand(a[k][i]);
+}
+
 }  // namespace sm90
 }  // namespace haloattn
