@@ -41,9 +41,13 @@ constexpr int kWarpgroup = 128;  // threads
 constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 
 // Registers per thread after the role split (setmaxnreg): consumers hold S, O and two P
-// buffers; 128 * 96 + 256 * 208 is the whole 64K register file at one CTA per SM.
-constexpr int kProducerRegisters = 96;
+// buffers. The split only moves the registers the CTA was launched with (kLaunchRegisters per
+// thread, the __launch_bounds__ cap): asking for more would block setmaxnreg.inc forever.
+constexpr int kLaunchRegisters = 168;
+constexpr int kProducerRegisters = 88;
 constexpr int kConsumerRegisters = 208;
+static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers * kWarpgroup <=
+                  kLaunchRegisters * kThreads, "the register split exceeds the launch allocation");
 
 using Barrier = cutlass::arch::ClusterBarrier;
 
