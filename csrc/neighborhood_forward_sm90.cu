@@ -6,8 +6,7 @@
 //     this one's tail) and the union key box, in flat 64-key chunks, into a ring of shared-memory
 //     stages (cp.async into the 128-byte-swizzled layout wgmma reads; rows are gathered by box
 //     coordinates, so any box shape, dilation and edge works), and publishes each stage on its
-//     "full" mbarrier, which completes once the copies have landed (the copy engine arrives on
-//     it; the producer never waits for memory);
+//     "full" mbarrier once the copies have landed;
 //   * each consumer warpgroup owns one half (64 queries) and, for the chunks that overlap its
 //     own key box, computes S = Q K^T (wgmma, both from smem), masks, runs the online softmax in
 //     registers and accumulates O += P V (wgmma, P from registers); every chunk is freed on its
@@ -106,7 +105,7 @@ __device__ inline void copy_chunk(T* sK, T* sV, int4* coords, const BoxRows& key
   constexpr int kPieces = D / 8;
   constexpr int kRowsPerPass = kWarpgroup / kPieces;
   const int piece = pt % kPieces;
-#pragma unroll 2  // the producer runs on few registers (kProducerRegisters)
+#pragma unroll
   for (int pass = 0; pass < kChunk / kRowsPerPass; ++pass) {
     const int r = pt / kPieces + pass * kRowsPerPass;
     const bool valid = row.x[0] < extent[0];
@@ -143,15 +142,10 @@ __device__ inline void copy_queries(T* sQ, const AttentionParams& p, const TileW
   }
 }
 
-// Counts this thread in on `bar` twice without waiting for its copies: once now (a release,
-// which covers its ordinary stores such as the key coordinates) and once when its cp.async
-// copies so far have landed (the hardware arrives for it). The producer thus never blocks on
-// memory, and every stage of the ring can be in flight. Barriers it publishes on expect
-// kPublishArrivals.
-constexpr int kPublishArrivals = 2 * kWarpgroup;
-
+// Makes this thread's finished cp.async writes visible to the tensor cores (async proxy), then
+// counts it in on `bar`.
 __device__ inline void publish(uint64_t* bar) {
-  cutlass::arch::cpasync_barrier_arrive_noinc(bar);
+  cutlass::arch::fence_view_async_shared();
   Barrier::arrive(bar);
 }
 
@@ -205,16 +199,21 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
     // The consumers release a query buffer after the pair that used it, two pairs back.
     if (pair_count >= 2) Barrier::wait(&q_empty[buffer], ((pair_count >> 1) - 1) & 1);
     copy_queries<T, D>(sQ + buffer * kConsumers * L::kTileElems, p, w, shape, pt);
+    copy_async_commit();
     BoxCursor row = box_cursor(pt / (D / 8), key_extent);
     for (int c = 0; c < chunks; ++c) {
       const int n = chunk_count + c, stage = ring_stage(n);
       if (n >= kStages) Barrier::wait(&empty[stage], ring_phase(n) ^ 1);
-      if (c == 0) publish(&q_full[buffer]);  // the queries' copies precede: they land first
       copy_chunk<T, D>(sK + stage * L::kTileElems, sV + stage * L::kTileElems, sCoord + stage * kChunk, keys, values, row,
                        key_extent, pt);
-      publish(&full[stage]);
+      copy_async_commit();
       advance(row, kChunk, key_extent);
+      // Publish the group before this one (the queries, before chunk 0) while this one flies.
+      copy_async_wait_one_pending();
+      publish(c == 0 ? &q_full[buffer] : &full[ring_stage(n - 1)]);
     }
+    copy_async_wait_all();
+    publish(&full[ring_stage(chunk_count + chunks - 1)]);
     chunk_count += chunks;
     ++pair_count;
   }
@@ -462,11 +461,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
 
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
-      Barrier::init(&q_full[b], kPublishArrivals);
+      Barrier::init(&q_full[b], kWarpgroup);
       Barrier::init(&q_empty[b], kConsumers * kWarpgroup);
     }
     for (int s = 0; s < kStages; ++s) {
-      Barrier::init(&full[s], kPublishArrivals);
+      Barrier::init(&full[s], kWarpgroup);
       Barrier::init(&empty[s], kConsumers * kWarpgroup);
     }
   }
