@@ -24,8 +24,9 @@ from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench
 from haloattn.problem import build_problem
 
 
-def time_portable_forward(q, k, v, window, options):
-    os.environ["HALOATTN_CUDA_FORWARD"] = "portable"
+def time_forward_kernel(kernel, q, k, v, window, options):
+    """Forward time of backend cuda with HALOATTN_CUDA_FORWARD=kernel."""
+    os.environ["HALOATTN_CUDA_FORWARD"] = kernel
     try:
         return bench(lambda: haloattn.attention(q, k, v, window, backend="cuda", **options))
     finally:
@@ -75,7 +76,11 @@ def main():
                 f"{backend}_fwdbwd_eff": 3.5 * flops / fb / 1e9 / row["dense_fwdbwd_tflops"],
             })
         if "cuda_fwd_ms" in row:
-            row["cuda_portable_fwd_ms"] = time_portable_forward(q, k, v, window, options)
+            for kernel in ("portable", "hopper-wide"):
+                try:
+                    row[f"cuda_{kernel}_fwd_ms"] = time_forward_kernel(kernel, q, k, v, window, options)
+                except Exception as exc:
+                    row[f"cuda_{kernel}_error"] = f"{type(exc).__name__}: {exc}"[:300]
         if "cuda_fwd_ms" in row and "triton_fwd_ms" in row:
             row["cuda_speedup_fwd"] = row["triton_fwd_ms"] / row["cuda_fwd_ms"]
             row["cuda_speedup_fwdbwd"] = row["triton_fwdbwd_ms"] / row["cuda_fwdbwd_ms"]
@@ -97,12 +102,14 @@ def print_table(rows):
     def cell(row, key, fmt):
         return format(row[key], fmt) if key in row else "-"
 
-    print("problem | cuda fwd ms | eff | triton fwd ms | eff | cuda/triton fwd | portable fwd ms | cuda f+b ms | eff | "
+    print("problem | cuda fwd ms | eff | triton fwd ms | eff | cuda/triton fwd | portable fwd ms | hopper-wide fwd ms | "
+          "cuda f+b ms | eff | "
           "triton f+b ms | eff | cuda/triton f+b | diff")
     for r in rows:
         print(" | ".join([
             r["problem"], cell(r, "cuda_fwd_ms", ".3f"), cell(r, "cuda_fwd_eff", ".2f"), cell(r, "triton_fwd_ms", ".3f"),
             cell(r, "triton_fwd_eff", ".2f"), cell(r, "cuda_speedup_fwd", ".2f"), cell(r, "cuda_portable_fwd_ms", ".3f"),
+            cell(r, "cuda_hopper-wide_fwd_ms", ".3f"),
             cell(r, "cuda_fwdbwd_ms", ".2f"),
             cell(r, "cuda_fwdbwd_eff", ".2f"), cell(r, "triton_fwdbwd_ms", ".2f"), cell(r, "triton_fwdbwd_eff", ".2f"),
             cell(r, "cuda_speedup_fwdbwd", ".2f"), cell(r, "cuda_vs_triton_rel_diff", ".1e"),

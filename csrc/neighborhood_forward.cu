@@ -243,7 +243,7 @@ std::string forward(const AttentionParams& p) {
   // This module's CUDA runtime keeps its own current device: follow the tensors'.
   HALOATTN_CUDA_TRY(cudaSetDevice(p.device));
   const bool hopper = hopper_kernel_runs_on(p.device);
-  if (p.forward_kernel == ForwardKernel::kHopper && !hopper)
+  if ((p.forward_kernel == ForwardKernel::kHopper || p.forward_kernel == ForwardKernel::kHopperWide) && !hopper)
     return "forward_kernel='hopper' needs an sm_90 device and a build with sm_90a in HALOATTN_CUDA_ARCHS";
   if (hopper && p.forward_kernel != ForwardKernel::kPortable) return forward_sm90(p);
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {

@@ -33,9 +33,7 @@ namespace haloattn {
 namespace sm90 {
 namespace {
 
-constexpr int kChunk = 64;       // keys per stage (the N of S = Q K^T)
 constexpr int kHalfRows = 64;    // queries per consumer warpgroup (the M of one wgmma)
-constexpr int kStages = 4;       // K/V ring depth
 constexpr int kConsumers = 2;    // warpgroups, one per half of a pair tile
 constexpr int kWarpgroup = 128;  // threads
 constexpr int kThreads = kWarpgroup * (1 + kConsumers);
@@ -51,12 +49,28 @@ static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers 
 
 using Barrier = cutlass::arch::ClusterBarrier;
 
-template <typename T, int D>
+// Keys per stage (the N of S = Q K^T) and the ring depth: 64-key chunks 4 deep, consumed in a
+// software pipeline (two P buffers), or 128-key chunks 2 deep (what shared memory holds at
+// D = 128), consumed one at a time (S, O and one P fill the consumer's registers).
+template <int CHUNK>
+struct Ring {
+  static constexpr int kChunk = CHUNK;
+  static constexpr int kStages = CHUNK == 64 ? 4 : 2;
+  static constexpr bool kPipelined = CHUNK == 64;
+  // Ring positions: the n-th chunk a CTA handles (over all its pairs) sits in stage
+  // n % kStages, and its barriers complete their phase number n / kStages.
+  static __device__ int stage(int n) { return n % kStages; }
+  static __device__ uint32_t phase(int n) { return (n / kStages) & 1; }
+};
+
+template <typename T, int D, int CHUNK>
 struct Smem {
-  static constexpr int kTileElems = kChunk * D;  // a [64][D] tile (one half's queries, or keys)
+  static constexpr int kChunk = CHUNK, kStages = Ring<CHUNK>::kStages;
+  static constexpr int kQElems = kHalfRows * D;  // one half's [64][D] queries
+  static constexpr int kTileElems = kChunk * D;  // a [kChunk][D] key or value tile
   static constexpr size_t kTileBytes = kTileElems * sizeof(T);
-  static constexpr size_t kQ = 0;                                // [buffer][half][64][D]
-  static constexpr size_t kK = kQ + 2 * kConsumers * kTileBytes;  // [stage][64][D]
+  static constexpr size_t kQ = 0;                                          // [buffer][half][64][D]
+  static constexpr size_t kK = kQ + 2 * kConsumers * kQElems * sizeof(T);  // [stage][kChunk][D]
   static constexpr size_t kV = kK + kStages * kTileBytes;
   // Box coordinates of each stage's keys (int4: x0, x1, x2, unused), written by the producer.
   static constexpr size_t kCoords = kV + kStages * kTileBytes;
@@ -99,13 +113,13 @@ constexpr int kPastBox = 1 << 30;
 // and their box coordinates (the consumers' masks read them: one shared load per key instead of
 // unravelling it in every thread). Thread pt copies 16-byte piece pt % PIECES of rows
 // pt / PIECES + i * (128 / PIECES).
-template <typename T, int D>
+template <typename T, int D, int kChunk>
 __device__ inline void copy_chunk(T* sK, T* sV, int4* coords, const BoxRows& keys, const BoxRows& values,
                                   BoxCursor row, const int (&extent)[kMaxRank], int pt) {
   constexpr int kPieces = D / 8;
   constexpr int kRowsPerPass = kWarpgroup / kPieces;
   const int piece = pt % kPieces;
-#pragma unroll
+#pragma unroll 4  // the producer runs on few registers (kProducerRegisters)
   for (int pass = 0; pass < kChunk / kRowsPerPass; ++pass) {
     const int r = pt / kPieces + pass * kRowsPerPass;
     const bool valid = row.x[0] < extent[0];
@@ -149,10 +163,6 @@ __device__ inline void publish(uint64_t* bar) {
   Barrier::arrive(bar);
 }
 
-// Ring positions: the n-th chunk a CTA handles (over all its pairs) sits in stage n % kStages,
-// and its barriers complete their phase number n / kStages.
-__device__ inline int ring_stage(int n) { return n % kStages; }
-__device__ inline uint32_t ring_phase(int n) { return (n / kStages) & 1; }
 
 // A query's neighbourhood relative to the key box, as per-axis [lo, lo + width): one unsigned
 // compare per axis tests a key (a key below lo wraps to a large unsigned offset).
@@ -180,10 +190,12 @@ __device__ __forceinline__ bool holds(const BoxWindow& b, const int4& key) {
   return in;
 }
 
-template <typename T, int D>
+template <typename T, int D, int CHUNK>
 __device__ inline void produce(const AttentionParams& p, const TileShape& shape, int64_t pairs, T* sQ, T* sK, T* sV,
                                int4* sCoord, uint64_t* q_full, uint64_t* q_empty, uint64_t* full, uint64_t* empty) {
-  using L = Smem<T, D>;
+  using L = Smem<T, D, CHUNK>;
+  using R = Ring<CHUNK>;
+  constexpr int kChunk = CHUNK, kStages = R::kStages;
   const int pt = threadIdx.x % kWarpgroup;
   int chunk_count = 0, pair_count = 0;
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
@@ -198,33 +210,35 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
     const int buffer = pair_count & 1;
     // The consumers release a query buffer after the pair that used it, two pairs back.
     if (pair_count >= 2) Barrier::wait(&q_empty[buffer], ((pair_count >> 1) - 1) & 1);
-    copy_queries<T, D>(sQ + buffer * kConsumers * L::kTileElems, p, w, shape, pt);
+    copy_queries<T, D>(sQ + buffer * kConsumers * L::kQElems, p, w, shape, pt);
     copy_async_commit();
     BoxCursor row = box_cursor(pt / (D / 8), key_extent);
     for (int c = 0; c < chunks; ++c) {
-      const int n = chunk_count + c, stage = ring_stage(n);
-      if (n >= kStages) Barrier::wait(&empty[stage], ring_phase(n) ^ 1);
-      copy_chunk<T, D>(sK + stage * L::kTileElems, sV + stage * L::kTileElems, sCoord + stage * kChunk, keys, values, row,
+      const int n = chunk_count + c, stage = R::stage(n);
+      if (n >= kStages) Barrier::wait(&empty[stage], R::phase(n) ^ 1);
+      copy_chunk<T, D, kChunk>(sK + stage * L::kTileElems, sV + stage * L::kTileElems, sCoord + stage * kChunk, keys, values, row,
                        key_extent, pt);
       copy_async_commit();
       advance(row, kChunk, key_extent);
       // Publish the group before this one (the queries, before chunk 0) while this one flies.
       copy_async_wait_one_pending();
-      publish(c == 0 ? &q_full[buffer] : &full[ring_stage(n - 1)]);
+      publish(c == 0 ? &q_full[buffer] : &full[R::stage(n - 1)]);
     }
     copy_async_wait_all();
-    publish(&full[ring_stage(chunk_count + chunks - 1)]);
+    publish(&full[R::stage(chunk_count + chunks - 1)]);
     chunk_count += chunks;
     ++pair_count;
   }
 }
 
-template <typename T, int D, int RANK>
+template <typename T, int D, int RANK, int CHUNK>
 __device__ inline void consume(const AttentionParams& p, const TileShape& shape, int64_t pairs, const T* sQ,
                                const T* sK, const T* sV, const int4* sCoord, uint64_t* q_full, uint64_t* q_empty,
                                uint64_t* full, uint64_t* empty) {
-  using L = Smem<T, D>;
-  constexpr int kSRegs = kChunk / 2;  // S accumulators per thread (64 x 64 over 128 threads)
+  using L = Smem<T, D, CHUNK>;
+  using R = Ring<CHUNK>;
+  constexpr int kChunk = CHUNK;
+  constexpr int kSRegs = kChunk / 2;  // S accumulators per thread (64 x kChunk over 128 threads)
   constexpr int kORegs = D / 2;
   constexpr int kKeyTiles = kChunk / 8;
   const int half = threadIdx.x / kWarpgroup - 1;
@@ -261,7 +275,7 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // log2 units
     const int buffer = pair_count & 1;
-    const T* sQ_half = sQ + (buffer * kConsumers + half) * L::kTileElems;
+    const T* sQ_half = sQ + (buffer * kConsumers + half) * L::kQElems;
     Barrier::wait(&q_full[buffer], (pair_count >> 1) & 1);
 
     // S = Q K^T of a chunk, issued (not waited for).
@@ -353,19 +367,41 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     // Chunks outside this half's run are only waited for and released (the ring needs both).
     auto pass_over = [&](int c) {
       const int n = chunk_count + c;
-      Barrier::wait(&full[ring_stage(n)], ring_phase(n));
-      Barrier::arrive(&empty[ring_stage(n)]);
+      Barrier::wait(&full[R::stage(n)], R::phase(n));
+      Barrier::arrive(&empty[R::stage(n)]);
     };
 
     for (int c = 0; c < first_chunk; ++c) pass_over(c);
-    if (first_chunk < end_chunk) {
+    if constexpr (!R::kPipelined) {
+      // One chunk at a time: S = Q K^T, softmax, O += P V.
+      float s[kSRegs];
+      uint32_t pa[kChunk / 16][4];
+      float alpha_a, alpha_b;
+      for (int c = first_chunk; c < end_chunk; ++c) {
+        const int n = chunk_count + c, stage = R::stage(n);
+        Barrier::wait(&full[stage], R::phase(n));
+        cute::warpgroup_arrive();
+        issue_scores(s, stage);
+        cute::warpgroup_wait<0>();
+        fence_registers(s);
+        softmax(s, stage, c, pa, alpha_a, alpha_b);
+        rescale(alpha_a, alpha_b);
+        fence_registers(o);
+        cute::warpgroup_arrive();
+        issue_values(pa, stage);
+        cute::warpgroup_wait<0>();
+        fence_registers(o);
+        fence_fragments(pa);
+        Barrier::arrive(&empty[stage]);
+      }
+    } else if (first_chunk < end_chunk) {
       // Software pipeline: chunk c's S = Q K^T runs on the tensor cores while chunk c - 1's
       // P V does, and chunk c's softmax overlaps the tail of that P V.
       float s[kSRegs];
       uint32_t pa_prev[kChunk / 16][4], pa[kChunk / 16][4];
       float alpha_a, alpha_b;
-      int prev_stage = ring_stage(chunk_count + first_chunk);
-      Barrier::wait(&full[prev_stage], ring_phase(chunk_count + first_chunk));
+      int prev_stage = R::stage(chunk_count + first_chunk);
+      Barrier::wait(&full[prev_stage], R::phase(chunk_count + first_chunk));
       cute::warpgroup_arrive();
       issue_scores(s, prev_stage);
       cute::warpgroup_wait<0>();
@@ -373,8 +409,8 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
       softmax(s, prev_stage, first_chunk, pa_prev, alpha_a, alpha_b);  // O is still zero: no rescale
       // One step: chunk c's scores and softmax (into `next`) around the P V of `current`.
       auto step = [&](int c, uint32_t (&current)[kChunk / 16][4], uint32_t (&next)[kChunk / 16][4]) {
-        const int n = chunk_count + c, stage = ring_stage(n);
-        Barrier::wait(&full[stage], ring_phase(n));
+        const int n = chunk_count + c, stage = R::stage(n);
+        Barrier::wait(&full[stage], R::phase(n));
         fence_registers(o);
         cute::warpgroup_arrive();
         issue_scores(s, stage);
@@ -442,11 +478,12 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
   }
 }
 
-template <typename T, int D, int RANK>
+template <typename T, int D, int RANK, int CHUNK>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionParams p, const TileShape shape,
                                                               int64_t pairs) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Smem<T, D>;
+  using L = Smem<T, D, CHUNK>;
+  constexpr int kStages = L::kStages;
   extern __shared__ unsigned char smem_unaligned[];
   const uint32_t raw = cute::cast_smem_ptr_to_uint(smem_unaligned);
   unsigned char* smem = smem_unaligned + ((1024 - (raw & 1023)) & 1023);
@@ -474,10 +511,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
 
   if (threadIdx.x < kWarpgroup) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-    produce<T, D>(p, shape, pairs, sQ, sK, sV, sCoord, q_full, q_empty, full, empty);
+    produce<T, D, CHUNK>(p, shape, pairs, sQ, sK, sV, sCoord, q_full, q_empty, full, empty);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    consume<T, D, RANK>(p, shape, pairs, sQ, sK, sV, sCoord, q_full, q_empty, full, empty);
+    consume<T, D, RANK, CHUNK>(p, shape, pairs, sQ, sK, sV, sCoord, q_full, q_empty, full, empty);
   }
 #endif
 }
@@ -489,7 +526,7 @@ inline int effective_rank(const AttentionParams& p) {
   return rank;
 }
 
-template <typename T, int D>
+template <typename T, int D, int CHUNK>
 std::string launch(const AttentionParams& p) {
   const TileShape shape = choose_pair_tile(p);
   const int64_t pairs = count_tiles(p, shape, p.heads);
@@ -497,8 +534,10 @@ std::string launch(const AttentionParams& p) {
   int sms = 0;
   HALOATTN_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
   const int rank = effective_rank(p);
-  auto kernel = rank == 1 ? forward_kernel<T, D, 1> : rank == 2 ? forward_kernel<T, D, 2> : forward_kernel<T, D, 3>;
-  const size_t smem = Smem<T, D>::kLaunchBytes;
+  auto kernel = rank == 1   ? forward_kernel<T, D, 1, CHUNK>
+                : rank == 2 ? forward_kernel<T, D, 2, CHUNK>
+                            : forward_kernel<T, D, 3, CHUNK>;
+  const size_t smem = Smem<T, D, CHUNK>::kLaunchBytes;
   HALOATTN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   // Persistent: one CTA per SM (its shared memory allows no second), each walking pairs
   // blockIdx.x, + gridDim.x, ...: the pairs in flight at once are neighbours, whose key boxes
@@ -514,7 +553,9 @@ std::string launch(const AttentionParams& p) {
 
 std::string forward_sm90(const AttentionParams& p) {
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
-    return sm90::launch<typename decltype(dtype_tag)::type, decltype(dim_tag)::value>(p);
+    using T = typename decltype(dtype_tag)::type;
+    constexpr int D = decltype(dim_tag)::value;
+    return p.forward_kernel == ForwardKernel::kHopperWide ? sm90::launch<T, D, 128>(p) : sm90::launch<T, D, 64>(p);
   });
 }
 

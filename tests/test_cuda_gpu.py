@@ -155,7 +155,7 @@ def test_larger_grids_against_reference(spatial, window, options):
 
 
 @requires_cuda_backend
-@pytest.mark.parametrize("kernel", ["portable", "hopper"])
+@pytest.mark.parametrize("kernel", ["portable", "hopper", "hopper-wide"])
 @pytest.mark.parametrize("seed", range(100, 108))
 def test_each_forward_kernel_on_random_problems(kernel, seed, monkeypatch):
     # On sm_90 the default forward is the Hopper kernel; this keeps the portable one tested too.
@@ -168,7 +168,7 @@ def test_each_forward_kernel_on_random_problems(kernel, seed, monkeypatch):
 def test_unknown_forward_kernel_is_named(monkeypatch):
     monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "fastest")
     q = torch.randn(1, 8, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="HALOATTN_CUDA_FORWARD='fastest'; allowed: auto, portable, hopper"):
+    with pytest.raises(ValueError, match="HALOATTN_CUDA_FORWARD='fastest'; allowed: auto, portable, hopper, hopper-wide"):
         haloattn.attention(q, q, q, 3, backend="cuda")
 
 
