@@ -242,9 +242,11 @@ std::string forward(const AttentionParams& p) {
   if (!bad.empty()) return bad;
   // This module's CUDA runtime keeps its own current device: follow the tensors'.
   HALOATTN_CUDA_TRY(cudaSetDevice(p.device));
-  const bool hopper = hopper_kernel_runs_on(p.device);
+  // The Hopper kernel folds the scale into its exp2 FFMA, which keeps the maxima only for a
+  // positive scale; scale <= 0 (uniform or reversed attention) runs the portable kernel.
+  const bool hopper = hopper_kernel_runs_on(p.device) && p.scale > 0.f;
   if ((p.forward_kernel == ForwardKernel::kHopper || p.forward_kernel == ForwardKernel::kHopperWide) && !hopper)
-    return "forward_kernel='hopper' needs an sm_90 device and a build with sm_90a in HALOATTN_CUDA_ARCHS";
+    return "forward_kernel='hopper' needs an sm_90 device, a build with sm_90a in HALOATTN_CUDA_ARCHS and scale > 0";
   if (hopper && p.forward_kernel != ForwardKernel::kPortable) return forward_sm90(p);
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
     return launch_forward<typename decltype(dtype_tag)::type, decltype(dim_tag)::value>(p);

@@ -190,6 +190,21 @@ __device__ __forceinline__ bool holds(const BoxWindow& b, const int4& key) {
   return in;
 }
 
+// True when every key of a chunk lies in `b`: the chunk runs in flat order from `first` to
+// `last`, so along an axis it covers [first, last] when all slower axes agree and the whole
+// box extent otherwise.
+__device__ inline bool spans_inside(const int4& first, const int4& last, const BoxWindow& b,
+                                    const int (&extent)[kMaxRank]) {
+  const int lo[kMaxRank] = {first.x, first.x == last.x ? first.y : 0, first.x == last.x && first.y == last.y ? first.z : 0};
+  const int hi[kMaxRank] = {last.x, first.x == last.x ? last.y : extent[1] - 1,
+                            first.x == last.x && first.y == last.y ? last.z : extent[2] - 1};
+  bool inside = true;
+#pragma unroll
+  for (int a = 0; a < kMaxRank; ++a)
+    inside = inside && lo[a] >= b.lo[a] && static_cast<unsigned>(hi[a] - b.lo[a]) < b.width[a];
+  return inside;
+}
+
 template <typename T, int D, int CHUNK>
 __device__ inline void produce(const AttentionParams& p, const TileShape& shape, int64_t pairs, T* sQ, T* sK, T* sV,
                                int4* sCoord, uint64_t* q_full, uint64_t* q_empty, uint64_t* full, uint64_t* empty) {
@@ -259,8 +274,8 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     const TileHalf h = tile_half(w, shape, half);
     const FlatRun run = own_key_run(p, h, key_lo, key_extent);
     const int first_chunk = run.lo / kChunk, end_chunk = (run.hi + kChunk - 1) / kChunk;
-    // Every key of a chunk inside the run is every row's key when the half shares one window.
-    const bool shared_window = !h.work.empty && tile_shares_one_window(p, h.work);
+    // Keys every row of the half attends (relative to the union box): a chunk inside it needs no mask.
+    const BoxWindow common = box_window(common_window(p, h.work), key_lo);
 
     // The two rows this thread accumulates, and their neighbourhoods relative to the union box.
     const int row_a = warp * 16 + g, row_b = row_a + 8;
@@ -299,9 +314,11 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     // of O (applied by the caller once the previous chunk's P V has finished with O).
     auto softmax = [&](float (&s)[kSRegs], int stage, int c, uint32_t (&pa)[kChunk / 16][4], float& alpha_a,
                        float& alpha_b) {
-      // Mask unless every key of the chunk is in every row's window.
-      const bool masked = !shared_window || c * kChunk < run.lo || (c + 1) * kChunk > run.hi;
       const int4* key_coord = sCoord + stage * kChunk;
+      // Mask unless every key of the chunk is in every row's window: the chunk lies in the half's
+      // run and the box its first and last keys span lies in the common window.
+      const bool masked = c * kChunk < run.lo || (c + 1) * kChunk > run.hi ||
+                          !spans_inside(key_coord[0], key_coord[kChunk - 1], common, key_extent);
       float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kKeyTiles; ++j) {
@@ -309,8 +326,6 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         for (int e = 0; e < 2; ++e) {
           float& sa = s[4 * j + e];
           float& sb = s[4 * j + 2 + e];
-          sa *= scale_log2;
-          sb *= scale_log2;
           if (masked) {
             const int4 key = key_coord[8 * j + 2 * t + e];
             sa = holds<RANK>(win_a, key) ? sa : -INFINITY;
@@ -325,22 +340,24 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffff, tile_max_a, offset));
         tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffff, tile_max_b, offset));
       }
+      // Maxima stay in raw score units; the scale (> 0, so it keeps the order) joins in the one
+      // FFMA before each exp2. A row with no key yet keeps max -inf: its base is 0 and its
+      // rescale 1, never -inf - -inf.
       const float new_m_a = fmaxf(m_a, tile_max_a), new_m_b = fmaxf(m_b, tile_max_b);
-      // A row with no key yet keeps max -inf; subtracting 0 instead keeps exp2 at 0, not NaN.
-      const float base_a = new_m_a == -INFINITY ? 0.f : new_m_a;
-      const float base_b = new_m_b == -INFINITY ? 0.f : new_m_b;
-      alpha_a = exp2f(m_a - base_a);
-      alpha_b = exp2f(m_b - base_b);
+      const float base_a = new_m_a == -INFINITY ? 0.f : new_m_a * scale_log2;
+      const float base_b = new_m_b == -INFINITY ? 0.f : new_m_b * scale_log2;
+      alpha_a = new_m_a == -INFINITY ? 1.f : exp2f(m_a * scale_log2 - base_a);
+      alpha_b = new_m_b == -INFINITY ? 1.f : exp2f(m_b * scale_log2 - base_b);
       m_a = new_m_a;
       m_b = new_m_b;
       l_a *= alpha_a;
       l_b *= alpha_b;
 #pragma unroll
       for (int j = 0; j < kKeyTiles; ++j) {
-        s[4 * j + 0] = exp2f(s[4 * j + 0] - base_a);
-        s[4 * j + 1] = exp2f(s[4 * j + 1] - base_a);
-        s[4 * j + 2] = exp2f(s[4 * j + 2] - base_b);
-        s[4 * j + 3] = exp2f(s[4 * j + 3] - base_b);
+        s[4 * j + 0] = exp2f(fmaf(s[4 * j + 0], scale_log2, -base_a));
+        s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale_log2, -base_a));
+        s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale_log2, -base_b));
+        s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale_log2, -base_b));
         l_a += s[4 * j + 0] + s[4 * j + 1];
         l_b += s[4 * j + 2] + s[4 * j + 3];
       }
@@ -470,7 +487,7 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         *reinterpret_cast<uint32_t*>(dst + j * 8 + 2 * t) = v;
       }
       if (t == 0) {
-        lse[(w.batch * tokens + token_index(p, w, x)) * p.heads + w.head] = l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
+        lse[(w.batch * tokens + token_index(p, w, x)) * p.heads + w.head] = l > 0.f ? (m * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
       }
     };
     if (inside_a) write_row(x_a, l_a, m_a, 0);

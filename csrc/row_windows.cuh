@@ -58,6 +58,17 @@ __host__ __device__ inline bool tile_shares_one_window(const AttentionParams& p,
   return same;
 }
 
+// The keys every query of a tile attends, per axis [lo, hi) (empty where hi <= lo): by
+// monotonicity the last query's start and the first query's end.
+__host__ __device__ inline RowWindow common_window(const AttentionParams& p, const TileWork& w) {
+  RowWindow r;
+  for (int a = 0; a < kMaxRank; ++a) {
+    r.lo[a] = key_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a]).lo;
+    r.hi[a] = key_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]).hi;
+  }
+  return r;
+}
+
 // The box of queries that see a tile's keys [x0, x1) (the inverse rule, also monotone).
 __host__ __device__ inline void query_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
                                  int (&extent)[kMaxRank]) {

@@ -161,7 +161,17 @@ def test_each_forward_kernel_on_random_problems(kernel, seed, monkeypatch):
     # On sm_90 the default forward is the Hopper kernel; this keeps the portable one tested too.
     monkeypatch.setenv("HALOATTN_CUDA_FORWARD", kernel)
     options = random_problem(random.Random(seed))
+    if kernel != "portable" and options.get("scale", 1.0) <= 0:
+        options["scale"] = 0.3  # the Hopper kernels need scale > 0 (auto routes the rest to portable)
     check_problem(options.pop("spatial"), options.pop("window"), seed=seed, **options)
+
+
+@requires_cuda_backend
+def test_forced_hopper_kernel_names_what_it_needs(monkeypatch):
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "hopper")
+    q = torch.randn(1, 8, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="scale > 0"):
+        haloattn.attention(q, q, q, 3, backend="cuda", scale=0.0)
 
 
 @requires_cuda_backend

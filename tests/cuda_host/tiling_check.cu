@@ -3,7 +3,8 @@
 // padded rank-3 grid "length window stride dilation causal shift"), it walks the CTAs exactly as
 // the kernels do and checks that:
 //   forward / dQ: every query is in exactly one tile, and the tile's key box holds every key the
-//                 query attends (the count of box keys passing `attends` equals the brute force);
+//                 query attends (the count of box keys passing `attends` equals the brute force),
+//                 and attends every key of the tile's common window;
 //                 where tile_shares_one_window, every query attends the whole box (no mask);
 //   dK/dV:       every key is in exactly one tile, and the tile's query box holds every query
 //                 that attends it;
@@ -99,6 +100,16 @@ const char* check(const AttentionParams& p, bool forward) {
       }
       if (found != expected) return forward ? "a query's key box misses keys" : "a key's query box misses queries";
       if (forward && tile_shares_one_window(p, w) && found != box) return "a shared-window tile's box is not its window";
+      if (forward) {
+        // Every key of the common window is attended by this query (the Hopper kernel skips
+        // the mask of chunks inside it).
+        const RowWindow common = common_window(p, w);
+        for (int flat = 0; flat < box; ++flat) {
+          int y[kMaxRank];
+          box_coords(flat, lo, extent, y);
+          if (attends(common, y) && !attends(own_window, y)) return "a common-window key is not attended";
+        }
+      }
     }
   }
   for (int i = 0; i < tokens; ++i)
