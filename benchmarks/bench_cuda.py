@@ -76,7 +76,7 @@ def main():
                 f"{backend}_fwdbwd_eff": 3.5 * flops / fb / 1e9 / row["dense_fwdbwd_tflops"],
             })
         if "cuda_fwd_ms" in row:
-            for kernel in ("portable", "hopper-wide"):
+            for kernel in ("portable",):
                 try:
                     row[f"cuda_{kernel}_fwd_ms"] = time_forward_kernel(kernel, q, k, v, window, options)
                 except Exception as exc:
@@ -102,14 +102,12 @@ def print_table(rows):
     def cell(row, key, fmt):
         return format(row[key], fmt) if key in row else "-"
 
-    print("problem | cuda fwd ms | eff | triton fwd ms | eff | cuda/triton fwd | portable fwd ms | hopper-wide fwd ms | "
-          "cuda f+b ms | eff | "
+    print("problem | cuda fwd ms | eff | triton fwd ms | eff | cuda/triton fwd | portable fwd ms | cuda f+b ms | eff | "
           "triton f+b ms | eff | cuda/triton f+b | diff")
     for r in rows:
         print(" | ".join([
             r["problem"], cell(r, "cuda_fwd_ms", ".3f"), cell(r, "cuda_fwd_eff", ".2f"), cell(r, "triton_fwd_ms", ".3f"),
             cell(r, "triton_fwd_eff", ".2f"), cell(r, "cuda_speedup_fwd", ".2f"), cell(r, "cuda_portable_fwd_ms", ".3f"),
-            cell(r, "cuda_hopper-wide_fwd_ms", ".3f"),
             cell(r, "cuda_fwdbwd_ms", ".2f"),
             cell(r, "cuda_fwdbwd_eff", ".2f"), cell(r, "triton_fwdbwd_ms", ".2f"), cell(r, "triton_fwdbwd_eff", ".2f"),
             cell(r, "cuda_speedup_fwdbwd", ".2f"), cell(r, "cuda_vs_triton_rel_diff", ".1e"),

@@ -32,8 +32,7 @@ enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 enum class Pattern : int { kNeighborhood = 0, kWindow = 1 };
 // Which forward kernel runs: auto takes the Hopper one (wgmma) where the device is sm_90 and this
 // build has sm_90a code, else the portable one (mma.sync); the others force one (benchmarks, tests).
-// kHopperWide: the Hopper kernel with 128-key chunks (measured against the 64-key default).
-enum class ForwardKernel : int { kAuto = 0, kPortable = 1, kHopper = 2, kHopperWide = 3 };
+enum class ForwardKernel : int { kAuto = 0, kPortable = 1, kHopper = 2 };
 
 struct AttentionParams {
   DType dtype = DType::kBFloat16;

@@ -85,8 +85,8 @@ PYBIND11_MODULE(_C, m) {
           p.value = token_tensor(value);
           p.out = token_tensor(out);
           p.lse = lse;
-          if (forward_kernel < 0 || forward_kernel > 3)
-            throw std::invalid_argument("forward_kernel must be 0 (auto), 1 (portable), 2 (hopper) or 3 (hopper-wide)");
+          if (forward_kernel < 0 || forward_kernel > 2)
+            throw std::invalid_argument("forward_kernel must be 0 (auto), 1 (portable) or 2 (hopper)");
           p.forward_kernel = static_cast<haloattn::ForwardKernel>(forward_kernel);
           std::string error;
           {
@@ -100,8 +100,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("device"), py::arg("stream"),
         py::arg("forward_kernel") = 0,
         "Fused forward: writes out [B, *spatial, H, D] and the float32 LSE [B, *spatial, H] (contiguous). "
-        "forward_kernel: 0 auto (the Hopper wgmma kernel on sm_90, else the portable one), 1 portable, 2 hopper, "
-        "3 hopper-wide (128-key chunks).");
+        "forward_kernel: 0 auto (the Hopper wgmma kernel on sm_90 for scale > 0, else the portable one), "
+        "1 portable, 2 hopper.");
 
   m.def("backward",
         [](int dtype, int pattern, int batch, int heads, int kv_heads, int head_dim, int value_dim,

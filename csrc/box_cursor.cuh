@@ -32,9 +32,4 @@ __host__ __device__ inline void advance(BoxCursor& c, int n, const int (&extent)
   }
 }
 
-__host__ __device__ inline BoxCursor advanced(BoxCursor c, int n, const int (&extent)[kMaxRank]) {
-  advance(c, n, extent);
-  return c;
-}
-
 }  // namespace haloattn

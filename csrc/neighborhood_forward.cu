@@ -245,7 +245,7 @@ std::string forward(const AttentionParams& p) {
   // The Hopper kernel folds the scale into its exp2 FFMA, which keeps the maxima only for a
   // positive scale; scale <= 0 (uniform or reversed attention) runs the portable kernel.
   const bool hopper = hopper_kernel_runs_on(p.device) && p.scale > 0.f;
-  if ((p.forward_kernel == ForwardKernel::kHopper || p.forward_kernel == ForwardKernel::kHopperWide) && !hopper)
+  if (p.forward_kernel == ForwardKernel::kHopper && !hopper)
     return "forward_kernel='hopper' needs an sm_90 device, a build with sm_90a in HALOATTN_CUDA_ARCHS and scale > 0";
   if (hopper && p.forward_kernel != ForwardKernel::kPortable) return forward_sm90(p);
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {

@@ -49,14 +49,14 @@ static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers 
 
 using Barrier = cutlass::arch::ClusterBarrier;
 
-// Keys per stage (the N of S = Q K^T) and the ring depth: 64-key chunks 4 deep, consumed in a
-// software pipeline (two P buffers), or 128-key chunks 2 deep (what shared memory holds at
-// D = 128), consumed one at a time (S, O and one P fill the consumer's registers).
+// Keys per stage (the N of S = Q K^T) and the ring depth. 64-key chunks 4 deep, consumed in a
+// software pipeline with two P register buffers; 128-key chunks (2 deep, consumed one at a time,
+// as S, O and one P fill the registers) measured 0.67-0.95x of this on 9 of the 10 benchmark
+// problems (1.43x on 16x16 windows with stride 16, whose boxes are 4 chunks; H100, 2026-11-24).
 template <int CHUNK>
 struct Ring {
   static constexpr int kChunk = CHUNK;
-  static constexpr int kStages = CHUNK == 64 ? 4 : 2;
-  static constexpr bool kPipelined = CHUNK == 64;
+  static constexpr int kStages = 4;
   // Ring positions: the n-th chunk a CTA handles (over all its pairs) sits in stage
   // n % kStages, and its barriers complete their phase number n / kStages.
   static __device__ int stage(int n) { return n % kStages; }
@@ -389,29 +389,7 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     };
 
     for (int c = 0; c < first_chunk; ++c) pass_over(c);
-    if constexpr (!R::kPipelined) {
-      // One chunk at a time: S = Q K^T, softmax, O += P V.
-      float s[kSRegs];
-      uint32_t pa[kChunk / 16][4];
-      float alpha_a, alpha_b;
-      for (int c = first_chunk; c < end_chunk; ++c) {
-        const int n = chunk_count + c, stage = R::stage(n);
-        Barrier::wait(&full[stage], R::phase(n));
-        cute::warpgroup_arrive();
-        issue_scores(s, stage);
-        cute::warpgroup_wait<0>();
-        fence_registers(s);
-        softmax(s, stage, c, pa, alpha_a, alpha_b);
-        rescale(alpha_a, alpha_b);
-        fence_registers(o);
-        cute::warpgroup_arrive();
-        issue_values(pa, stage);
-        cute::warpgroup_wait<0>();
-        fence_registers(o);
-        fence_fragments(pa);
-        Barrier::arrive(&empty[stage]);
-      }
-    } else if (first_chunk < end_chunk) {
+    if (first_chunk < end_chunk) {
       // Software pipeline: chunk c's S = Q K^T runs on the tensor cores while chunk c - 1's
       // P V does, and chunk c's softmax overlaps the tail of that P V.
       float s[kSRegs];
@@ -572,7 +550,7 @@ std::string forward_sm90(const AttentionParams& p) {
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
     using T = typename decltype(dtype_tag)::type;
     constexpr int D = decltype(dim_tag)::value;
-    return p.forward_kernel == ForwardKernel::kHopperWide ? sm90::launch<T, D, 128>(p) : sm90::launch<T, D, 64>(p);
+    return sm90::launch<T, D, 64>(p);
   });
 }
 

@@ -67,12 +67,6 @@ template <> struct SmemSmemAtom<__nv_bfloat16, 64> {
 template <> struct SmemSmemAtom<__half, 64> {
   using type = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
 };
-template <> struct SmemSmemAtom<__nv_bfloat16, 128> {
-  using type = gmma::MMA_64x128x16_F32BF16BF16_SS<gmma::Major::K, gmma::Major::K>;
-};
-template <> struct SmemSmemAtom<__half, 128> {
-  using type = gmma::MMA_64x128x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
-};
 template <> struct RegSmemAtom<__nv_bfloat16, 64> {
   using type = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
 };

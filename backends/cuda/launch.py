@@ -18,9 +18,10 @@ DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 PATTERN_CODE = {"neighborhood": 0, "window": 1}
 
 
-# HALOATTN_CUDA_FORWARD picks the forward kernel: auto (the Hopper wgmma kernel on sm_90 devices,
-# else the portable mma.sync one), or forces portable / hopper (benchmarks and tests compare them).
-FORWARD_KERNEL_CODE = {"auto": 0, "portable": 1, "hopper": 2, "hopper-wide": 3}
+# HALOATTN_CUDA_FORWARD picks the forward kernel: auto (the Hopper wgmma kernel on sm_90 devices
+# when scale > 0, else the portable mma.sync one), or forces portable / hopper (benchmarks and
+# tests compare them).
+FORWARD_KERNEL_CODE = {"auto": 0, "portable": 1, "hopper": 2}
 
 
 def forward_kernel_code() -> int:
