@@ -15,6 +15,7 @@
 #include "attention_params.h"
 #include "kernel_launch.h"
 #include "mma_fragments.cuh"
+#include "row_output.cuh"
 #include "row_windows.cuh"
 #include "tile_loads.cuh"
 #include "token_tiles.cuh"
@@ -178,34 +179,11 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const AttentionParams
     __syncthreads();  // this stage is refilled by the next iteration's fetch
   }
 
-#pragma unroll
-  for (int offset = 1; offset < 4; offset <<= 1) {
-    l_a += __shfl_xor_sync(0xffffffff, l_a, offset);
-    l_b += __shfl_xor_sync(0xffffffff, l_b, offset);
-  }
-
+  l_a = quad_sum(l_a);
+  l_b = quad_sum(l_b);
   // Write O / l and the natural-log LSE for the rows inside the grid.
-  T* out = reinterpret_cast<T*>(p.out.ptr) + w.batch * p.out.batch_stride + w.head * p.out.head_stride;
-  float* lse = reinterpret_cast<float*>(p.lse);
-  const int64_t tokens = grid_tokens(p);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (!(half == 0 ? inside_a : inside_b)) continue;
-    const int(&x)[kMaxRank] = half == 0 ? x_a : x_b;
-    const float l = half == 0 ? l_a : l_b;
-    const float m = half == 0 ? m_a : m_b;
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    T* dst = out + token_offset(p, p.out, w, x);
-#pragma unroll
-    for (int i = 0; i < kOutTiles; ++i) {
-      const uint32_t v = pack2<T>(o[i][2 * half] * inv_l, o[i][2 * half + 1] * inv_l);
-      *reinterpret_cast<uint32_t*>(dst + i * 8 + 2 * t) = v;
-    }
-    if (t == 0) {
-      lse[(w.batch * tokens + token_index(p, w, x)) * p.heads + w.head] =
-          l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY;
-    }
-  }
+  if (inside_a) store_row<T, kOutTiles>(p, w, x_a, l_a, m_a, t, [&](int j) { return make_float2(o[j][0], o[j][1]); });
+  if (inside_b) store_row<T, kOutTiles>(p, w, x_b, l_b, m_b, t, [&](int j) { return make_float2(o[j][2], o[j][3]); });
 }
 
 template <typename T, int D>

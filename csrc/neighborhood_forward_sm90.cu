@@ -25,6 +25,7 @@
 #include "kernel_launch.h"
 #include "mma_fragments.cuh"
 #include "pair_tiles.cuh"
+#include "row_output.cuh"
 #include "row_windows.cuh"
 #include "token_tiles.cuh"
 #include "wgmma_ops.cuh"
@@ -190,6 +191,22 @@ __device__ __forceinline__ bool holds(const BoxWindow& b, const int4& key) {
   return in;
 }
 
+// A pair tile and the union key box its two halves walk, in chunks of `chunk` keys (producer
+// and consumers derive the same walk from it).
+struct PairBox {
+  TileWork work;
+  int lo[kMaxRank], extent[kMaxRank];
+  int chunks;
+};
+
+__device__ inline PairBox pair_box(const AttentionParams& p, const TileShape& shape, int64_t pair, int chunk) {
+  PairBox b;
+  b.work = locate_tile(p, shape, p.heads, static_cast<int>(pair));
+  key_box(p, b.work, b.lo, b.extent);
+  b.chunks = (b.extent[0] * b.extent[1] * b.extent[2] + chunk - 1) / chunk;
+  return b;
+}
+
 // True when every key of a chunk lies in `b`: the chunk runs in flat order from `first` to
 // `last`, so along an axis it covers [first, last] when all slower axes agree and the whole
 // box extent otherwise.
@@ -214,11 +231,12 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
   const int pt = threadIdx.x % kWarpgroup;
   int chunk_count = 0, pair_count = 0;
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
-    const TileWork w = locate_tile(p, shape, p.heads, static_cast<int>(pair));
-    if (w.empty) continue;
-    int key_lo[kMaxRank], key_extent[kMaxRank];
-    key_box(p, w, key_lo, key_extent);
-    const int chunks = (key_extent[0] * key_extent[1] * key_extent[2] + kChunk - 1) / kChunk;
+    const PairBox box = pair_box(p, shape, pair, kChunk);
+    if (box.work.empty) continue;
+    const TileWork& w = box.work;
+    const int(&key_lo)[kMaxRank] = box.lo;
+    const int(&key_extent)[kMaxRank] = box.extent;
+    const int chunks = box.chunks;
     const int kv_head = w.head / (p.heads / p.kv_heads);
     const BoxRows keys = box_rows<T>(p, p.key, w, kv_head, key_lo);
     const BoxRows values = box_rows<T>(p, p.value, w, kv_head, key_lo);
@@ -261,16 +279,15 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const float scale_log2 = p.scale * kLog2e;
-  const int64_t tokens = grid_tokens(p);
   int chunk_count = 0, pair_count = 0;
 
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
-    const TileWork w = locate_tile(p, shape, p.heads, static_cast<int>(pair));
-    if (w.empty) continue;
-    int key_lo[kMaxRank], key_extent[kMaxRank];
-    key_box(p, w, key_lo, key_extent);
-    const int box_keys = key_extent[0] * key_extent[1] * key_extent[2];
-    const int chunks = (box_keys + kChunk - 1) / kChunk;
+    const PairBox box = pair_box(p, shape, pair, kChunk);
+    if (box.work.empty) continue;
+    const TileWork& w = box.work;
+    const int(&key_lo)[kMaxRank] = box.lo;
+    const int(&key_extent)[kMaxRank] = box.extent;
+    const int chunks = box.chunks;
     const TileHalf h = tile_half(w, shape, half);
     const FlatRun run = own_key_run(p, h, key_lo, key_extent);
     const int first_chunk = run.lo / kChunk, end_chunk = (run.hi + kChunk - 1) / kChunk;
@@ -448,28 +465,17 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     chunk_count += chunks;
     ++pair_count;
 
-#pragma unroll
-    for (int offset = 1; offset < 4; offset <<= 1) {
-      l_a += __shfl_xor_sync(0xffffffff, l_a, offset);
-      l_b += __shfl_xor_sync(0xffffffff, l_b, offset);
+    // Write O / l and the natural-log LSE for the rows inside the grid (maxima in raw units).
+    l_a = quad_sum(l_a);
+    l_b = quad_sum(l_b);
+    if (inside_a) {
+      store_row<T, kORegs / 4>(p, w, x_a, l_a, m_a * scale_log2, t,
+                               [&](int j) { return make_float2(o[4 * j + 0], o[4 * j + 1]); });
     }
-    // Write O / l and the natural-log LSE for the rows inside the grid.
-    T* out = reinterpret_cast<T*>(p.out.ptr) + w.batch * p.out.batch_stride + w.head * p.out.head_stride;
-    float* lse = reinterpret_cast<float*>(p.lse);
-    auto write_row = [&](const int (&x)[kMaxRank], float l, float m, int r) {
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
-      T* dst = out + token_offset(p, p.out, w, x);
-#pragma unroll
-      for (int j = 0; j < kORegs / 4; ++j) {
-        const uint32_t v = pack2<T>(o[4 * j + 2 * r] * inv_l, o[4 * j + 2 * r + 1] * inv_l);
-        *reinterpret_cast<uint32_t*>(dst + j * 8 + 2 * t) = v;
-      }
-      if (t == 0) {
-        lse[(w.batch * tokens + token_index(p, w, x)) * p.heads + w.head] = l > 0.f ? (m * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
-      }
-    };
-    if (inside_a) write_row(x_a, l_a, m_a, 0);
-    if (inside_b) write_row(x_b, l_b, m_b, 1);
+    if (inside_b) {
+      store_row<T, kORegs / 4>(p, w, x_b, l_b, m_b * scale_log2, t,
+                               [&](int j) { return make_float2(o[4 * j + 2], o[4 * j + 3]); });
+    }
   }
 }
 

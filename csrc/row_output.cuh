@@ -1,0 +1,39 @@
+// The forward kernels' epilogue: a thread's share of one query row (columns 8j + 2t and
+// 8j + 2t + 1 of every 8-column tile j, as mma.sync and wgmma accumulators both lay them out)
+// written as O / l, and the row's natural-log LSE.
+#pragma once
+
+#include "mma_fragments.cuh"
+#include "row_windows.cuh"
+#include "token_tiles.cuh"
+
+namespace haloattn {
+
+// Sum over the quad of lanes (t = 0..3) that shares an accumulator row.
+__device__ __forceinline__ float quad_sum(float v) {
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
+  return v;
+}
+
+// Row at group coordinates x of tile w: `pair(j)` gives this thread's two unnormalised values
+// of tile j; l is the row's softmax sum, max_log2 its maximum in log2 units.
+template <typename T, int TILES, typename Pair>
+__device__ __forceinline__ void store_row(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
+                                          float l, float max_log2, int t, Pair&& pair) {
+  const float inv_l = l > 0.f ? 1.f / l : 0.f;
+  T* dst = reinterpret_cast<T*>(p.out.ptr) + w.batch * p.out.batch_stride + w.head * p.out.head_stride +
+           token_offset(p, p.out, w, x);
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+    const float2 v = pair(j);
+    *reinterpret_cast<uint32_t*>(dst + j * 8 + 2 * t) = pack2<T>(v.x * inv_l, v.y * inv_l);
+  }
+  if (t == 0) {
+    float* lse = reinterpret_cast<float*>(p.lse);
+    lse[(w.batch * grid_tokens(p) + token_index(p, w, x)) * p.heads + w.head] =
+        l > 0.f ? (max_log2 + log2f(l)) * kLn2 : -INFINITY;
+  }
+}
+
+}  // namespace haloattn
