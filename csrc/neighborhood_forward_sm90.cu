@@ -241,34 +241,31 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
   int chunk_count = 0, pair_count = 0;
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const PairBox box = pair_box(p, shape, pair, kChunk);
-    if (box.work.empty) continue;
     const TileWork& w = box.work;
-    const int(&key_lo)[kMaxRank] = box.lo;
-    const int(&key_extent)[kMaxRank] = box.extent;
-    const int chunks = box.chunks;
+    if (w.empty) continue;
     const int kv_head = w.head / (p.heads / p.kv_heads);
-    const BoxRows keys = box_rows<T>(p, p.key, w, kv_head, key_lo);
-    const BoxRows values = box_rows<T>(p, p.value, w, kv_head, key_lo);
+    const BoxRows keys = box_rows<T>(p, p.key, w, kv_head, box.lo);
+    const BoxRows values = box_rows<T>(p, p.value, w, kv_head, box.lo);
     const int buffer = pair_count & 1;
     // The consumers release a query buffer after the pair that used it, two pairs back.
     if (pair_count >= 2) Barrier::wait(&q_empty[buffer], ((pair_count >> 1) - 1) & 1);
     copy_queries<T, D>(sQ + buffer * kConsumers * L::kQElems, p, w, shape, pt);
     copy_async_commit();
-    BoxCursor row = box_cursor(pt / (D / 8), key_extent);
-    for (int c = 0; c < chunks; ++c) {
+    BoxCursor row = box_cursor(pt / (D / 8), box.extent);
+    for (int c = 0; c < box.chunks; ++c) {
       const int n = chunk_count + c, stage = R::stage(n);
       if (n >= kStages) Barrier::wait(&empty[stage], R::phase(n) ^ 1);
-      copy_chunk<T, D, kChunk>(sK + stage * L::kTileElems, sV + stage * L::kTileElems, sCoord + stage * kChunk, keys, values, row,
-                       key_extent, pt);
+      copy_chunk<T, D, kChunk>(sK + stage * L::kTileElems, sV + stage * L::kTileElems, sCoord + stage * kChunk, keys,
+                               values, row, box.extent, pt);
       copy_async_commit();
-      advance(row, kChunk, key_extent);
+      advance(row, kChunk, box.extent);
       // Publish the group before this one (the queries, before chunk 0) while this one flies.
       copy_async_wait_one_pending();
       publish(c == 0 ? &q_full[buffer] : &full[R::stage(n - 1)]);
     }
     copy_async_wait_all();
-    publish(&full[R::stage(chunk_count + chunks - 1)]);
-    chunk_count += chunks;
+    publish(&full[R::stage(chunk_count + box.chunks - 1)]);
+    chunk_count += box.chunks;
     ++pair_count;
   }
 }
