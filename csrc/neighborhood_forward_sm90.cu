@@ -164,7 +164,6 @@ __device__ inline void publish(uint64_t* bar) {
   Barrier::arrive(bar);
 }
 
-
 // 2^x in one MUFU instruction (ex2.approx.ftz: about 2 ulp, denormal results flushed to zero,
 // as FlashAttention's exponentials). exp2f adds a range fix-up of about four instructions per
 // score, which was a fifth of the consumer's instructions.
