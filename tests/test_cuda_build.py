@@ -258,6 +258,32 @@ def test_launch_passes_padded_axes_strides_and_views(monkeypatch):
     assert (calls["heads"], calls["kv_heads"], calls["head_dim"], calls["value_dim"]) == (4, 4, 64, 64)
 
 
+@pytest.mark.parametrize("setting,code", [(None, 0), ("auto", 0), ("portable", 1), ("hopper", 2)])
+def test_launch_passes_the_forward_kernel_choice(monkeypatch, setting, code):
+    from haloattn.backend import AttentionInputs
+    from haloattn.backends.cuda import launch
+
+    calls = {}
+    monkeypatch.setattr(launch, "load", lambda: (types.SimpleNamespace(forward=lambda **kw: calls.update(kw)), ()))
+    monkeypatch.setattr(launch.torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=0))
+    if setting is None:
+        monkeypatch.delenv("HALOATTN_CUDA_FORWARD", raising=False)
+    else:
+        monkeypatch.setenv("HALOATTN_CUDA_FORWARD", setting)
+    q = torch.randn(1, 6, 2, 64).to(torch.float16)
+    problem = dataclasses.replace(build_problem(q, q, q, 3), device=torch.device("cuda", 0))
+    launch.forward(problem, AttentionInputs(q, q, q))
+    assert calls["forward_kernel"] == code
+
+
+def test_unknown_forward_kernel_choice_is_named(monkeypatch):
+    from haloattn.backends.cuda import launch
+
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "fast")
+    with pytest.raises(ValueError, match="HALOATTN_CUDA_FORWARD='fast'; allowed: auto, portable, hopper"):
+        launch.forward_kernel_code()
+
+
 def test_launch_copies_rows_that_are_not_16_byte_aligned():
     from haloattn.backends.cuda.launch import _kernel_ready
 
