@@ -223,26 +223,3 @@ def test_windows_whose_kernels_exceed_shared_memory_go_to_the_neighbourhood_kern
     assert reasons(10, torch.float32, 96, h100)  # padded to 128: 320 KiB
     assert reasons(8, torch.float16, 128, small_gpu)  # 104 KiB on a 99 KiB GPU
     assert reasons(8, torch.float16, 64, small_gpu) == []
-
-
-def test_forward_pairs_the_partial_edge_windows_of_exactly_tiled_axes():
-    # Swin's shifted windows: 56 = 8 * 7 with shift 3 gives 9 windows per axis (a 3-token and a
-    # 4-token edge window); the forward carries the last in the first, 8 tiles per axis. Axes
-    # that are ragged, dilated or unshifted keep every window (the oracle tests above check the
-    # values of both layouts).
-    from haloattn.backends.triton import window_launch
-    from haloattn.problem import build_problem
-
-    q = torch.randn(2, 56, 56, 3, 32)
-    swin = build_problem(q, q, q, 7, pattern="window", shift=3)
-    assert window_launch.plan(swin).windows_per_axis == (1, 9, 9)
-    forward = window_launch.forward_plan(swin)
-    assert forward.wraps == (False, True, True)
-    assert forward.windows_per_axis == (1, 8, 8) and forward.num_windows == 2 * 64
-    unshifted = window_launch.forward_plan(build_problem(q, q, q, 7, pattern="window"))
-    assert unshifted.wraps == (False, False, False) and unshifted.windows_per_axis == (1, 8, 8)
-    one_axis = window_launch.forward_plan(build_problem(q, q, q, 7, pattern="window", shift=(3, 0)))
-    assert one_axis.wraps == (False, True, False) and one_axis.windows_per_axis == (1, 8, 8)
-    ragged = torch.randn(1, 30, 4, 16)
-    launch = window_launch.forward_plan(build_problem(ragged, ragged, ragged, 7, pattern="window", shift=3))
-    assert launch.wraps == (False, False, False) and launch.windows_per_axis == (1, 1, 5)

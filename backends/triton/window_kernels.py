@@ -102,46 +102,6 @@ def _in_grid(c0, c1, c2, is_slot, lo0, hi0, lo1, hi1, lo2, hi2):
 
 
 @triton.jit
-def _wrapped(lo, OFF, WRAP: tl.constexpr):
-    """Forward only, on an axis whose shifted windows tile it exactly (``WRAP``): its first window,
-    whose slots before ``OFF`` fall before the grid, also holds the axis' last window, which is
-    short by exactly those slots. The slots keep their in-window coordinates (so bias and causal
-    order are unchanged) and are read ``L`` positions further on; the two parts never attend each
-    other. Saves one mostly empty tile per axis (Swin-T shift 3: 81 -> 64 tiles per image).
-    Returns whether this window wraps (its ``lo`` is then 0: every slot is in the grid)."""
-    if WRAP:
-        wraps = lo > 0
-        return wraps, tl.where(wraps, 0, lo)
-    return False, lo
-
-
-@triton.jit
-def _wrap_rows(rows, c0, c1, c2, wr0, wr1, wr2, OFF0, OFF1, OFF2, L0, L1, L2, s0, s1, s2,
-               WRAP0: tl.constexpr, WRAP1: tl.constexpr, WRAP2: tl.constexpr):
-    """Slot offsets of a wrapping window: its slots before OFF on a wrapping axis sit L further."""
-    if WRAP0:
-        rows += tl.where(wr0 & (c0 < OFF0), L0 * s0, 0)
-    if WRAP1:
-        rows += tl.where(wr1 & (c1 < OFF1), L1 * s1, 0)
-    if WRAP2:
-        rows += tl.where(wr2 & (c2 < OFF2), L2 * s2, 0)
-    return rows
-
-
-@triton.jit
-def _same_part(keep, qc0, qc1, qc2, kc0, kc1, kc2, wr0, wr1, wr2, OFF0, OFF1, OFF2,
-               WRAP0: tl.constexpr, WRAP1: tl.constexpr, WRAP2: tl.constexpr):
-    """A wrapping window's two parts (slots before / from OFF) are different windows."""
-    if WRAP0:
-        keep = tl.where(wr0, keep & ((qc0 < OFF0)[:, None] == (kc0 < OFF0)[None, :]), keep)
-    if WRAP1:
-        keep = tl.where(wr1, keep & ((qc1 < OFF1)[:, None] == (kc1 < OFF1)[None, :]), keep)
-    if WRAP2:
-        keep = tl.where(wr2, keep & ((qc2 < OFF2)[:, None] == (kc2 < OFF2)[None, :]), keep)
-    return keep
-
-
-@triton.jit
 def _window_base(b, p0, p1, p2, sb, s0, s1, s2):
     """Offset of the window's first slot: int64 batch term, int32 within the batch element."""
     return b.to(tl.int64) * sb + (p0 * s0 + p1 * s1 + p2 * s2)
@@ -238,12 +198,9 @@ def window_forward_kernel(
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     ALIGN: tl.constexpr, NUM_STAGES: tl.constexpr,
-    WRAP0: tl.constexpr, WRAP1: tl.constexpr, WRAP2: tl.constexpr,
 ):
     """Output and LSE of query head ``h`` for ``BLOCK_M`` query slots of ``windows_per_program``
-    consecutive windows, against all ``BLOCK`` key slots of each window (one pass: exact softmax).
-    On ``WRAP`` axes the window count excludes the last window, which the first one carries
-    (``_wrapped``)."""
+    consecutive windows, against all ``BLOCK`` key slots of each window (one pass: exact softmax)."""
     # Heads vary fastest across programs so the heads of one window run side by side and share
     # the window's cache lines; then the query chunk (windows over 128 tokens), then windows.
     NUM_M: tl.constexpr = BLOCK // BLOCK_M
@@ -275,23 +232,13 @@ def window_forward_kernel(
     for i in tl.range(0, count, num_stages=NUM_STAGES):
         b, p0, p1, p2, lo0, hi0, lo1, hi1, lo2, hi2 = _window_origin(
             first_win + i, L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, W0, W1, W2)
-        wr0, lo0 = _wrapped(lo0, OFF0, WRAP0)
-        wr1, lo1 = _wrapped(lo1, OFF1, WRAP1)
-        wr2, lo2 = _wrapped(lo2, OFF2, WRAP2)
         q_ok = _in_grid(qc0, qc1, qc2, q_slot, lo0, hi0, lo1, hi1, lo2, hi2)
         k_ok = _in_grid(kc0, kc1, kc2, k_slot, lo0, hi0, lo1, hi1, lo2, hi2)
-        wq = _wrap_rows(q_rows, qc0, qc1, qc2, wr0, wr1, wr2, OFF0, OFF1, OFF2, L0, L1, L2, sq0, sq1, sq2,
-                        WRAP0, WRAP1, WRAP2)
-        wk = _wrap_rows(k_rows, kc0, kc1, kc2, wr0, wr1, wr2, OFF0, OFF1, OFF2, L0, L1, L2, sk0, sk1, sk2,
-                        WRAP0, WRAP1, WRAP2)
-        wv = _wrap_rows(v_rows, kc0, kc1, kc2, wr0, wr1, wr2, OFF0, OFF1, OFF2, L0, L1, L2, sv0, sv1, sv2,
-                        WRAP0, WRAP1, WRAP2)
-        q = _load_rows(Qh + _window_base(b, p0, p1, p2, sqb, sq0, sq1, sq2) * ALIGN, wq, q_ok, D, BLOCK_D, ALIGN)
-        k = _load_rows(Kh + _window_base(b, p0, p1, p2, skb, sk0, sk1, sk2) * ALIGN, wk, k_ok, D, BLOCK_D, ALIGN)
-        v = _load_rows(Vh + _window_base(b, p0, p1, p2, svb, sv0, sv1, sv2) * ALIGN, wv, k_ok, DV, BLOCK_DV,
+        q = _load_rows(Qh + _window_base(b, p0, p1, p2, sqb, sq0, sq1, sq2) * ALIGN, q_rows, q_ok, D, BLOCK_D, ALIGN)
+        k = _load_rows(Kh + _window_base(b, p0, p1, p2, skb, sk0, sk1, sk2) * ALIGN, k_rows, k_ok, D, BLOCK_D, ALIGN)
+        v = _load_rows(Vh + _window_base(b, p0, p1, p2, svb, sv0, sv1, sv2) * ALIGN, v_rows, k_ok, DV, BLOCK_DV,
                        ALIGN)
         keep = _keep(k_ok, qc0, qc1, qc2, kc0, kc1, kc2, CAUSAL0, CAUSAL1, CAUSAL2)
-        keep = _same_part(keep, qc0, qc1, qc2, kc0, kc1, kc2, wr0, wr1, wr2, OFF0, OFF1, OFF2, WRAP0, WRAP1, WRAP2)
         s, _ = _scores(q, k, bias, keep, scale, softcap, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST)
         # Every real query sees at least itself, so its row max is finite; rows of padding or
         # out-of-grid slots, never stored, get a zero max so they compute no NaN either.
@@ -300,13 +247,10 @@ def window_forward_kernel(
         p = tl.exp2(s - m[:, None])
         total = tl.sum(p, axis=1)
         out = _dot(p.to(v.dtype), v, PRECISION, UPCAST) * (1.0 / total)[:, None]
-        wo = _wrap_rows(o_rows, qc0, qc1, qc2, wr0, wr1, wr2, OFF0, OFF1, OFF2, L0, L1, L2, so0, so1, so2,
-                        WRAP0, WRAP1, WRAP2)
-        wl = _wrap_rows(l_rows, qc0, qc1, qc2, wr0, wr1, wr2, OFF0, OFF1, OFF2, L0, L1, L2, sl0, sl1, sl2,
-                        WRAP0, WRAP1, WRAP2)
-        _store_rows(Oh + _window_base(b, p0, p1, p2, sob, so0, so1, so2) * ALIGN, wo, q_ok, DV, out, BLOCK_DV, ALIGN)
+        _store_rows(Oh + _window_base(b, p0, p1, p2, sob, so0, so1, so2) * ALIGN, o_rows, q_ok, DV, out, BLOCK_DV,
+                    ALIGN)
         lse = (m + tl.log2(total)) * LN2
-        tl.store(Lh + _window_base(b, p0, p1, p2, slb, sl0, sl1, sl2) + wl, lse, mask=q_ok)
+        tl.store(Lh + _window_base(b, p0, p1, p2, slb, sl0, sl1, sl2) + l_rows, lse, mask=q_ok)
 
 
 @triton.jit(do_not_specialize=_RUNTIME_SIZES)

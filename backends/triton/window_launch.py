@@ -62,9 +62,6 @@ class WindowLaunch(NamedTuple):
     block_m: int  # query slots per chunk: the BLOCK_M x BLOCK score tile must fit on chip
     block_d: int
     block_dv: int
-    # Forward only: axes whose first window also carries their last (window_kernels._wrapped);
-    # windows_per_axis and num_windows then count the windows the forward walks.
-    wraps: Tuple[bool, bool, bool] = (False, False, False)
 
 
 def plan(problem) -> WindowLaunch:
@@ -98,26 +95,6 @@ def _plan(problem, square_tile_max: int, query_chunk: int) -> WindowLaunch:
         block_d=max(16, triton.next_power_of_2(problem.head_dim)),
         block_dv=max(16, triton.next_power_of_2(problem.value_dim)),
     )
-
-
-def forward_plan(problem) -> WindowLaunch:
-    """The forward's launch constants: on every axis whose shifted windows tile it exactly
-    (dilation 1, length a multiple of the window) the two partial edge windows share one tile."""
-    return _forward_plan(problem, SQUARE_TILE_MAX, QUERY_CHUNK)
-
-
-@functools.lru_cache(maxsize=256)
-def _forward_plan(problem, square_tile_max: int, query_chunk: int) -> WindowLaunch:
-    launch = _plan(problem, square_tile_max, query_chunk)
-    wraps = tuple(
-        off > 0 and dl == 1 and length % w == 0
-        for length, w, dl, off in zip(launch.lengths, launch.windows, launch.dilations, launch.offsets)
-    )
-    if not any(wraps):
-        return launch
-    per_axis = tuple(n - wrap for n, wrap in zip(launch.windows_per_axis, wraps))
-    num_windows = problem.batch * math.prod(n * d for n, d in zip(per_axis, launch.dilations))
-    return launch._replace(windows_per_axis=per_axis, num_windows=num_windows, wraps=wraps)
 
 
 INT32_LIMIT = 2**31 - 1
@@ -343,7 +320,7 @@ def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_chu
 def forward(problem, inputs, config=None):
     q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
     _check_int32(q, k, v)
-    launch = forward_plan(problem)
+    launch = plan(problem)
     rank = problem.rank
     out = q.new_empty(*q.shape[:-1], problem.value_dim)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -359,7 +336,7 @@ def forward(problem, inputs, config=None):
         *_grid_args(launch, problem), cfg["windows_per_program"],
         problem.heads, problem.heads // problem.kv_heads, problem.scale, problem.softcap or 1.0,
         HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], **_compile_options(cfg),
-        WRAP0=launch.wraps[0], WRAP1=launch.wraps[1], WRAP2=launch.wraps[2], **_meta(launch, problem, q.dtype),
+        **_meta(launch, problem, q.dtype),
     )
     return out, lse
 
