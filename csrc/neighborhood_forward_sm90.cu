@@ -22,6 +22,7 @@
 
 #include "attention_params.h"
 #include "box_cursor.cuh"
+#include "box_windows.cuh"
 #include "kernel_launch.h"
 #include "mma_fragments.cuh"
 #include "pair_tiles.cuh"
@@ -56,7 +57,6 @@ using Barrier = cutlass::arch::ClusterBarrier;
 // problems (1.43x on 16x16 windows with stride 16, whose boxes are 4 chunks; H100, 2026-11-24).
 template <int CHUNK>
 struct Ring {
-  static constexpr int kChunk = CHUNK;
   static constexpr int kStages = 4;
   // Ring positions: the n-th chunk a CTA handles (over all its pairs) sits in stage
   // n % kStages, and its barriers complete their phase number n / kStages.
@@ -107,8 +107,6 @@ __device__ inline BoxRows box_rows(const AttentionParams& p, const TokenTensor& 
 __device__ inline const void* row_address(const BoxRows& r, const BoxCursor& c) {
   return r.base + c.x[0] * r.step[0] + c.x[1] * r.step[1] + c.x[2] * r.step[2];
 }
-
-constexpr int kPastBox = 1 << 30;
 
 // Producer side of one chunk: rows [first, first + 64) of the key box into the K and V stages,
 // and their box coordinates (the consumers' masks read them: one shared load per key instead of
@@ -173,32 +171,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// A query's neighbourhood relative to the key box, as per-axis [lo, lo + width): one unsigned
-// compare per axis tests a key (a key below lo wraps to a large unsigned offset).
-struct BoxWindow {
-  int lo[kMaxRank];
-  unsigned width[kMaxRank];
-};
-
-__device__ inline BoxWindow box_window(const RowWindow& r, const int (&box_lo)[kMaxRank]) {
-  BoxWindow b;
-#pragma unroll
-  for (int a = 0; a < kMaxRank; ++a) {
-    b.lo[a] = r.lo[a] - box_lo[a];
-    b.width[a] = static_cast<unsigned>(max(r.hi[a] - r.lo[a], 0));
-  }
-  return b;
-}
-
-// Tests only the grid's RANK trailing axes: the leading padding axes hold every key.
-template <int RANK>
-__device__ __forceinline__ bool holds(const BoxWindow& b, const int4& key) {
-  bool in = static_cast<unsigned>(key.z - b.lo[2]) < b.width[2];
-  if (RANK >= 2) in = in && static_cast<unsigned>(key.y - b.lo[1]) < b.width[1];
-  if (RANK >= 3) in = in && static_cast<unsigned>(key.x - b.lo[0]) < b.width[0];
-  return in;
-}
-
 // A pair tile and the union key box its two halves walk, in chunks of `chunk` keys (producer
 // and consumers derive the same walk from it).
 struct PairBox {
@@ -213,21 +185,6 @@ __device__ inline PairBox pair_box(const AttentionParams& p, const TileShape& sh
   key_box(p, b.work, b.lo, b.extent);
   b.chunks = (b.extent[0] * b.extent[1] * b.extent[2] + chunk - 1) / chunk;
   return b;
-}
-
-// True when every key of a chunk lies in `b`: the chunk runs in flat order from `first` to
-// `last`, so along an axis it covers [first, last] when all slower axes agree and the whole
-// box extent otherwise.
-__device__ inline bool spans_inside(const int4& first, const int4& last, const BoxWindow& b,
-                                    const int (&extent)[kMaxRank]) {
-  const int lo[kMaxRank] = {first.x, first.x == last.x ? first.y : 0, first.x == last.x && first.y == last.y ? first.z : 0};
-  const int hi[kMaxRank] = {last.x, first.x == last.x ? last.y : extent[1] - 1,
-                            first.x == last.x && first.y == last.y ? last.z : extent[2] - 1};
-  bool inside = true;
-#pragma unroll
-  for (int a = 0; a < kMaxRank; ++a)
-    inside = inside && lo[a] >= b.lo[a] && static_cast<unsigned>(hi[a] - b.lo[a]) < b.width[a];
-  return inside;
 }
 
 template <typename T, int D, int CHUNK>

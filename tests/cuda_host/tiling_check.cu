@@ -10,7 +10,10 @@
 //                 that attends it;
 //   pair tiles:   (the Hopper forward) each token is in exactly one half of one pair, a half's
 //                 rows lie in its own box, its key box is one contiguous run of the union box's
-//                 flat positions, and that run holds every key its queries attend;
+//                 flat positions, and that run holds every key its queries attend; the kernel's
+//                 box-relative test (holds) agrees with `attends` on every key of the run, and
+//                 every 64-key chunk it leaves unmasked (spans_inside the common window) is
+//                 attended whole by every row of the half;
 //   box walks:    a BoxCursor (box_cursor.cuh) advanced in the steps the Hopper kernel takes
 //                 lands where unravelling the flat position does, and is past the box exactly
 //                 when the position is.
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "box_cursor.cuh"
+#include "box_windows.cuh"
 #include "pair_tiles.cuh"
 #include "row_windows.cuh"
 
@@ -155,12 +159,35 @@ const char* check_pairs(const AttentionParams& p) {
         }
         seen[token_index(p, w, x)] += 1;
         const RowWindow window = query_window(p, w, x, true);
+        const BoxWindow relative = box_window(window, union_lo);
         int found = 0;
         for (int flat = run.lo; flat < run.hi; ++flat) {
           int y[kMaxRank];
-          if (box_coords(flat, union_lo, union_extent, y)) found += attends(window, y);
+          if (!box_coords(flat, union_lo, union_extent, y)) continue;
+          const bool in = attends(window, y);
+          found += in;
+          const int4 key = make_int4(y[0] - union_lo[0], y[1] - union_lo[1], y[2] - union_lo[2], 0);
+          if (holds<3>(relative, key) != in) return "the box-relative window test disagrees with attends";
         }
         if (found != attended_count(p, own)) return "a half's key run misses keys";
+        // Chunks the kernel leaves unmasked hold only keys this row attends.
+        const BoxWindow common = box_window(common_window(p, h.work), union_lo);
+        const int box = union_extent[0] * union_extent[1] * union_extent[2];
+        auto chunk_coord = [&](int flat) {
+          int c[kMaxRank];
+          if (flat >= box) return make_int4(kPastBox, kPastBox, kPastBox, 0);
+          unravel3(flat, union_extent, c);
+          return make_int4(c[0], c[1], c[2], 0);
+        };
+        for (int first = run.lo / 64 * 64; first < run.hi; first += 64) {
+          if (first < run.lo || first + 64 > run.hi) continue;  // partly outside the run: masked
+          if (!spans_inside(chunk_coord(first), chunk_coord(first + 63), common, union_extent)) continue;
+          for (int flat = first; flat < first + 64; ++flat) {
+            int y[kMaxRank];
+            box_coords(flat, union_lo, union_extent, y);
+            if (!attends(window, y)) return "an unmasked chunk holds a key a row does not attend";
+          }
+        }
       }
     }
   }
