@@ -267,7 +267,7 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     float o[kORegs];
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // log2 units
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // maxima in raw score units
     const int buffer = pair_count & 1;
     const T* sQ_half = sQ + (buffer * kConsumers + half) * L::kQElems;
     Barrier::wait(&q_full[buffer], (pair_count >> 1) & 1);
