@@ -30,8 +30,9 @@ struct TokenTensor {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 enum class Pattern : int { kNeighborhood = 0, kWindow = 1 };
-// Which forward kernel runs: auto takes the Hopper one (wgmma) where the device is sm_90 and this
-// build has sm_90a code, else the portable one (mma.sync); the others force one (benchmarks, tests).
+// Which forward kernel runs: auto takes the Hopper one (wgmma) where the device is sm_90, this
+// build has sm_90a code and scale > 0, else the portable one (mma.sync); the others force one
+// (benchmarks, tests).
 enum class ForwardKernel : int { kAuto = 0, kPortable = 1, kHopper = 2 };
 
 struct AttentionParams {
