@@ -180,6 +180,12 @@ def _meta(launch: WindowLaunch, problem, inputs_dtype):
     )
 
 
+def _dilated_axes(launch: WindowLaunch) -> dict:
+    """Which axes are dilated: a property of the problem, not of the grid size, so compiling it in
+    (the kernels skip undilated axes' dilation-group arithmetic) costs no recompilation."""
+    return {f"DILATED{axis}": dilation > 1 for axis, dilation in enumerate(launch.dilations)}
+
+
 def _kernel(fn):
     """Interpreter or compiled launch, decided per call (not when the module was imported)."""
     return interpreted_kernel(fn) if interpreting() else fn
@@ -335,7 +341,8 @@ def forward(problem, inputs, config=None):
         *_strides(out, rank, align), *_strides(lse.unsqueeze(-1), rank),
         *_grid_args(launch, problem), cfg["windows_per_program"],
         problem.heads, problem.heads // problem.kv_heads, problem.scale, problem.softcap or 1.0,
-        HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], **_compile_options(cfg),
+        HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **_dilated_axes(launch),
+        **_compile_options(cfg),
         **_meta(launch, problem, q.dtype),
     )
     return out, lse
@@ -381,7 +388,7 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         *_grid_args(launch, problem), cfg["windows_per_program"],
         problem.heads, group, problem.scale, problem.softcap or 1.0,
         HAS_BIAS=rpb is not None, BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None,
-        ALIGN=align, NUM_STAGES=cfg["num_stages"], **_compile_options(cfg),
+        ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **_dilated_axes(launch), **_compile_options(cfg),
         **_meta(launch, problem, q.dtype),
     )
     if group > 1:
