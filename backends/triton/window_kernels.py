@@ -16,7 +16,7 @@ spills, two programs per SM, each waiting on its own loads):
   (per tensor), and the head's bias tile. Per window only scalars change: the
   window's first-slot position per axis, from a mixed-radix cursor that steps from one window to
   the next with compares and selects (decoding a window index took seven integer divisions,
-  and the in-grid ranges two more per axis: a third of the forward loop; see ``_first_window``).
+  and the in-grid ranges one more per axis: a third of the forward loop; see ``_first_window``).
 * Offsets inside one batch element are int32 (the host checks they fit); only the batch term is
   int64, once per window, as a scalar.
 * The bias tile arrives pre-multiplied by log2(e) (no softcap), so a score costs one FMA before
