@@ -15,7 +15,7 @@ import triton.language as tl
 
 from .descriptors import group_descriptor, kv_descriptors, load_box, load_token_tile
 from .forward_kernel import query_tile
-from .index_math import key_range, query_range, split3
+from .index_math import key_range, next3, query_range, split3
 from .scores import LOG2E, finish_scores, mma, relative_bias, within
 
 
@@ -98,8 +98,8 @@ def dq_kernel(
         # Row of the dS buffer: ((b * H + h) * N + flat query) * prod(K).
         ds_rows = ((bh[0] * H + bh[1]) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for j in range(0, n_tiles):
-        j0, j1, j2 = split3(j, nk1, nk2)
+    j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
+    for _ in range(0, n_tiles):
         ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
@@ -124,6 +124,7 @@ def dq_kernel(
             slot = ((y0[None, :] - lo0[:, None]) * K1 + (y1[None, :] - lo1[:, None])) * K2 + (y2[None, :] - lo2[:, None])
             seen = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True) & q_ok[:, None]
             tl.store(DSB + ds_rows[:, None] + slot, ds, mask=seen)
+        j0, j1, j2 = next3(j0, j1, j2, nk1, nk2)
 
     if HAS_EXTRA:
         e_off = tl.arange(0, BLOCK_N)
@@ -200,7 +201,8 @@ def dkdv_kernel(
     _, qhi2 = query_range(yl2, Lg2, K2, S2, SH2, C2, WINDOW)
     nq1 = tl.cdiv(qhi1 - qlo1, TM1)
     nq2 = tl.cdiv(qhi2 - qlo2, TM2)
-    nq = tl.cdiv(qhi0 - qlo0, TM0) * nq1 * nq2
+    nq0 = tl.cdiv(qhi0 - qlo0, TM0)
+    nq = nq0 * nq1 * nq2
 
     m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
     if TMA:
@@ -213,9 +215,11 @@ def dkdv_kernel(
                                    BLOCK_DV)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dvacc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    for it in range(0, G * nq):
-        h = kvh * G + it // nq
-        j0, j1, j2 = split3(it % nq, nq1, nq2)
+    # Cursor: query head of the group, then query tile (see next3).
+    group_head = tl.zeros((), tl.int32)
+    j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
+    for _ in range(0, G * nq):
+        h = kvh * G + group_head
         xs0, xs1, xs2 = qlo0 + j0 * TM0, qlo1 + j1 * TM1, qlo2 + j2 * TM2
         x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
         q_ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
@@ -224,8 +228,8 @@ def dkdv_kernel(
             i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
         h64 = h.to(tl.int64)
         if TMA:
-            q = load_box(q_desc, it // nq, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
-            do = load_box(do_desc, it // nq, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_DV)
+            q = load_box(q_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
+            do = load_box(do_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_DV)
         else:
             q = tl.load(Q + (b64 * sqb + h64 * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :],
                         mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
@@ -262,6 +266,10 @@ def dkdv_kernel(
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
+        j0, j1, j2 = next3(j0, j1, j2, nq1, nq2)
+        next_head = j0 == nq0
+        group_head += next_head.to(tl.int32)
+        j0 = tl.where(next_head, 0, j0)
 
     tl.store(DK + (b64 * sdkb + kvh64 * sdkh + k0 * sdk0 + k1 * sdk1 + k2 * sdk2)[:, None] + d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d[None, :] < HEAD_D))

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .descriptors import kv_descriptors, load_token_tile
-from .index_math import group_length, key_range, split3
+from .index_math import group_length, key_range, next3, split3
 from .scores import LN2, finish_scores, mma, relative_bias, within
 
 
@@ -92,8 +92,8 @@ def forward_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for j in range(0, n_tiles):
-        j0, j1, j2 = split3(j, nk1, nk2)
+    j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
+    for _ in range(0, n_tiles):
         ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
@@ -117,6 +117,7 @@ def forward_kernel(
                              Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
         acc = mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISION)
         m_i = m_new
+        j0, j1, j2 = next3(j0, j1, j2, nk1, nk2)
 
     if HAS_EXTRA:
         e_off = tl.arange(0, BLOCK_N)
