@@ -99,7 +99,7 @@ def dq_kernel(
         ds_rows = ((bh[0] * H + bh[1]) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
-    for _ in range(0, n_tiles):
+    for _tile in range(0, n_tiles):
         ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
@@ -218,7 +218,7 @@ def dkdv_kernel(
     # Cursor: query head of the group, then query tile (see next3).
     group_head = tl.zeros((), tl.int32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
-    for _ in range(0, G * nq):
+    for _step in range(0, G * nq):
         h = kvh * G + group_head
         xs0, xs1, xs2 = qlo0 + j0 * TM0, qlo1 + j1 * TM1, qlo2 + j2 * TM2
         x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
