@@ -536,12 +536,13 @@ def window_backend(problem):
 
 
 def default_launch(kind, problem, device):
-    """What window_launch picks without a config: {windows_per_program, num_stages, num_warps}."""
+    """What window_launch picks without a config: {windows_per_program, num_stages, num_warps,
+    reload_bias}."""
     from haloattn.backends.triton import window_launch
 
     launch = window_launch.plan(problem)
     chunks = launch.block // launch.block_m if kind == "forward" else 1
-    return window_launch._launch_config(kind, launch, problem, device, None, chunks)
+    return window_launch._launch_config(kind, launch, problem, device, None, chunks, problem.dtype.itemsize)
 
 
 def sweep_configs(kind, default):
@@ -550,7 +551,14 @@ def sweep_configs(kind, default):
     configs = [None]
     for wpp, warps, stages in itertools.product(per_program, SWEEP_WARPS, SWEEP_STAGES):
         configs.append({f"{kind}_windows_per_program": wpp, f"{kind}_num_warps": warps,
-                        f"{kind}_num_stages": stages})
+                        f"{kind}_num_stages": stages, f"{kind}_reload_bias": default["reload_bias"]})
+    if kind == "forward":
+        # The other way of holding the bias tile (registers or reloaded per window), at the
+        # default's windows per program.
+        for warps, stages in itertools.product(SWEEP_WARPS, SWEEP_STAGES):
+            configs.append({"forward_windows_per_program": default["windows_per_program"],
+                            "forward_num_warps": warps, "forward_num_stages": stages,
+                            "forward_reload_bias": not default["reload_bias"]})
     return configs
 
 
@@ -572,9 +580,12 @@ def relative_error(got, want):
                for a, b in zip(got, want))
 
 
+LABEL_KEYS = ("windows_per_program", "num_warps", "num_stages", "reload_bias")
+
+
 def config_label(config, kind, default):
-    values = default if config is None else {key: config[f"{kind}_{key}"] for key in default}
-    return values["windows_per_program"], values["num_warps"], values["num_stages"]
+    values = default if config is None else {key: config[f"{kind}_{key}"] for key in LABEL_KEYS}
+    return tuple(values[key] for key in LABEL_KEYS)
 
 
 def sweep_row(dtype, shift, kind):
@@ -586,8 +597,7 @@ def sweep_row(dtype, shift, kind):
     reference = step(backend, problem, inputs, grad, kind, None)()
     trials = []
     for config in sweep_configs(kind, default):
-        wpp, warps, stages = config_label(config, kind, default)
-        trial = {"windows_per_program": wpp, "num_warps": warps, "num_stages": stages, "default": config is None}
+        trial = dict(zip(LABEL_KEYS, config_label(config, kind, default)), default=config is None)
         fn = step(backend, problem, inputs, grad, kind, config)
         try:
             error = relative_error(fn(), reference)
@@ -615,22 +625,24 @@ def format_sweep(result):
     lines = [f"### {result['row']}", ""]
     if best is not None and "ms" in base:
         lines.append(f"default (wpp {base['windows_per_program']}, {base['num_warps']} warps, "
-                     f"{base['num_stages']} stages): {base['ms']:.3f} ms; best {best['ms']:.3f} ms; "
+                     f"{base['num_stages']} stages, reload bias {base['reload_bias']}): {base['ms']:.3f} ms; "
+                     f"best {best['ms']:.3f} ms; "
                      f"default/best {result['default/best']:.2f}x")
         lines.append("")
-    lines += ["| rank | windows/program | warps | stages | ms | default/this | check |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["| rank | windows/program | warps | stages | reload bias | ms | default/this | check |",
+              "|---|---|---|---|---|---|---|---|"]
     for rank, t in enumerate(result["trials"], 1):
         ms = f"{t['ms']:.3f}" if "ms" in t else "-"
         ratio = f"{base['ms'] / t['ms']:.2f}x" if "ms" in t and "ms" in base else "-"
         mark = " (default)" if t["default"] else ""
         lines.append(f"| {rank} | {t['windows_per_program']}{mark} | {t['num_warps']} | {t['num_stages']} | "
-                     f"{ms} | {ratio} | {t['check']} |")
+                     f"{t['reload_bias']} | {ms} | {ratio} | {t['check']} |")
     return "\n".join(lines) + "\n"
 
 
 def format_sweep_summary(results):
-    lines = ["| row | default (wpp, warps, stages) | default ms | best (wpp, warps, stages) | best ms | default/best |",
+    lines = ["| row | default (wpp, warps, stages, reload bias) | default ms | best (wpp, warps, stages, reload bias) "
+             "| best ms | default/best |",
              "|---|---|---|---|---|---|"]
     for r in results:
         base, best = r["default"], r["best"]
@@ -643,14 +655,14 @@ def format_sweep_summary(results):
 
 
 def _compile_one(task):
-    """Worker of precompile(): one launch of one (dtype, kind, warps, stages) on a batch-1 problem
+    """Worker of precompile(): one launch of one (dtype, kind, warps, stages, reload_bias) on a batch-1 problem
     (sizes and grid are runtime arguments of the kernels: the compiled binary is the same)."""
-    dtype_name, kind, warps, stages = task
+    dtype_name, kind, warps, stages, reload_bias = task
     try:
         _, grid, window, heads, head_dim = SHAPES[SWIN_T]
         dtype = getattr(torch, dtype_name)
         problem, inputs, grad = window_problem(1, grid, window, heads, head_dim, 3, dtype, DEVICE)
-        config = {f"{kind}_num_warps": warps, f"{kind}_num_stages": stages}
+        config = {f"{kind}_num_warps": warps, f"{kind}_num_stages": stages, f"{kind}_reload_bias": reload_bias}
         step(window_backend(problem), problem, inputs, grad, kind, config)()
         return None
     except Exception as exc:  # the sweep itself reports the config's failure
@@ -659,14 +671,15 @@ def _compile_one(task):
 
 def precompile(jobs):
     """Compile every swept kernel variant in ``jobs`` processes at once. Warps and stages are
-    compile-time (windows per program is not): 36 variants at 1-6 s each would otherwise take most
+    compile-time (windows per program is not): 30 variants at 1-6 s each would otherwise take most
     of the sweep's time. The sweep then finds them in Triton's on-disk cache."""
     if jobs <= 1:
         return
     import multiprocessing
 
-    tasks = sorted({(str(dtype).replace("torch.", ""), kind, warps, stages)
-                    for dtype, _, kind in SWEEP_ROWS for warps in SWEEP_WARPS for stages in SWEEP_STAGES})
+    tasks = sorted({(str(dtype).replace("torch.", ""), kind, warps, stages, reload_bias)
+                    for dtype, _, kind in SWEEP_ROWS for warps in SWEEP_WARPS for stages in SWEEP_STAGES
+                    for reload_bias in ((False, True) if kind == "forward" else (False,))})
 
     start = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:

@@ -290,7 +290,7 @@ def window_forward_kernel(
     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    ALIGN: tl.constexpr, NUM_STAGES: tl.constexpr,
+    ALIGN: tl.constexpr, NUM_STAGES: tl.constexpr, RELOAD_BIAS: tl.constexpr,
 ):
     """Output and LSE of query head ``h`` for ``BLOCK_M`` query slots of ``windows_per_program``
     consecutive windows, against all ``BLOCK`` key slots of each window (one pass: exact softmax)."""
@@ -311,10 +311,11 @@ def window_forward_kernel(
     l_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sl0, sl1, sl2)
     k_rows = _relative_offsets(kc0, kc1, kc2, DL0, DL1, DL2, sk0, sk1, sk2)
     v_rows = _relative_offsets(kc0, kc1, kc2, DL0, DL1, DL2, sv0, sv1, sv2)
+    bias_tile = BIAS + h * (BLOCK * BLOCK) + (first_q + tl.arange(0, BLOCK_M))[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     bias = 0.0
     if HAS_BIAS:
-        bias = tl.load(BIAS + h * (BLOCK * BLOCK) + (first_q + tl.arange(0, BLOCK_M))[:, None] * BLOCK
-                       + tl.arange(0, BLOCK)[None, :])
+        if not RELOAD_BIAS:
+            bias = tl.load(bias_tile)
     Qh = Q + h * sqh * ALIGN
     Kh = K + kv_h * skh * ALIGN
     Vh = V + kv_h * svh * ALIGN
@@ -338,7 +339,11 @@ def window_forward_kernel(
         v = _load_rows(Vh + _window_base(b, p0, p1, p2, svb, sv0, sv1, sv2) * ALIGN, v_rows, k_ok, DV, BLOCK_DV,
                        ALIGN)
         keep = _keep(k_ok, qc0, qc1, qc2, kc0, kc1, kc2, CAUSAL0, CAUSAL1, CAUSAL2)
-        s, _ = _scores(q, k, bias, keep, scale, softcap, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST)
+        window_bias = bias
+        if HAS_BIAS:
+            if RELOAD_BIAS:
+                window_bias = tl.load(bias_tile)
+        s, _ = _scores(q, k, window_bias, keep, scale, softcap, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST)
         # Every real query sees at least itself, so its row max is finite; rows of padding or
         # out-of-grid slots, never stored, get a zero max so they compute no NaN either.
         m = tl.max(s, axis=1)

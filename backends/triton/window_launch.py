@@ -282,6 +282,18 @@ def _default_stages(kind: str, launch: WindowLaunch, element_size: int) -> int:
     return stages if stages * per_stage * element_size <= STAGE_BYTES else fallback
 
 
+# The forward holds the head's bias tile in registers across its windows, except for float32
+# inputs: there the tf32x3 products' operand splits already use every register, and the 32 a thread
+# spends on a 64 x 64 bias tile made ptxas spill (Swin-T: 120 B); reloaded per window, the tile
+# travels through the software pipeline's shared-memory stages like q, k and v, and nothing spills.
+# Only for tiles of at most RELOAD_BIAS_SLOTS pairs, whose stage buffers stay small.
+RELOAD_BIAS_SLOTS = 64 * 64
+
+
+def _reload_bias(kind: str, launch: WindowLaunch, element_size: int) -> bool:
+    return kind == "forward" and element_size == 4 and launch.block_m * launch.block <= RELOAD_BIAS_SLOTS
+
+
 def _windows_per_program(launch: WindowLaunch, problem, device: torch.device, query_chunks: int) -> int:
     if device.type != "cuda":
         return 2  # the interpreter: still exercises the loop over several windows
@@ -291,9 +303,10 @@ def _windows_per_program(launch: WindowLaunch, problem, device: torch.device, qu
 
 def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, query_chunks: int,
                    element_size: int = 2) -> dict:
-    """windows_per_program, num_stages and num_warps of one kernel (and maxnreg, a register cap,
-    where the config sets one): the config's ``{kind}_...`` entries where given (autotuning,
-    benchmarks), the defaults otherwise. ``element_size`` (of q) sizes the pipeline buffers."""
+    """windows_per_program, num_stages, num_warps and (forward) reload_bias of one kernel (and
+    maxnreg, a register cap, where the config sets one): the config's ``{kind}_...`` entries where
+    given (autotuning, benchmarks), the defaults otherwise. ``element_size`` (of q) sizes the
+    pipeline buffers."""
     config = config or {}
     chosen = dict(DEFAULTS[kind])
     chosen["num_stages"] = _default_stages(kind, launch, element_size)
@@ -302,6 +315,7 @@ def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, que
     chosen["windows_per_program"] = _windows_per_program(launch, problem, device, query_chunks)
     for key in ("windows_per_program", "num_stages", "num_warps"):
         chosen[key] = int(config.get(f"{kind}_{key}", chosen[key]))
+    chosen["reload_bias"] = bool(config.get(f"{kind}_reload_bias", _reload_bias(kind, launch, element_size)))
     if config.get(f"{kind}_maxnreg"):
         # A register cap (ptx .maxnreg): e.g. 128 fits 4 programs of 4 warps per SM where the
         # uncapped Swin-T float16 forward (166 registers) fits 3; ptxas spills ~100 B for it.
@@ -342,7 +356,7 @@ def forward(problem, inputs, config=None):
         *_grid_args(launch, problem), cfg["windows_per_program"],
         problem.heads, problem.heads // problem.kv_heads, problem.scale, problem.softcap or 1.0,
         HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **_dilated_axes(launch),
-        **_compile_options(cfg),
+        RELOAD_BIAS=cfg.get("reload_bias", False), **_compile_options(cfg),
         **_meta(launch, problem, q.dtype),
     )
     return out, lse
