@@ -2,11 +2,13 @@
 # One device call for a session's measurements of both Triton backends: install, the GPU tests of
 # triton (under xdist) and triton_window (serially, with timm parity), the window benchmark
 # (CUDA-graph timed, SDPA in every mask layout), the neighbourhood benchmark without Flex (triton
-# and cuDNN, all ten problems) and, with TIMM=1, timm Swin-T throughput. At most eight files come
-# back under $OUT (the device tool's limit): device.txt, triton_tests.log, window_tests.log,
-# bench_window.{md,json}, neighborhood.{md,json}, bench_timm.md.
+# and cuDNN, all ten problems), with SWEEP=1 the window kernels' launch-config sweep and with
+# TIMM=1 timm Swin-T throughput. Files under $OUT (the device tool takes at most eight): device.txt,
+# triton_tests.log, window_tests.log, bench_window.{md,json}, neighborhood.{md,json},
+# sweep_window.md, bench_timm.md.
 #   bash benchmarks/gpu_run_session.sh
-# Knobs: SKIP_TESTS=1, TIMM=1, WINDOW_ARGS / NEIGHBORHOOD_ARGS (extra benchmark arguments).
+# Knobs: SKIP_TESTS=1, SKIP_NEIGHBORHOOD=1, SWEEP=1, TIMM=1, WINDOW_ARGS / NEIGHBORHOOD_ARGS (extra
+# benchmark arguments).
 set -o pipefail
 export PYTHONUNBUFFERED=1 HALOATTN_CUDA=off
 OUT=${OUT:-/tmp/out}
@@ -34,10 +36,16 @@ fi
 timeout 300 python3 benchmarks/bench_window.py --cudagraph --markdown "$OUT/bench_window.md" \
   --json "$OUT/bench_window.json" $WINDOW_ARGS > /tmp/bench_window.log 2>&1
 stamp "window bench: exit $?"; head -16 "$OUT/bench_window.md"
-# shellcheck disable=SC2086
-timeout 200 python3 benchmarks/bench_neighborhood.py --no-flex --markdown "$OUT/neighborhood.md" \
-  --json "$OUT/neighborhood.json" $NEIGHBORHOOD_ARGS > /tmp/nb.log 2>&1
-stamp "neighbourhood bench: exit $?"; cat "$OUT/neighborhood.md"
+if [ -n "$SWEEP" ]; then
+  timeout 240 python3 benchmarks/bench_window.py --sweep --markdown "$OUT/sweep_window.md" > /tmp/sweep.log 2>&1
+  stamp "window sweep: exit $?"; grep -A9 "^| row" "$OUT/sweep_window.md"
+fi
+if [ -z "$SKIP_NEIGHBORHOOD" ]; then
+  # shellcheck disable=SC2086
+  timeout 200 python3 benchmarks/bench_neighborhood.py --no-flex --markdown "$OUT/neighborhood.md" \
+    --json "$OUT/neighborhood.json" $NEIGHBORHOOD_ARGS > /tmp/nb.log 2>&1
+  stamp "neighbourhood bench: exit $?"; cat "$OUT/neighborhood.md"
+fi
 if [ -n "$TIMM" ]; then
   timeout 120 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --markdown "$OUT/bench_timm.md" > /tmp/timm.log 2>&1
   stamp "timm: exit $?"; cat "$OUT/bench_timm.md"
