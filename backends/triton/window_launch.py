@@ -25,13 +25,14 @@ QUERY_CHUNK = 64
 
 
 # Shared memory (bytes) of the forward and backward kernels at their default launch settings,
-# compiled for sm_90 (benchmarks/compile_report_window.py, 2026-11-23), by tile class (padded
+# compiled for sm_90 (benchmarks/compile_report_window.py, 2026-11-23; the float32 forward's of
+# 64-slot tiles 2026-11-25, with its bias tile reloaded per window), by tile class (padded
 # window: 64 slots or fewer, 128, or query-chunked beyond), bytes per element and padded head dim
 # (32 or fewer, 64, 128). The plugin compares them with the GPU's per-block limit (H100: 227 KiB),
 # so a problem whose kernels cannot launch goes to backend 'triton' instead of failing there.
 SHARED_MEMORY = {
     (64, 2, 32): (40960, 41216), (64, 2, 64): (81920, 73984), (64, 2, 128): (106496, 73728),
-    (64, 4, 32): (40960, 90368), (64, 4, 64): (81920, 65536), (64, 4, 128): (163840, 98304),
+    (64, 4, 32): (98304, 90368), (64, 4, 64): (98304, 65536), (64, 4, 128): (180224, 98304),
     (128, 2, 32): (81920, 98816), (128, 2, 64): (114688, 98304), (128, 2, 128): (229376, 163840),
     (128, 4, 32): (81920, 163840), (128, 4, 64): (163840, 196608), (128, 4, 128): (327680, 262144),
     (256, 2, 32): (114688, 106496), (256, 2, 64): (155648, 147456), (256, 2, 128): (311296, 229376),
@@ -253,9 +254,10 @@ MAX_WINDOWS_PER_PROGRAM = 16
 # timed, Swin-T stage 1). Forward: Triton 3.6 issues a pipelined loop's next loads at the END of
 # the iteration and waits for them at the top of the next one, so 2 stages overlap nothing inside
 # a program; 3 keep one window's loads in flight during this window's math (16-bit: the fastest
-# of the sweep; 166 registers, 3 programs of 4 warps per SM). float32 keeps 2 (3 spill; 2 were
-# 1.04x faster). Backward of square tiles: 2 stages and 4 warps (1.35-1.38x faster than 3 stages
-# and 8 warps; timm Swin-T training 1.16x stock against 1.04x). Deeper pipelines only where the
+# of the sweep; 141 registers, 3 programs of 4 warps per SM). float32 with its bias tile reloaded
+# per window (_reload_bias) takes 3 as well: 1.12-1.13x faster than 2 (sweep of 2026-11-25).
+# Backward of square tiles: 2 stages and 4 warps (1.35-1.38x faster than 3 stages and 8 warps;
+# timm Swin-T training 1.16x stock against 1.04x). Deeper pipelines only where the
 # stage buffers stay under STAGE_BYTES; larger score tiles get 8 warps (_launch_config).
 STAGE_BYTES = 128 * 1024
 DEFAULTS = {
@@ -264,16 +266,19 @@ DEFAULTS = {
 }
 
 
-def _default_stages(kind: str, launch: WindowLaunch, element_size: int) -> int:
+def _default_stages(kind: str, launch: WindowLaunch, element_size: int, reload_bias: bool = False) -> int:
     """Pipeline depth (see above) where the stage buffers fit in STAGE_BYTES, else one stage less
-    (forward: 2 at least). The forward buffers Q, K, V per stage, the backward K, V, Q, O, dO.
-    Query-chunked backward stays at 1 (more would not fit; the rpb-gradient partial is read back
-    from memory in the loop)."""
+    (forward: 2 at least). The forward buffers Q, K, V per stage (and the bias tile where it
+    reloads it), the backward K, V, Q, O, dO. float32 forwards that hold the bias tile in registers
+    keep 2 (3 spilled). Query-chunked backward stays at 1 (more would not fit; the rpb-gradient
+    partial is read back from memory in the loop)."""
     bd, bv = launch.block_d, launch.block_dv
     stages = DEFAULTS[kind]["num_stages"]
     if kind == "forward":
         per_stage, fallback = launch.block_m * bd + launch.block * (bd + bv), 2
-        if element_size == 4:
+        if reload_bias:
+            per_stage += launch.block_m * launch.block * 4 // element_size  # float32 tile
+        elif element_size == 4:
             stages = 2
     else:
         if launch.block_m != launch.block:
@@ -309,13 +314,13 @@ def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, que
     pipeline buffers."""
     config = config or {}
     chosen = dict(DEFAULTS[kind])
-    chosen["num_stages"] = _default_stages(kind, launch, element_size)
+    chosen["reload_bias"] = bool(config.get(f"{kind}_reload_bias", _reload_bias(kind, launch, element_size)))
+    chosen["num_stages"] = _default_stages(kind, launch, element_size, chosen["reload_bias"])
     if launch.block_m * launch.block > 64 * 64:
         chosen["num_warps"] = 8  # keep the float32 score tile near 32-64 registers a thread
     chosen["windows_per_program"] = _windows_per_program(launch, problem, device, query_chunks)
     for key in ("windows_per_program", "num_stages", "num_warps"):
         chosen[key] = int(config.get(f"{kind}_{key}", chosen[key]))
-    chosen["reload_bias"] = bool(config.get(f"{kind}_reload_bias", _reload_bias(kind, launch, element_size)))
     if config.get(f"{kind}_maxnreg"):
         # A register cap (ptx .maxnreg): e.g. 128 fits 4 programs of 4 warps per SM where the
         # uncapped Swin-T float16 forward (166 registers) fits 3; ptxas spills ~100 B for it.
