@@ -4,7 +4,8 @@ every distinct forward config and every distinct backward (dQ, dK/dV) config of
 with dense cuDNN SDPA over the same tokens timed in the same run for the forward efficiency
 column. Each variant's result is checked against the default config's.
 
-    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--json FILE]
+    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only]
+        [--json FILE]
 
 ``--compile-only`` runs each variant once without timing, so several processes (one per problem)
 can fill the Triton cache in parallel before one timing run.
@@ -70,13 +71,21 @@ def descriptor_configs(configs):
     return configs[:1] + [c for c in configs[1:] if c["fwd"].get("tma")]
 
 
-def sweep(index, backward=True, tma_only=False, compile_only=False):
+def rescale_configs(configs):
+    """The default and the default forward with the other rescaling rule (lazy or every tile)."""
+    fwd = configs[0]["fwd"]
+    return [configs[0], dict(configs[0], fwd=dict(fwd, lazy_rescale=not fwd.get("lazy_rescale", False)))]
+
+
+def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
     dense = float("nan") if compile_only else dense_tflops(problem.tokens, problem.head_dim, q.device, q.dtype)
     configs = tiles.candidate_configs(problem)  # the default comes first
     forward_configs = descriptor_configs(configs) if tma_only else configs
+    if rescale_only:
+        forward_configs, backward = rescale_configs(configs), False
     out, lse = launch.forward(problem, inputs, configs[0])
     result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
               "forward": time_variants(forward_configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
@@ -96,7 +105,8 @@ def sweep(index, backward=True, tma_only=False, compile_only=False):
 def label(config):
     parts = []
     for name, c in config.items():
-        parts.append(f"{name}: q {c['q']} kv {c['kv']} w{c['warps']} s{c['stages']}{' tma' if c.get('tma') else ''}")
+        parts.append(f"{name}: q {c['q']} kv {c['kv']} w{c['warps']} s{c['stages']}{' tma' if c.get('tma') else ''}"
+                     f"{' lazy' if c.get('lazy_rescale') else ''}")
     return "; ".join(parts)
 
 
@@ -120,11 +130,13 @@ def main():
     parser.add_argument("--tma-only", action="store_true",
                         help="forward: the default and the descriptor (TMA) variants only")
     parser.add_argument("--compile-only", action="store_true", help="run each variant once, time nothing")
+    parser.add_argument("--rescale-only", action="store_true",
+                        help="forward only: the default against the other rescaling rule (lazy or every tile)")
     parser.add_argument("--json")
     args = parser.parse_args()
     results = []
     for index in (int(i) for i in args.only.split(",")):
-        results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only))
+        results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only))
         if args.compile_only:
             continue
         report(results[-1])

@@ -224,3 +224,21 @@ def test_cost_model_counts_a_dilation_group_like_an_undilated_axis(length, windo
         dilated = tiles._axis_key_tiles(Axis(2 * length, window, stride, 2, causal), "neighborhood", q_tile, kv_tile)
         plain = tiles._axis_key_tiles(Axis(length, window, stride, 1, causal), "neighborhood", q_tile, kv_tile)
         assert dilated == plain
+
+
+@pytest.mark.parametrize("magnitude", [0.5, 40.0])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_both_rescaling_rules_match_the_oracle(lazy, magnitude):
+    # Lazy rescaling keeps stale row maxima until a tile raises one by more than 2^8: small scores
+    # (magnitude 0.5) never trigger it after the first tile, large ones (40) trigger it on most
+    # tiles, and keys that grow along the sequence make every tile raise the maxima a little.
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 40, 2, 16, generator=gen) * magnitude
+    k = torch.randn(1, 40, 2, 16, generator=gen) + torch.linspace(0, 3, 40)[None, :, None, None]
+    v = torch.randn(1, 40, 2, 16, generator=gen)
+    problem = build_problem(q, k, v, 33)
+    config = {"fwd": {"q": [16], "kv": [16], "lazy_rescale": lazy}}
+    out, lse = launch.forward(problem, AttentionInputs(q, k, v), config)
+    ref, ref_lse = oracle.attention(q.double(), k.double(), v.double(), 33)
+    assert oracle.rel_error(out, ref) <= 1e-5
+    assert (lse.double() - ref_lse).abs().max() <= 1e-4 * max(1.0, ref_lse.abs().max().item())

@@ -26,6 +26,41 @@ def query_tile(pid, L0, L1, L2, D0, D1, D2, NT0, NT1, NT2):
             g2, (c2 % NT2), group_length(L2, g2, D2))
 
 
+# Lazy rescaling (LAZY_RESCALE): the running row maxima move only when some row of the tile
+# would see a score more than RESCALE_SLACK (log2 units) above its current maximum. Until then
+# the probabilities of a tile are exp2(s - stale max) <= 2^RESCALE_SLACK, which float32 sums and
+# 16-bit P operands carry exactly as well as values <= 1 (only the exponent differs); the final
+# normalisation divides by the sum of the same terms, so the output and LSE are unchanged. Most
+# tiles after the first few then skip the accumulator rescale (BLOCK_M x D_v multiplies a
+# thread's share) and its exp2s, at the price of one tile-wide vote.
+RESCALE_SLACK = tl.constexpr(8.0)
+
+
+@triton.jit
+def finite(m):
+    """Row maxima with -inf (rows that have seen no key yet) replaced by 0: exp2(s - 0) of a
+    -inf score is 0, not NaN."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def online_softmax_rescale(s, m_i, l_i, acc, LAZY: tl.constexpr):
+    """Move the running maxima ``m_i`` for score tile ``s`` and rescale the running sums ``l_i``
+    and accumulator ``acc`` to them: always (exact online softmax), or with ``LAZY`` only when
+    some row's maximum grew by more than RESCALE_SLACK (see above)."""
+    m_tile = tl.max(s, 1)
+    if LAZY:
+        if tl.max((m_tile > m_i + RESCALE_SLACK).to(tl.int32), 0) > 0:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.math.exp2(m_i - finite(m_new))
+            m_i, l_i, acc = m_new, l_i * alpha, acc * alpha[:, None]
+    else:
+        m_new = tl.maximum(m_i, m_tile)
+        alpha = tl.math.exp2(m_i - finite(m_new))
+        m_i, l_i, acc = m_new, l_i * alpha, acc * alpha[:, None]
+    return m_i, l_i, acc
+
+
 @triton.jit
 def forward_kernel(
     Q, K, V, O, LSE, RPB, AK, AV,
@@ -45,6 +80,7 @@ def forward_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -108,15 +144,12 @@ def forward_kernel(
                    | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
         if partial:
             s = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, LAZY_RESCALE)
+        p = tl.math.exp2(s - finite(m_i)[:, None])
+        l_i += tl.sum(p, 1)
         vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
                              Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
-        acc = mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISION)
-        m_i = m_new
+        acc = mma(p.to(vt.dtype), vt, acc, PRECISION)
         j0, j1, j2 = next3(j0, j1, j2, nk1, nk2)
 
     if HAS_EXTRA:
@@ -130,14 +163,11 @@ def forward_kernel(
             qk = mma(q, tl.trans(kt), None, PRECISION)
             s, _ = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
             s = tl.where(e_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - m_use[:, None])
-            alpha = tl.math.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, LAZY_RESCALE)
+            p = tl.math.exp2(s - finite(m_i)[:, None])
+            l_i += tl.sum(p, 1)
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-            acc = mma(p.to(vt.dtype), vt, acc * alpha[:, None], PRECISION)
-            m_i = m_new
+            acc = mma(p.to(vt.dtype), vt, acc, PRECISION)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]

@@ -191,7 +191,7 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
         BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
-        TMA=use_descriptors(cfg.get("tma", False), large, k, v),
+        TMA=use_descriptors(cfg.get("tma", False), large, k, v), LAZY_RESCALE=cfg.get("lazy_rescale", False),
         num_warps=cfg["warps"], num_stages=cfg["stages"],
     )
     return out, lse
