@@ -116,13 +116,13 @@ def dq_kernel(
         partial = ((ys0 < all_lo0) | (ys0 + TN0 > all_hi0) | (ys1 < all_lo1) | (ys1 + TN1 > all_hi1)
                    | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
         if partial:
-            p = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True), p, 0.0)
+            p = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK), p, 0.0)
         dp = mma(do, tl.trans(vt), None, PRECISION)
         ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
         dq = mma(ds.to(kt.dtype), kt, dq, PRECISION)
         if RPB_GRAD:
             slot = ((y0[None, :] - lo0[:, None]) * K1 + (y1[None, :] - lo1[:, None])) * K2 + (y2[None, :] - lo2[:, None])
-            seen = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True) & q_ok[:, None]
+            seen = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK) & q_ok[:, None]
             tl.store(DSB + ds_rows[:, None] + slot, ds, mask=seen)
         j0, j1, j2 = next3(j0, j1, j2, nk1, nk2)
 
@@ -261,7 +261,7 @@ def dkdv_kernel(
             lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
             lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
             lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
-            pT = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, False), pT, 0.0)
+            pT = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, False, RANK), pT, 0.0)
         dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)

@@ -143,7 +143,7 @@ def forward_kernel(
         partial = ((ys0 < all_lo0) | (ys0 + TN0 > all_hi0) | (ys1 < all_lo1) | (ys1 + TN1 > all_hi1)
                    | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
         if partial:
-            s = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True), s, float("-inf"))
+            s = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK), s, float("-inf"))
         m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, LAZY_RESCALE)
         p = tl.math.exp2(s - finite(m_i)[:, None])
         l_i += tl.sum(p, 1)
