@@ -7,8 +7,8 @@
 # triton_tests.log, window_tests.log, bench_window.{md,json}, neighborhood.{md,json},
 # sweep_window.md, bench_timm.md.
 #   bash benchmarks/gpu_run_session.sh
-# Knobs: SKIP_TESTS=1, SKIP_NEIGHBORHOOD=1, SWEEP=1, TIMM=1, WINDOW_ARGS / NEIGHBORHOOD_ARGS (extra
-# benchmark arguments).
+# Knobs: SKIP_TESTS=1, SKIP_TRITON_TESTS=1, SKIP_WINDOW=1 (window tests and benchmark), SKIP_NEIGHBORHOOD=1, SWEEP=1, TIMM=1, WINDOW_ARGS /
+# NEIGHBORHOOD_ARGS (extra benchmark arguments).
 set -o pipefail
 export PYTHONUNBUFFERED=1 HALOATTN_CUDA=off
 OUT=${OUT:-/tmp/out}
@@ -24,18 +24,24 @@ stamp() { echo "[$(( $(date +%s) - began )) s] $*"; }
 stamp "installed"
 
 if [ -z "$SKIP_TESTS" ]; then
-  timeout 240 python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider --timeout 150 -rf tests/test_triton_gpu.py \
-    > "$OUT/triton_tests.log" 2>&1
-  stamp "triton tests: exit $?"; tail -4 "$OUT/triton_tests.log"
+  if [ -z "$SKIP_TRITON_TESTS" ]; then
+    timeout 240 python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider --timeout 150 -rf tests/test_triton_gpu.py \
+      > "$OUT/triton_tests.log" 2>&1
+    stamp "triton tests: exit $?"; tail -4 "$OUT/triton_tests.log"
+  fi
   # Serially: under xdist every worker's float64 oracle backward fights for the 16 cores.
-  timeout 300 python3 -m pytest -p no:xdist -m "gpu or not gpu" -q -rA --timeout 150 --tb=short -p no:cacheprovider \
-    tests/test_window_gpu.py tests/test_timm.py > "$OUT/window_tests.log" 2>&1
-  stamp "window tests: exit $?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/window_tests.log" | tail -12
+  if [ -z "$SKIP_WINDOW" ]; then
+    timeout 300 python3 -m pytest -p no:xdist -m "gpu or not gpu" -q -rA --timeout 150 --tb=short -p no:cacheprovider \
+      tests/test_window_gpu.py tests/test_timm.py > "$OUT/window_tests.log" 2>&1
+    stamp "window tests: exit $?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/window_tests.log" | tail -12
+  fi
 fi
-# shellcheck disable=SC2086
-timeout 300 python3 benchmarks/bench_window.py --cudagraph --markdown "$OUT/bench_window.md" \
-  --json "$OUT/bench_window.json" $WINDOW_ARGS > /tmp/bench_window.log 2>&1
-stamp "window bench: exit $?"; head -16 "$OUT/bench_window.md"
+if [ -z "$SKIP_WINDOW" ]; then
+  # shellcheck disable=SC2086
+  timeout 300 python3 benchmarks/bench_window.py --cudagraph --markdown "$OUT/bench_window.md" \
+    --json "$OUT/bench_window.json" $WINDOW_ARGS > /tmp/bench_window.log 2>&1
+  stamp "window bench: exit $?"; head -20 "$OUT/bench_window.md"; tail -5 /tmp/bench_window.log
+fi
 if [ -n "$SWEEP" ]; then
   timeout 240 python3 benchmarks/bench_window.py --sweep --markdown "$OUT/sweep_window.md" > /tmp/sweep.log 2>&1
   stamp "window sweep: exit $?"; grep -A9 "^| row" "$OUT/sweep_window.md"

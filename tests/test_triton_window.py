@@ -162,12 +162,12 @@ def test_reasons_are_precise(monkeypatch):
 
 
 def test_query_chunks_of_long_windows(monkeypatch):
-    # Long windows walk their queries in chunks; shrink the limits so a tiny window (20 tokens,
-    # padded to 32) takes that path in the interpreter.
-    from haloattn.backends.triton import window_launch
+    # Long windows run the long-window kernels (cut into parts; tests/test_triton_window_long.py
+    # covers them): shrink the limits so a tiny window (20 tokens: two parts of 16) takes that path.
+    from haloattn.backends.triton import window_launch, window_long_launch
 
     monkeypatch.setattr(window_launch, "SQUARE_TILE_MAX", 16)
-    monkeypatch.setattr(window_launch, "QUERY_CHUNK", 16)
+    monkeypatch.setattr(window_long_launch, "MAX_PART", 16)
     check_against_oracle((8, 9), (4, 5), shift=(2, 3), batch=2)
 
 
@@ -216,10 +216,13 @@ def test_windows_whose_kernels_exceed_shared_memory_go_to_the_neighbourhood_kern
     assert reasons(12, torch.float16, 32, h100) == []  # Swin V2 / Swin-B 384 in 16-bit
     assert reasons(10, torch.float16, 128, h100) == []  # 224 KiB: just fits
     assert reasons(7, torch.float32, 128, h100) == []
-    (reason,) = reasons(12, torch.float32, 32, h100)  # the backward needs 336 KiB
-    assert reason == ("window 12x12 (144 tokens) in float32 with head_dim 32 needs 336 KiB of shared memory per "
+    # Long windows (the part kernels) fit in float32 and at head_dim 128 too.
+    assert reasons(12, torch.float32, 32, h100) == []
+    assert reasons(12, torch.bfloat16, 128, h100) == []
+    assert reasons(16, torch.float32, 128, h100) == []  # backward 224 KiB
+    (reason,) = reasons(10, torch.float32, 96, h100)  # padded to 128 slots and 128 channels
+    assert reason == ("window 10x10 (100 tokens) in float32 with head_dim 96 needs 320 KiB of shared memory per "
                       "block, more than this GPU's 227 KiB: the neighbourhood kernel (backend 'triton') runs it")
-    assert reasons(12, torch.bfloat16, 128, h100)  # forward 304 KiB
-    assert reasons(10, torch.float32, 96, h100)  # padded to 128: 320 KiB
+    assert reasons(12, torch.float32, 128, small_gpu)  # 224 KiB on a 99 KiB GPU
     assert reasons(8, torch.float16, 128, small_gpu)  # 104 KiB on a 99 KiB GPU
     assert reasons(8, torch.float16, 64, small_gpu) == []

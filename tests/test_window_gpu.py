@@ -29,6 +29,12 @@ CASES = {
     "video_4x7x7": ((8, 7, 14), (4, 7, 7), F16, dict(shift=(2, 3, 3))),
     "gqa_hd64": ((8, 8), 4, BF16, dict(heads=4, kv_heads=2, head_dim=64, shift=2)),
     "hd128_softcap": ((8, 8), 4, F16, dict(head_dim=128, shift=1, softcap=5.0)),
+    # Long windows (window_long_kernels.py: parts of 64 + 64 + 16 for 144 tokens, 4 x 64 for 256).
+    "long_12x12_shift6_f16": ((24, 36), 12, F16, dict(shift=6, head_dim=32)),
+    "long_16x16_bf16": ((32, 16), 16, BF16, dict(shift=8, head_dim=32)),
+    "long_video_4x6x6_f32": ((8, 12, 6), (4, 6, 6), F32, dict(shift=(2, 3, 0))),
+    "long_15x15_hd128_f16": ((30, 15), 15, F16, dict(shift=7, head_dim=128)),  # 225 -> 4 x 64
+    "long_10x14_gqa_hd64": ((20, 28), (10, 14), BF16, dict(heads=4, kv_heads=2, head_dim=64, shift=(5, 7))),
 }
 
 
@@ -50,22 +56,29 @@ def test_window_problems_dispatch_here():
     assert haloattn.explain(q, q, q, 7, pattern="window", shift=3, verbose=False).chosen == "triton_window"
 
 
-def test_no_recompilation_when_batch_or_grid_changes():
+@pytest.mark.parametrize("window", [7, 12])
+def test_no_recompilation_when_batch_or_grid_changes(window):
     from haloattn.backends.triton.window_kernels import window_backward_kernel, window_forward_kernel
+    from haloattn.backends.triton.window_long_kernels import (
+        window_long_dkdv_kernel, window_long_dq_kernel, window_long_forward_kernel,
+    )
+
+    kernels = (window_forward_kernel, window_backward_kernel, window_long_forward_kernel, window_long_dq_kernel,
+               window_long_dkdv_kernel)
 
     def step(batch, height, width):
         x = torch.randn(batch, height, width, 3, 3, 32, device="cuda", dtype=torch.float16, requires_grad=True)
         q, k, v = x.unbind(-3)
-        rpb = torch.randn(3, 13, 13, device="cuda", requires_grad=True)
-        out = haloattn.attention(q, k, v, 7, pattern="window", shift=3, rpb=rpb)
+        rpb = torch.randn(3, 2 * window - 1, 2 * window - 1, device="cuda", requires_grad=True)
+        out = haloattn.attention(q, k, v, window, pattern="window", shift=window // 2, rpb=rpb)
         out.sum().backward()
 
     def compiled():
-        return sum(len(kernel.device_caches[torch.cuda.current_device()][0])
-                   for kernel in (window_forward_kernel, window_backward_kernel))
+        return sum(len(kernel.device_caches[torch.cuda.current_device()][0]) for kernel in kernels)
 
-    step(2, 14, 14)
+    step(2, 2 * window, 2 * window)
     before = compiled()
-    for batch, height, width in ((3, 14, 14), (1, 21, 28), (5, 56, 56), (7, 15, 9)):
+    for batch, height, width in ((3, 2 * window, 2 * window), (1, 3 * window, 4 * window),
+                                 (5, 8 * window, 8 * window), (7, 2 * window + 1, window + 2)):
         step(batch, height, width)
     assert compiled() == before

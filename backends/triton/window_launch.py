@@ -18,16 +18,21 @@ from .window_kernels import window_backward_kernel, window_forward_kernel
 MAX_WINDOW_TOKENS = 256
 MAX_HEAD_DIM = 128
 # Windows of up to SQUARE_TILE_MAX (padded) tokens keep their whole square score tile on chip;
-# larger ones walk their queries in chunks of QUERY_CHUNK against all their keys (a 256 x 256 tile
-# would need more shared memory than an H100 has).
+# larger ones run the long-window kernels (window_long_launch.py: the window cut into parts of at
+# most 128 slots, online softmax over the key parts; a 256 x 256 tile would need more shared memory
+# than an H100 has).
 SQUARE_TILE_MAX = 128
-QUERY_CHUNK = 64
+
+
+def is_long(launch: "WindowLaunch") -> bool:
+    """Whether a problem's windows run the long-window kernels."""
+    return launch.block > SQUARE_TILE_MAX
 
 
 # Shared memory (bytes) of the forward and backward kernels at their default launch settings,
 # compiled for sm_90 (benchmarks/compile_report_window.py, 2026-11-23; the float32 forward's of
 # 64-slot tiles 2026-11-25, with its bias tile reloaded per window), by tile class (padded
-# window: 64 slots or fewer, 128, or query-chunked beyond), bytes per element and padded head dim
+# window: 64 slots or fewer, 128, or the long-window kernels beyond), bytes per element and padded head dim
 # (32 or fewer, 64, 128). The plugin compares them with the GPU's per-block limit (H100: 227 KiB),
 # so a problem whose kernels cannot launch goes to backend 'triton' instead of failing there.
 SHARED_MEMORY = {
@@ -35,8 +40,9 @@ SHARED_MEMORY = {
     (64, 4, 32): (98304, 90368), (64, 4, 64): (98304, 65536), (64, 4, 128): (180224, 98304),
     (128, 2, 32): (81920, 98816), (128, 2, 64): (114688, 98304), (128, 2, 128): (229376, 163840),
     (128, 4, 32): (81920, 163840), (128, 4, 64): (163840, 196608), (128, 4, 128): (327680, 262144),
-    (256, 2, 32): (114688, 106496), (256, 2, 64): (155648, 147456), (256, 2, 128): (311296, 229376),
-    (256, 4, 32): (139264, 344064), (256, 4, 64): (278528, 557056), (256, 4, 128): (557056, 983040),
+    # Long windows (window_long_kernels.py, measured 2026-11-25): the larger of 12x12 and 16x16.
+    (256, 2, 32): (143360, 161792), (256, 2, 64): (135168, 89216), (256, 2, 128): (65536, 81920),
+    (256, 4, 32): (98304, 81920), (256, 4, 64): (32768, 131072), (256, 4, 128): (65536, 229376),
 }
 
 
@@ -60,7 +66,7 @@ class WindowLaunch(NamedTuple):
     windows_per_axis: Tuple[int, int, int]  # per dilation group (the largest group's count)
     num_windows: int
     block: int
-    block_m: int  # query slots per chunk: the BLOCK_M x BLOCK score tile must fit on chip
+    block_m: int  # query slots of a program's score tile: all of them (BLOCK) for square tiles
     block_d: int
     block_dv: int
 
@@ -68,11 +74,11 @@ class WindowLaunch(NamedTuple):
 def plan(problem) -> WindowLaunch:
     """Launch constants of a problem, computed once per problem (host time per call); the tile
     limits are part of the key so that changing them (tests shrink them) takes effect."""
-    return _plan(problem, SQUARE_TILE_MAX, QUERY_CHUNK)
+    return _plan(problem, SQUARE_TILE_MAX)
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(problem, square_tile_max: int, query_chunk: int) -> WindowLaunch:
+def _plan(problem, square_tile_max: int) -> WindowLaunch:
     pad = 3 - problem.rank
     axes = problem.axes
     lengths = (1,) * pad + tuple(a.length for a in axes)
@@ -92,7 +98,7 @@ def _plan(problem, square_tile_max: int, query_chunk: int) -> WindowLaunch:
     return WindowLaunch(
         lengths, windows, dilations, causal, offsets, tuple(per_axis), num_windows,
         block=block,
-        block_m=block if block <= square_tile_max else query_chunk,
+        block_m=block,
         block_d=max(16, triton.next_power_of_2(problem.head_dim)),
         block_dv=max(16, triton.next_power_of_2(problem.value_dim)),
     )
@@ -270,8 +276,7 @@ def _default_stages(kind: str, launch: WindowLaunch, element_size: int, reload_b
     """Pipeline depth (see above) where the stage buffers fit in STAGE_BYTES, else one stage less
     (forward: 2 at least). The forward buffers Q, K, V per stage (and the bias tile where it
     reloads it), the backward K, V, Q, O, dO. float32 forwards that hold the bias tile in registers
-    keep 2 (3 spilled). Query-chunked backward stays at 1 (more would not fit; the rpb-gradient
-    partial is read back from memory in the loop)."""
+    keep 2 (3 spilled)."""
     bd, bv = launch.block_d, launch.block_dv
     stages = DEFAULTS[kind]["num_stages"]
     if kind == "forward":
@@ -281,8 +286,6 @@ def _default_stages(kind: str, launch: WindowLaunch, element_size: int, reload_b
         elif element_size == 4:
             stages = 2
     else:
-        if launch.block_m != launch.block:
-            return 1
         per_stage, fallback = launch.block * (2 * bd + 3 * bv), 1
     return stages if stages * per_stage * element_size <= STAGE_BYTES else fallback
 
@@ -343,6 +346,8 @@ def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_chu
 
 
 def forward(problem, inputs, config=None):
+    if is_long(plan(problem)):
+        return window_long_launch.forward(problem, inputs, config)
     q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
     _check_int32(q, k, v)
     launch = plan(problem)
@@ -350,9 +355,8 @@ def forward(problem, inputs, config=None):
     out = q.new_empty(*q.shape[:-1], problem.value_dim)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     bias = dense_bias(rpb, launch, problem) if rpb is not None else lse  # unused pointer when no rpb
-    chunks = launch.block // launch.block_m
-    cfg = _launch_config("forward", launch, problem, q.device, config, chunks, q.element_size())
-    grid = (_programs(launch, problem, cfg["windows_per_program"], chunks),)
+    cfg = _launch_config("forward", launch, problem, q.device, config, 1, q.element_size())
+    grid = (_programs(launch, problem, cfg["windows_per_program"]),)
     align = _row_alignment(rank, q, k, v, out)
     _kernel(window_forward_kernel)[grid](
         q, k, v, out, lse, bias,
@@ -368,6 +372,8 @@ def forward(problem, inputs, config=None):
 
 
 def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+    if is_long(plan(problem)):
+        return window_long_launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
     q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
     out, grad_out = _unit_channels(out), _unit_channels(grad_out)
     launch = plan(problem)
@@ -382,15 +388,9 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         dv = torch.empty(*q.shape[:-1], problem.value_dim, dtype=torch.float32, device=q.device)
     bias_grad = rpb is not None and needs_grad[3]
     cfg = _launch_config("backward", launch, problem, q.device, config, 1, q.element_size())
-    if bias_grad and launch.block_m != launch.block:
-        # Query chunks read-modify-write their rpb-gradient partial in memory inside the window
-        # loop: a pipelined loop would prefetch the next window's read before this one's write.
-        cfg["num_stages"] = 1
     programs = _programs(launch, problem, cfg["windows_per_program"])
-    # Several query chunks accumulate their rpb-gradient partial in memory: start it at zero.
-    allocate = torch.empty if launch.block_m == launch.block else torch.zeros
     dbias = (
-        allocate(programs, launch.block, launch.block, dtype=torch.float32, device=q.device)
+        torch.empty(programs, launch.block, launch.block, dtype=torch.float32, device=q.device)
         if bias_grad else lse
     )
     bias = dense_bias(rpb, launch, problem) if rpb is not None else lse
@@ -419,3 +419,6 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         drpb = table_gradient(per_head, rpb, launch)
     grads = [dq, dk, dv, drpb, None, None, None]
     return [g if need else None for g, need in zip(grads, needs_grad)]
+
+
+from . import window_long_launch  # noqa: E402  (it imports this module: after the definitions it uses)
