@@ -542,8 +542,7 @@ def default_launch(kind, problem, device):
     from haloattn.backends.triton import window_launch
 
     launch = window_launch.plan(problem)
-    chunks = launch.block // launch.block_m if kind == "forward" else 1
-    return window_launch._launch_config(kind, launch, problem, device, None, chunks, problem.dtype.itemsize)
+    return window_launch._launch_config(kind, launch, problem, device, None, 1, problem.dtype.itemsize)
 
 
 def sweep_configs(kind, default):

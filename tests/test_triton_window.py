@@ -161,7 +161,7 @@ def test_reasons_are_precise(monkeypatch):
     assert reason.startswith("device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1")
 
 
-def test_query_chunks_of_long_windows(monkeypatch):
+def test_windows_over_the_square_tile_limit_run_the_long_kernels(monkeypatch):
     # Long windows run the long-window kernels (cut into parts; tests/test_triton_window_long.py
     # covers them): shrink the limits so a tiny window (20 tokens: two parts of 16) takes that path.
     from haloattn.backends.triton import window_launch, window_long_launch

@@ -1,4 +1,5 @@
-"""Triton kernels for short-window attention (pattern "window", at most 256 tokens per window).
+"""Triton kernels for short-window attention (pattern "window", windows of at most 128 padded
+slots; window_long_kernels.py runs the larger ones).
 
 One program owns one attention head and a run of consecutive windows, which it walks in a
 software-pipelined loop (the next window's tokens load while this one computes). A window's tokens
@@ -63,39 +64,6 @@ def _relative_offsets(c0, c1, c2, DL0, DL1, DL2, s0, s1, s2):
     """Element offset (in ALIGN units) of each slot from the window's first slot: slot coordinate
     c on an axis sits c * dilation grid positions further. Window-independent."""
     return c0 * (DL0 * s0) + c1 * (DL1 * s1) + c2 * (DL2 * s2)
-
-
-@triton.jit
-def _axis_window(t, L, DL, NW, OFF, W: tl.constexpr):
-    """Window ``t`` of one axis (``t = group * NW + w``): the grid position of its first slot
-    (possibly before the grid), and the range ``[lo, hi)`` of in-window coordinates that lie in
-    the grid (partial windows at shifted or ragged edges, short dilation groups)."""
-    group = t // NW
-    w = t - group * NW
-    group_len = (L - group + DL - 1) // DL
-    raw = w * W - OFF
-    return group + DL * raw, tl.maximum(-raw, 0), tl.minimum(W, group_len - raw)
-
-
-@triton.jit
-def _window_origin(win, L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2,
-                   W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr):
-    """Batch index, first-slot grid position and in-grid coordinate range per axis of window
-    ``win`` (windows row-major over batch, then axes 0, 1, 2; each axis over its dilation groups,
-    then its windows). Scalars only."""
-    T2 = DL2 * NW2
-    T1 = DL1 * NW1
-    T0 = DL0 * NW0
-    t2 = win % T2
-    rest = win // T2
-    t1 = rest % T1
-    rest = rest // T1
-    t0 = rest % T0
-    b = rest // T0
-    p0, lo0, hi0 = _axis_window(t0, L0, DL0, NW0, OFF0, W0)
-    p1, lo1, hi1 = _axis_window(t1, L1, DL1, NW1, OFF1, W1)
-    p2, lo2, hi2 = _axis_window(t2, L2, DL2, NW2, OFF2, W2)
-    return b, p0, p1, p2, lo0, hi0, lo1, hi1, lo2, hi2
 
 
 @triton.jit
@@ -186,11 +154,6 @@ def _on_grid(p0, p1, p2, cd0, cd1, cd2, is_slot, L0, L1, L2, RANK: tl.constexpr)
     if RANK >= 3:
         ok = ok & _axis_on_grid(p0, cd0, L0)
     return ok
-
-
-@triton.jit
-def _in_grid(c0, c1, c2, is_slot, lo0, hi0, lo1, hi1, lo2, hi2):
-    return is_slot & (c0 >= lo0) & (c0 < hi0) & (c1 >= lo1) & (c1 < hi1) & (c2 >= lo2) & (c2 < hi2)
 
 
 @triton.jit
@@ -288,30 +251,27 @@ def window_forward_kernel(
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, RANK: tl.constexpr,
     DILATED0: tl.constexpr, DILATED1: tl.constexpr, DILATED2: tl.constexpr,
     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     ALIGN: tl.constexpr, NUM_STAGES: tl.constexpr, RELOAD_BIAS: tl.constexpr,
 ):
-    """Output and LSE of query head ``h`` for ``BLOCK_M`` query slots of ``windows_per_program``
-    consecutive windows, against all ``BLOCK`` key slots of each window (one pass: exact softmax)."""
+    """Output and LSE of query head ``h`` for ``windows_per_program`` consecutive windows: the
+    whole ``BLOCK x BLOCK`` score tile of each window at once (one pass: exact softmax)."""
     # Heads vary fastest across programs so the heads of one window run side by side and share
-    # the window's cache lines; then the query chunk (windows over 128 tokens), then windows.
-    NUM_M: tl.constexpr = BLOCK // BLOCK_M
+    # the window's cache lines.
     pid = tl.program_id(0)
     h = pid % H
-    rest = pid // H
-    first_q = (rest % NUM_M) * BLOCK_M
-    first_win = (rest // NUM_M) * windows_per_program
+    first_win = (pid // H) * windows_per_program
     kv_h = h // G
 
-    qc0, qc1, qc2, q_slot = _slot_coords(first_q, BLOCK_M, W0, W1, W2)
-    kc0, kc1, kc2, k_slot = _slot_coords(0, BLOCK, W0, W1, W2)
+    qc0, qc1, qc2, q_slot = _slot_coords(0, BLOCK, W0, W1, W2)
+    kc0, kc1, kc2, k_slot = qc0, qc1, qc2, q_slot
     q_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sq0, sq1, sq2)
     o_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, so0, so1, so2)
     l_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sl0, sl1, sl2)
     k_rows = _relative_offsets(kc0, kc1, kc2, DL0, DL1, DL2, sk0, sk1, sk2)
     v_rows = _relative_offsets(kc0, kc1, kc2, DL0, DL1, DL2, sv0, sv1, sv2)
-    bias_tile = BIAS + h * (BLOCK * BLOCK) + (first_q + tl.arange(0, BLOCK_M))[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    bias_tile = BIAS + h * (BLOCK * BLOCK) + tl.arange(0, BLOCK)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     bias = 0.0
     if HAS_BIAS:
         if not RELOAD_BIAS:
@@ -323,7 +283,7 @@ def window_forward_kernel(
     Lh = LSE + h * slh
 
     qd0, qd1, qd2 = _dilated(qc0, qc1, qc2, DL0, DL1, DL2, DILATED0, DILATED1, DILATED2)
-    kd0, kd1, kd2 = _dilated(kc0, kc1, kc2, DL0, DL1, DL2, DILATED0, DILATED1, DILATED2)
+    kd0, kd1, kd2 = qd0, qd1, qd2
 
     count = tl.minimum(windows_per_program, num_windows - first_win)
     b, g0, w0, g1, w1, g2, w2 = _first_window(
@@ -333,7 +293,7 @@ def window_forward_kernel(
         p1 = _first_slot(g1, w1, DL1, OFF1, W1, DILATED1)
         p2 = _first_slot(g2, w2, DL2, OFF2, W2, DILATED2)
         q_ok = _on_grid(p0, p1, p2, qd0, qd1, qd2, q_slot, L0, L1, L2, RANK)
-        k_ok = _on_grid(p0, p1, p2, kd0, kd1, kd2, k_slot, L0, L1, L2, RANK)
+        k_ok = q_ok
         q = _load_rows(Qh + _window_base(b, p0, p1, p2, sqb, sq0, sq1, sq2) * ALIGN, q_rows, q_ok, D, BLOCK_D, ALIGN)
         k = _load_rows(Kh + _window_base(b, p0, p1, p2, skb, sk0, sk1, sk2) * ALIGN, k_rows, k_ok, D, BLOCK_D, ALIGN)
         v = _load_rows(Vh + _window_base(b, p0, p1, p2, svb, sv0, sv1, sv2) * ALIGN, v_rows, k_ok, DV, BLOCK_DV,
@@ -378,17 +338,15 @@ def window_backward_kernel(
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, RANK: tl.constexpr,
     DILATED0: tl.constexpr, DILATED1: tl.constexpr, DILATED2: tl.constexpr,
     CAUSAL0: tl.constexpr, CAUSAL1: tl.constexpr, CAUSAL2: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_GLSE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    """dQ, dK, dV of query head ``h`` for ``windows_per_program`` consecutive windows, walking
-    each window's queries in ``BLOCK_M`` chunks against all its keys. dK/dV are written per query
-    head (the caller sums the query heads of a GQA group). The rpb gradient is this program's dS
-    summed over its windows, one ``BLOCK x BLOCK`` partial per program that the caller reduces:
-    deterministic, no atomics. With one chunk the partial accumulates in registers; with several,
-    in the program's own (zeroed) slice of DBIAS."""
-    NUM_M: tl.constexpr = BLOCK // BLOCK_M
+    """dQ, dK, dV of query head ``h`` for ``windows_per_program`` consecutive windows, each
+    window's whole score tile at once. dK/dV are written per query head (the caller sums the query
+    heads of a GQA group). The rpb gradient is this program's dS summed over its windows in
+    registers, one ``BLOCK x BLOCK`` partial per program that the caller reduces: deterministic,
+    no atomics."""
     pid = tl.program_id(0)
     h = pid % H
     kv_h = h // G
@@ -403,10 +361,8 @@ def window_backward_kernel(
     bias_ptr = BIAS + h * (BLOCK * BLOCK)
     bias = 0.0
     if HAS_BIAS:
-        if NUM_M == 1:
-            bias = tl.load(bias_ptr + tl.arange(0, BLOCK_M)[:, None] * BLOCK + cols[None, :])
-    dbias_ptr = DBIAS + pid.to(tl.int64) * (BLOCK * BLOCK)
-    dbias = tl.zeros((BLOCK_M, BLOCK), dtype=tl.float32)
+        bias = tl.load(bias_ptr + cols[:, None] * BLOCK + cols[None, :])
+    dbias = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
     Qh = Q + h * sqh * ALIGN
     Kh = K + kv_h * skh * ALIGN
     Vh = V + kv_h * svh * ALIGN
@@ -417,6 +373,13 @@ def window_backward_kernel(
     DVh = DV_OUT + h * sdvh * ALIGN
 
     kd0, kd1, kd2 = _dilated(kc0, kc1, kc2, DL0, DL1, DL2, DILATED0, DILATED1, DILATED2)
+    # Queries are the same slots as keys: their coordinates and per-tensor row offsets.
+    qc0, qc1, qc2 = kc0, kc1, kc2
+    q_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sq0, sq1, sq2)
+    o_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, so0, so1, so2)
+    do_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sdo0, sdo1, sdo2)
+    dq_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sdq0, sdq1, sdq2)
+    l_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sl0, sl1, sl2)
 
     count = tl.minimum(windows_per_program, num_windows - first_win)
     b, g0, w0, g1, w1, g2, w2 = _first_window(
@@ -426,56 +389,35 @@ def window_backward_kernel(
         p1 = _first_slot(g1, w1, DL1, OFF1, W1, DILATED1)
         p2 = _first_slot(g2, w2, DL2, OFF2, W2, DILATED2)
         k_ok = _on_grid(p0, p1, p2, kd0, kd1, kd2, k_slot, L0, L1, L2, RANK)
+        q_ok = k_ok
         k = _load_rows(Kh + _window_base(b, p0, p1, p2, skb, sk0, sk1, sk2) * ALIGN, k_rows, k_ok, D, BLOCK_D, ALIGN)
         v = _load_rows(Vh + _window_base(b, p0, p1, p2, svb, sv0, sv1, sv2) * ALIGN, v_rows, k_ok, DV, BLOCK_DV,
                        ALIGN)
-        dk = tl.zeros((BLOCK, BLOCK_D), dtype=tl.float32)
-        dv = tl.zeros((BLOCK, BLOCK_DV), dtype=tl.float32)
-        for chunk in tl.static_range(NUM_M):
-            qc0, qc1, qc2, q_slot = _slot_coords(chunk * BLOCK_M, BLOCK_M, W0, W1, W2)
-            qd0, qd1, qd2 = _dilated(qc0, qc1, qc2, DL0, DL1, DL2, DILATED0, DILATED1, DILATED2)
-            q_ok = _on_grid(p0, p1, p2, qd0, qd1, qd2, q_slot, L0, L1, L2, RANK)
-            q = _load_rows(Qh + _window_base(b, p0, p1, p2, sqb, sq0, sq1, sq2) * ALIGN,
-                           _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sq0, sq1, sq2), q_ok, D, BLOCK_D, ALIGN)
-            o = _load_rows(Oh + _window_base(b, p0, p1, p2, sob, so0, so1, so2) * ALIGN,
-                           _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, so0, so1, so2), q_ok, DV, BLOCK_DV, ALIGN)
-            do = _load_rows(DOh + _window_base(b, p0, p1, p2, sdob, sdo0, sdo1, sdo2) * ALIGN,
-                            _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sdo0, sdo1, sdo2), q_ok, DV, BLOCK_DV,
-                            ALIGN)
-            lse_ptr = _window_base(b, p0, p1, p2, slb, sl0, sl1, sl2) + h * slh + _relative_offsets(
-                qc0, qc1, qc2, DL0, DL1, DL2, sl0, sl1, sl2)
-            # +inf for rows that are not queries: their probabilities come out 0, not inf.
-            lse = tl.load(LSE + lse_ptr, mask=q_ok, other=float("inf")) * LOG2E
-            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-            if HAS_GLSE:
-                delta -= tl.load(GLSE + lse_ptr, mask=q_ok, other=0.0)
-            # A chunk's bias tile is a fresh name: re-assigning the hoisted ``bias`` inside the
-            # window loop would change a loop-carried value's type (scalar -> tile).
-            chunk_bias = bias
-            if HAS_BIAS:
-                if NUM_M > 1:
-                    chunk_bias = tl.load(bias_ptr + (chunk * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * BLOCK
-                                         + cols[None, :])
-            keep = _keep(k_ok, qc0, qc1, qc2, kc0, kc1, kc2, CAUSAL0, CAUSAL1, CAUSAL2)
-            s, tanh = _scores(q, k, chunk_bias, keep, scale, softcap, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST)
-            p = tl.exp2(s - lse[:, None])
-            dv += _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
-            dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
-            ds = p * (dp - delta[:, None])
-            if HAS_SOFTCAP:
-                ds = ds * (1.0 - tanh * tanh)
-            if BIAS_GRAD:
-                if NUM_M == 1:
-                    dbias += ds
-                else:
-                    tile = dbias_ptr + (chunk * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * BLOCK + cols[None, :]
-                    tl.store(tile, tl.load(tile) + ds)
-                    tl.debug_barrier()  # the next window's load may come from another thread
-            ds_in = ds.to(q.dtype)
-            dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
-            dk += _dot(tl.trans(ds_in), q, PRECISION, UPCAST)
-            _store_rows(DQh + _window_base(b, p0, p1, p2, sdqb, sdq0, sdq1, sdq2) * ALIGN,
-                        _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sdq0, sdq1, sdq2), q_ok, D, dq, BLOCK_D, ALIGN)
+        q = _load_rows(Qh + _window_base(b, p0, p1, p2, sqb, sq0, sq1, sq2) * ALIGN, q_rows, q_ok, D, BLOCK_D, ALIGN)
+        o = _load_rows(Oh + _window_base(b, p0, p1, p2, sob, so0, so1, so2) * ALIGN, o_rows, q_ok, DV, BLOCK_DV, ALIGN)
+        do = _load_rows(DOh + _window_base(b, p0, p1, p2, sdob, sdo0, sdo1, sdo2) * ALIGN, do_rows, q_ok, DV,
+                        BLOCK_DV, ALIGN)
+        lse_ptr = _window_base(b, p0, p1, p2, slb, sl0, sl1, sl2) + h * slh + l_rows
+        # +inf for rows that are not queries: their probabilities come out 0, not inf.
+        lse = tl.load(LSE + lse_ptr, mask=q_ok, other=float("inf")) * LOG2E
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+        if HAS_GLSE:
+            delta -= tl.load(GLSE + lse_ptr, mask=q_ok, other=0.0)
+        keep = _keep(k_ok, qc0, qc1, qc2, kc0, kc1, kc2, CAUSAL0, CAUSAL1, CAUSAL2)
+        s, tanh = _scores(q, k, bias, keep, scale, softcap, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST)
+        p = tl.exp2(s - lse[:, None])
+        dv = _dot(tl.trans(p.to(do.dtype)), do, PRECISION, UPCAST)
+        dp = _dot(do, tl.trans(v), PRECISION, UPCAST)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - tanh * tanh)
+        if BIAS_GRAD:
+            dbias += ds
+        ds_in = ds.to(q.dtype)
+        dq = _dot(ds_in, k, PRECISION, UPCAST) * scale
+        dk = _dot(tl.trans(ds_in), q, PRECISION, UPCAST)
+        _store_rows(DQh + _window_base(b, p0, p1, p2, sdqb, sdq0, sdq1, sdq2) * ALIGN, dq_rows, q_ok, D, dq, BLOCK_D,
+                    ALIGN)
         _store_rows(DKh + _window_base(b, p0, p1, p2, sdkb, sdk0, sdk1, sdk2) * ALIGN, dk_rows, k_ok, D, dk * scale,
                     BLOCK_D, ALIGN)
         _store_rows(DVh + _window_base(b, p0, p1, p2, sdvb, sdv0, sdv1, sdv2) * ALIGN, dv_rows, k_ok, DV, dv,
@@ -483,5 +425,4 @@ def window_backward_kernel(
         b, g0, w0, g1, w1, g2, w2 = _next_window(
             b, g0, w0, g1, w1, g2, w2, NW0, NW1, NW2, DL0, DL1, DL2, RANK, DILATED0, DILATED1, DILATED2)
     if BIAS_GRAD:
-        if NUM_M == 1:
-            tl.store(dbias_ptr + tl.arange(0, BLOCK_M)[:, None] * BLOCK + cols[None, :], dbias)
+        tl.store(DBIAS + pid.to(tl.int64) * (BLOCK * BLOCK) + cols[:, None] * BLOCK + cols[None, :], dbias)

@@ -66,7 +66,6 @@ class WindowLaunch(NamedTuple):
     windows_per_axis: Tuple[int, int, int]  # per dilation group (the largest group's count)
     num_windows: int
     block: int
-    block_m: int  # query slots of a program's score tile: all of them (BLOCK) for square tiles
     block_d: int
     block_dv: int
 
@@ -98,7 +97,6 @@ def _plan(problem, square_tile_max: int) -> WindowLaunch:
     return WindowLaunch(
         lengths, windows, dilations, causal, offsets, tuple(per_axis), num_windows,
         block=block,
-        block_m=block,
         block_d=max(16, triton.next_power_of_2(problem.head_dim)),
         block_dv=max(16, triton.next_power_of_2(problem.value_dim)),
     )
@@ -179,7 +177,7 @@ def _meta(launch: WindowLaunch, problem, inputs_dtype):
     return dict(
         W0=launch.windows[0], W1=launch.windows[1], W2=launch.windows[2],
         CAUSAL0=launch.causal[0], CAUSAL1=launch.causal[1], CAUSAL2=launch.causal[2],
-        BLOCK=launch.block, BLOCK_M=launch.block_m, BLOCK_D=launch.block_d, BLOCK_DV=launch.block_dv,
+        BLOCK=launch.block, BLOCK_D=launch.block_d, BLOCK_DV=launch.block_dv,
         D=problem.head_dim, DV=problem.value_dim,
         HAS_SOFTCAP=problem.softcap is not None,
         PRECISION=_precision(inputs_dtype),
@@ -280,9 +278,9 @@ def _default_stages(kind: str, launch: WindowLaunch, element_size: int, reload_b
     bd, bv = launch.block_d, launch.block_dv
     stages = DEFAULTS[kind]["num_stages"]
     if kind == "forward":
-        per_stage, fallback = launch.block_m * bd + launch.block * (bd + bv), 2
+        per_stage, fallback = launch.block * bd + launch.block * (bd + bv), 2
         if reload_bias:
-            per_stage += launch.block_m * launch.block * 4 // element_size  # float32 tile
+            per_stage += launch.block * launch.block * 4 // element_size  # float32 tile
         elif element_size == 4:
             stages = 2
     else:
@@ -299,17 +297,17 @@ RELOAD_BIAS_SLOTS = 64 * 64
 
 
 def _reload_bias(kind: str, launch: WindowLaunch, element_size: int) -> bool:
-    return kind == "forward" and element_size == 4 and launch.block_m * launch.block <= RELOAD_BIAS_SLOTS
+    return kind == "forward" and element_size == 4 and launch.block * launch.block <= RELOAD_BIAS_SLOTS
 
 
-def _windows_per_program(launch: WindowLaunch, problem, device: torch.device, query_chunks: int) -> int:
+def _windows_per_program(launch: WindowLaunch, problem, device: torch.device, query_parts: int) -> int:
     if device.type != "cuda":
         return 2  # the interpreter: still exercises the loop over several windows
-    pairs = launch.num_windows * problem.heads * query_chunks
+    pairs = launch.num_windows * problem.heads * query_parts
     return max(1, min(MAX_WINDOWS_PER_PROGRAM, pairs // (PROGRAMS_PER_SM * _multiprocessors(device))))
 
 
-def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, query_chunks: int,
+def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, query_parts: int,
                    element_size: int = 2) -> dict:
     """windows_per_program, num_stages, num_warps and (forward) reload_bias of one kernel (and
     maxnreg, a register cap, where the config sets one): the config's ``{kind}_...`` entries where
@@ -319,9 +317,9 @@ def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, que
     chosen = dict(DEFAULTS[kind])
     chosen["reload_bias"] = bool(config.get(f"{kind}_reload_bias", _reload_bias(kind, launch, element_size)))
     chosen["num_stages"] = _default_stages(kind, launch, element_size, chosen["reload_bias"])
-    if launch.block_m * launch.block > 64 * 64:
+    if launch.block * launch.block > 64 * 64:
         chosen["num_warps"] = 8  # keep the float32 score tile near 32-64 registers a thread
-    chosen["windows_per_program"] = _windows_per_program(launch, problem, device, query_chunks)
+    chosen["windows_per_program"] = _windows_per_program(launch, problem, device, query_parts)
     for key in ("windows_per_program", "num_stages", "num_warps"):
         chosen[key] = int(config.get(f"{kind}_{key}", chosen[key]))
     if config.get(f"{kind}_maxnreg"):
@@ -340,9 +338,9 @@ def _compile_options(cfg: dict) -> dict:
     return options
 
 
-def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_chunks: int = 1) -> int:
+def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_parts: int = 1) -> int:
     # -(-a // b), not triton.cdiv: from Python that is a JIT function call (~8 us of host time).
-    return problem.heads * query_chunks * -(-launch.num_windows // windows_per_program)
+    return problem.heads * query_parts * -(-launch.num_windows // windows_per_program)
 
 
 def forward(problem, inputs, config=None):

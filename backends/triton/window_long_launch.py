@@ -104,9 +104,9 @@ def _part_meta(p) -> dict:
 
 
 def _meta(launch, problem, dtype) -> dict:
-    """Constexprs shared with the short kernels, less their tile sizes (BLOCK, BLOCK_M)."""
+    """Constexprs shared with the short kernels, less their tile size (BLOCK)."""
     meta = wl._meta(launch, problem, dtype)
-    del meta["BLOCK"], meta["BLOCK_M"]
+    del meta["BLOCK"]
     return meta
 
 
