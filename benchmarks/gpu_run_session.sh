@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call for a session's measurements of both Triton backends: install, the GPU tests of
 # triton (under xdist) and triton_window (serially, with timm parity), the window benchmark
-# (CUDA-graph timed, SDPA in every mask layout), the neighbourhood benchmark without Flex (triton
-# and cuDNN, all ten problems), with SWEEP=1 the window kernels' launch-config sweep and with
+# (CUDA-graph timed, SDPA in every mask layout), the neighbourhood benchmark (triton and cuDNN,
+# all ten problems; Flex with FLEX=1), with SWEEP=1 the window kernels' launch-config sweep and with
 # TIMM=1 timm Swin-T throughput. Files under $OUT (the device tool takes at most eight): device.txt,
 # triton_tests.log, window_tests.log, bench_window.{md,json}, neighborhood.{md,json},
 # sweep_window.md, bench_timm.md.
 #   bash benchmarks/gpu_run_session.sh
-# Knobs: SKIP_TESTS=1, SKIP_TRITON_TESTS=1, SKIP_WINDOW=1 (window tests and benchmark), SKIP_NEIGHBORHOOD=1, SWEEP=1, TIMM=1, WINDOW_ARGS /
+# Knobs: SKIP_TESTS=1, SKIP_TRITON_TESTS=1, SKIP_WINDOW=1 (window tests and benchmark), SKIP_NEIGHBORHOOD=1, FLEX=1 (FlexAttention in the neighbourhood benchmark), SWEEP=1, TIMM=1, WINDOW_ARGS /
 # NEIGHBORHOOD_ARGS (extra benchmark arguments).
 set -o pipefail
 export PYTHONUNBUFFERED=1 HALOATTN_CUDA=off
@@ -47,8 +47,10 @@ if [ -n "$SWEEP" ]; then
   stamp "window sweep: exit $?"; grep -A9 "^| row" "$OUT/sweep_window.md"
 fi
 if [ -z "$SKIP_NEIGHBORHOOD" ]; then
+  flex="--no-flex"
+  [ -n "$FLEX" ] && flex="--flex-compile-timeout 100"
   # shellcheck disable=SC2086
-  timeout 200 python3 benchmarks/bench_neighborhood.py --no-flex --markdown "$OUT/neighborhood.md" \
+  timeout 280 python3 benchmarks/bench_neighborhood.py $flex --markdown "$OUT/neighborhood.md" \
     --json "$OUT/neighborhood.json" $NEIGHBORHOOD_ARGS > /tmp/nb.log 2>&1
   stamp "neighbourhood bench: exit $?"; cat "$OUT/neighborhood.md"
 fi
