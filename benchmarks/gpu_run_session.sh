@@ -7,8 +7,9 @@
 # triton_tests.log, window_tests.log, bench_window.{md,json}, neighborhood.{md,json},
 # sweep_window.md, bench_timm.md.
 #   bash benchmarks/gpu_run_session.sh
-# Knobs: SKIP_TESTS=1, SKIP_TRITON_TESTS=1, SKIP_WINDOW=1 (window tests and benchmark), SKIP_NEIGHBORHOOD=1, FLEX=1 (FlexAttention in the neighbourhood benchmark), SWEEP=1, TIMM=1, WINDOW_ARGS /
-# NEIGHBORHOOD_ARGS (extra benchmark arguments).
+# Knobs: SKIP_TESTS=1, SKIP_TRITON_TESTS=1, SKIP_WINDOW=1 (window tests and benchmark),
+# SKIP_NEIGHBORHOOD=1, FLEX=1 (FlexAttention in the neighbourhood benchmark), SWEEP=1, TIMM=1,
+# WINDOW_ARGS / NEIGHBORHOOD_ARGS (extra benchmark arguments).
 set -o pipefail
 export PYTHONUNBUFFERED=1 HALOATTN_CUDA=off
 OUT=${OUT:-/tmp/out}
