@@ -36,6 +36,9 @@ CASES = {
                                                     dict(causal=True, stride=2, dilation=2)),
     "neighbourhood_3d_window_shift_extra_keys": (launch, (4, 8, 8), (2, 4, 4), torch.float16, 2, 1, 128, 128,
                                                  False, 5, dict(pattern="window", shift=(1, 2, 2))),
+    # head_dim 192: 128-query dQ tiles against 64-key tiles (non-square pair masks).
+    "neighbourhood_2d_causal_hd192_dv64": (launch, (10, 12), (5, 3), torch.bfloat16, 2, 1, 192, 64, False, 0,
+                                           dict(causal=(True, False))),
     "window_swin_shift_rpb": (window_launch, (14, 14), 7, torch.float16, 3, 3, 32, 32, True, 0, dict(shift=3)),
     "window_3d_dilated_causal_gqa_softcap": (window_launch, (4, 8, 8), (2, 2, 4), torch.float32, 4, 2, 30, 16,
                                              True, 0, dict(dilation=(1, 2, 2), causal=(True, False, False),

@@ -70,9 +70,13 @@ def finish_scores(qk, bias, scale, softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP:
 @triton.jit
 def _axis_within(lo, hi, y, ROWS_ARE_QUERIES: tl.constexpr):
     """[rows, cols] mask of one axis: key coordinate y in the query's [lo, hi)."""
+    # One return: Triton 3.6 type-checks a return after a compile-time branch's own return, and
+    # the two orientations differ in shape wherever rows and columns do (a 128 x 64 dQ tile).
     if ROWS_ARE_QUERIES:
-        return (y[None, :] >= lo[:, None]) & (y[None, :] < hi[:, None])
-    return (y[:, None] >= lo[None, :]) & (y[:, None] < hi[None, :])
+        seen = (y[None, :] >= lo[:, None]) & (y[None, :] < hi[:, None])
+    else:
+        seen = (y[:, None] >= lo[None, :]) & (y[:, None] < hi[None, :])
+    return seen
 
 
 @triton.jit
