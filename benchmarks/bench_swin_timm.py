@@ -3,7 +3,11 @@ training-step throughput (forward, backward, AdamW step) and inference throughpu
 autocast. Stock timm runs its default attention path (eager, unless TIMM_FUSED_ATTN enables SDPA);
 ``--fused`` also times stock with timm's SDPA path switched on. Medians of triton's do_bench.
 
-    python benchmarks/bench_swin_timm.py [--batch 128] [--fused]
+End-to-end steps on a shared machine move by 10-15 % between runs (host load, clocks: three runs
+of one tree gave stock training steps of 65.7-73.7 ms), so ``--rounds N`` times every model N times,
+round-robin, and reports each model's median: the ratios then compare neighbours in time.
+
+    python benchmarks/bench_swin_timm.py [--batch 128] [--fused] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import contextlib
 import copy
 import json
+import statistics
 
 import torch
 from timm.models import swin_transformer
@@ -67,6 +72,8 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--fused", action="store_true", help="also time stock timm with its SDPA path")
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--rounds", type=int, default=1, help="time every model this many times, round-robin; "
+                        "report medians")
     parser.add_argument("--window-config", action="append", default=[], metavar="JSON",
                         help="also time patch_swin with these triton_window launch settings as its defaults "
                              "(e.g. '{\"forward_num_stages\": 2}'); repeatable")
@@ -90,14 +97,21 @@ def main():
         variants[name] = patch_swin(copy.deepcopy(stock))
         settings_of[name] = json.loads(settings)
 
-    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, bf16 autocast",
+    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, bf16 autocast, "
+             f"medians of {args.rounds} round(s)",
              "| model | train step (ms) | train img/s | inference (ms) | inference img/s |", "|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
+    timings = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, model in variants.items():
+            with window_defaults(settings_of.get(name, {})):
+                timings[name].append((throughput(model, args.batch, train=True)[0],
+                                      throughput(model, args.batch, train=False)[0]))
     results = {}
-    for name, model in variants.items():
-        with window_defaults(settings_of.get(name, {})):
-            train_ms, train_ips = throughput(model, args.batch, train=True)
-            infer_ms, infer_ips = throughput(model, args.batch, train=False)
+    for name, runs in timings.items():
+        train_ms = statistics.median(t for t, _ in runs)
+        infer_ms = statistics.median(i for _, i in runs)
+        train_ips, infer_ips = args.batch * 1000.0 / train_ms, args.batch * 1000.0 / infer_ms
         results[name] = (train_ips, infer_ips)
         lines.append(f"| {name} | {train_ms:.1f} | {train_ips:.0f} | {infer_ms:.1f} | {infer_ips:.0f} |")
         print(lines[-1], flush=True)

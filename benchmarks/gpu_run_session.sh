@@ -56,6 +56,6 @@ if [ -z "$SKIP_NEIGHBORHOOD" ]; then
   stamp "neighbourhood bench: exit $?"; cat "$OUT/neighborhood.md"
 fi
 if [ -n "$TIMM" ]; then
-  timeout 120 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --markdown "$OUT/bench_timm.md" > /tmp/timm.log 2>&1
+  timeout 300 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --rounds 3 --markdown "$OUT/bench_timm.md" > /tmp/timm.log 2>&1
   stamp "timm: exit $?"; cat "$OUT/bench_timm.md"
 fi
