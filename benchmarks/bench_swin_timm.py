@@ -107,6 +107,8 @@ def main():
             with window_defaults(settings_of.get(name, {})):
                 timings[name].append((throughput(model, args.batch, train=True)[0],
                                       throughput(model, args.batch, train=False)[0]))
+            print(f"round {len(timings[name])}, {name}: train {timings[name][-1][0]:.1f} ms, "
+                  f"inference {timings[name][-1][1]:.1f} ms", flush=True)
     results = {}
     for name, runs in timings.items():
         train_ms = statistics.median(t for t, _ in runs)
