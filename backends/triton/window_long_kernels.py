@@ -54,6 +54,18 @@ def _part_slots(FIRST: tl.constexpr, SIZE: tl.constexpr, W0: tl.constexpr, W1: t
     return c0, c1, c2, is_slot, d0, d1, d2
 
 
+@triton.constexpr_function
+def _part_first(part, P0, P1, P2, P3):
+    """First slot of part ``part`` (at compile time): the sizes of the parts before it."""
+    return sum((P0, P1, P2, P3)[:part])
+
+
+@triton.constexpr_function
+def _part_size(part, P0, P1, P2, P3):
+    """Slots of part ``part`` (at compile time); 0 for an absent part and past the fourth."""
+    return (P0, P1, P2, P3, 0)[part]
+
+
 @triton.jit
 def _bias_slice(BIAS, h, salt, QFIRST: tl.constexpr, QSIZE: tl.constexpr, KFIRST: tl.constexpr,
                 KSIZE: tl.constexpr, VP: tl.constexpr):
@@ -144,29 +156,16 @@ def _forward_query_part(
         m = tl.full((QSIZE,), float("-inf"), tl.float32)
         total = tl.zeros((QSIZE,), tl.float32)
         acc = tl.zeros((QSIZE, BLOCK_DV), tl.float32)
-        m, total, acc = _online_softmax_step(
-            q, Kh, Vh, k_base, v_base, _bias_slice(BIAS, h, salt, QFIRST, QSIZE, 0, P0, VP), m, total, acc, qc0, qc1, qc2, p0, p1, p2,
-            sk0, sk1, sk2, sv0, sv1, sv2, L0, L1, L2, DL0, DL1, DL2, scale, softcap, 0, P0, D, DV, W0, W1, W2,
-            RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP,
-            PRECISION, UPCAST, ALIGN)
-        if P1 > 0:
-            m, total, acc = _online_softmax_step(
-                q, Kh, Vh, k_base, v_base, _bias_slice(BIAS, h, salt, QFIRST, QSIZE, P0, P1, VP), m, total, acc, qc0, qc1, qc2,
-                p0, p1, p2, sk0, sk1, sk2, sv0, sv1, sv2, L0, L1, L2, DL0, DL1, DL2, scale, softcap, P0, P1, D, DV,
-                W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV,
-                HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
-        if P2 > 0:
-            m, total, acc = _online_softmax_step(
-                q, Kh, Vh, k_base, v_base, _bias_slice(BIAS, h, salt, QFIRST, QSIZE, P0 + P1, P2, VP), m, total, acc, qc0, qc1, qc2,
-                p0, p1, p2, sk0, sk1, sk2, sv0, sv1, sv2, L0, L1, L2, DL0, DL1, DL2, scale, softcap, P0 + P1, P2,
-                D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D,
-                BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
-        if P3 > 0:
-            m, total, acc = _online_softmax_step(
-                q, Kh, Vh, k_base, v_base, _bias_slice(BIAS, h, salt, QFIRST, QSIZE, P0 + P1 + P2, P3, VP), m, total, acc,
-                qc0, qc1, qc2, p0, p1, p2, sk0, sk1, sk2, sv0, sv1, sv2, L0, L1, L2, DL0, DL1, DL2, scale, softcap,
-                P0 + P1 + P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1,
-                CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
+        for part in tl.static_range(4):
+            if _part_size(part, P0, P1, P2, P3) > 0:
+                m, total, acc = _online_softmax_step(
+                    q, Kh, Vh, k_base, v_base,
+                    _bias_slice(BIAS, h, salt, QFIRST, QSIZE, _part_first(part, P0, P1, P2, P3),
+                                _part_size(part, P0, P1, P2, P3), VP),
+                    m, total, acc, qc0, qc1, qc2, p0, p1, p2, sk0, sk1, sk2, sv0, sv1, sv2, L0, L1, L2, DL0, DL1, DL2,
+                    scale, softcap, _part_first(part, P0, P1, P2, P3), _part_size(part, P0, P1, P2, P3), D, DV,
+                    W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV,
+                    HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
         # Rows that are not stored (padding, out of the grid) may have total 0: no division by it.
         total = tl.where(total == 0.0, 1.0, total)
         _store_rows(Oh, _window_base(b, p0, p1, p2, sob, so0, so1, so2) + o_rows, q_ok, DV,
@@ -214,37 +213,16 @@ def window_long_forward_kernel(
     Vh = V + kv_h * svh * ALIGN
     Oh = O + h * soh * ALIGN
     Lh = LSE + h * slh
-    if part == 0:
-        _forward_query_part(
-            Qh, Kh, Vh, Oh, Lh, BIAS, h, first_win, count, zero, sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2,
-            svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2, L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2,
-            DL0, DL1, DL2, scale, softcap, 0, P0, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK,
-            DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP,
-            PRECISION, UPCAST, ALIGN, NUM_STAGES)
-    if P1 > 0:
-        if part == 1:
-            _forward_query_part(
-                Qh, Kh, Vh, Oh, Lh, BIAS, h, first_win, count, zero, sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2,
-                svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2, L0, L1, L2, NW0, NW1, NW2,
-                OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap, P0, P1, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK,
-                DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP,
-                PRECISION, UPCAST, ALIGN, NUM_STAGES)
-    if P2 > 0:
-        if part == 2:
-            _forward_query_part(
-                Qh, Kh, Vh, Oh, Lh, BIAS, h, first_win, count, zero, sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2,
-                svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2, L0, L1, L2, NW0, NW1, NW2,
-                OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap, P0 + P1, P2, P0, P1, P2, P3, D, DV, W0, W1, W2,
-                RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS,
-                HAS_SOFTCAP, PRECISION, UPCAST, ALIGN, NUM_STAGES)
-    if P3 > 0:
-        if part == 3:
-            _forward_query_part(
-                Qh, Kh, Vh, Oh, Lh, BIAS, h, first_win, count, zero, sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2,
-                svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2, L0, L1, L2, NW0, NW1, NW2,
-                OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap, P0 + P1 + P2, P3, P0, P1, P2, P3, D, DV,
-                W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV,
-                HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN, NUM_STAGES)
+    for q_part in tl.static_range(4):
+        if _part_size(q_part, P0, P1, P2, P3) > 0:
+            if part == q_part:
+                _forward_query_part(
+                    Qh, Kh, Vh, Oh, Lh, BIAS, h, first_win, count, zero, sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2,
+                    svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2, L0, L1, L2, NW0, NW1, NW2,
+                    OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
+                    _part_first(q_part, P0, P1, P2, P3), _part_size(q_part, P0, P1, P2, P3), P0, P1, P2, P3,
+                    D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2,
+                    BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN, NUM_STAGES)
 
 
 @triton.jit
@@ -372,41 +350,17 @@ def _dq_query_part(
 ):
     """dQ (and rpb-gradient rows) of one query part: its key parts in turn."""
     VP: tl.constexpr = P0 + P1 + P2 + P3
-    _dq_key_part(
-        Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
-        sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
-        sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
-        L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-        QFIRST, QSIZE, 0, P0, VP, True, P1 == 0, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-        CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE, PRECISION, UPCAST,
-        ALIGN, NUM_STAGES)
-    if P1 > 0:
-        _dq_key_part(
-            Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
-            sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
-            sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
-            L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-            QFIRST, QSIZE, P0, P1, VP, False, P2 == 0, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-            CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE, PRECISION,
-            UPCAST, ALIGN, NUM_STAGES)
-    if P2 > 0:
-        _dq_key_part(
-            Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
-            sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
-            sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
-            L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-            QFIRST, QSIZE, P0 + P1, P2, VP, False, P3 == 0, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-            CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE, PRECISION,
-            UPCAST, ALIGN, NUM_STAGES)
-    if P3 > 0:
-        _dq_key_part(
-            Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
-            sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
-            sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
-            L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-            QFIRST, QSIZE, P0 + P1 + P2, P3, VP, False, True, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-            CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE, PRECISION,
-            UPCAST, ALIGN, NUM_STAGES)
+    for k_part in tl.static_range(4):
+        if _part_size(k_part, P0, P1, P2, P3) > 0:
+            _dq_key_part(
+                Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
+                sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
+                sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
+                L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
+                QFIRST, QSIZE, _part_first(k_part, P0, P1, P2, P3), _part_size(k_part, P0, P1, P2, P3), VP,
+                k_part == 0, _part_size(k_part + 1, P0, P1, P2, P3) == 0, D, DV, W0, W1, W2, RANK,
+                DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD,
+                HAS_SOFTCAP, HAS_GLSE, PRECISION, UPCAST, ALIGN, NUM_STAGES)
 
 
 @triton.jit(do_not_specialize=LONG_RUNTIME_SIZES)
@@ -456,44 +410,17 @@ def window_long_dq_kernel(
     DQh = DQ + h * sdqh * ALIGN
     ACCh = ACC + h * sah
     DBIASp = DBIAS + run.to(tl.int64) * H * (VP * VP)
-    if part == 0:
-        _dq_query_part(
-            Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
-            sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
-            sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
-            L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-            0, P0, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2,
-            BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE, PRECISION, UPCAST, ALIGN, NUM_STAGES)
-    if P1 > 0:
-        if part == 1:
-            _dq_query_part(
-                Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
-                sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
-                sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
-                L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-                P0, P1, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-                CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE,
-                PRECISION, UPCAST, ALIGN, NUM_STAGES)
-    if P2 > 0:
-        if part == 2:
-            _dq_query_part(
-                Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
-                sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
-                sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
-                L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-                P0 + P1, P2, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-                CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE,
-                PRECISION, UPCAST, ALIGN, NUM_STAGES)
-    if P3 > 0:
-        if part == 3:
-            _dq_query_part(
-                Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
-                sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
-                sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
-                L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-                P0 + P1 + P2, P3, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-                CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE,
-                PRECISION, UPCAST, ALIGN, NUM_STAGES)
+    for q_part in tl.static_range(4):
+        if _part_size(q_part, P0, P1, P2, P3) > 0:
+            if part == q_part:
+                _dq_query_part(
+                    Qh, Kh, Vh, Oh, Lh, DOh, GLh, Ah, DQh, ACCh, BIAS, DBIASp, h, first_win, count, zero,
+                    sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, sob, so0, so1, so2, slb, sl0, sl1, sl2,
+                    sdob, sdo0, sdo1, sdo2, sdqb, sdq0, sdq1, sdq2, sab, sa0, sa1, sa2,
+                    L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
+                    _part_first(q_part, P0, P1, P2, P3), _part_size(q_part, P0, P1, P2, P3), P0, P1, P2, P3,
+                    D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2,
+                    BLOCK_D, BLOCK_DV, HAS_BIAS, BIAS_GRAD, HAS_SOFTCAP, HAS_GLSE, PRECISION, UPCAST, ALIGN, NUM_STAGES)
 
 
 @triton.jit
@@ -564,29 +491,14 @@ def _dkdv_key_part(
         Aw = Ah + lse_base
         dk = tl.zeros((KSIZE, BLOCK_D), tl.float32)
         dv = tl.zeros((KSIZE, BLOCK_DV), tl.float32)
-        dk, dv = _dkdv_step(
-            k, v, dk, dv, Qh, DOh, q_base, do_base, Lw, Aw, BIAS, h, salt, kc0, kc1, kc2, k_ok, p0, p1, p2, sq0, sq1, sq2,
-            sdo0, sdo1, sdo2, sl0, sl1, sl2, L0, L1, L2, DL0, DL1, DL2, scale, softcap, 0, P0, KFIRST, KSIZE, VP,
-            D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV,
-            HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
-        if P1 > 0:
-            dk, dv = _dkdv_step(
-                k, v, dk, dv, Qh, DOh, q_base, do_base, Lw, Aw, BIAS, h, salt, kc0, kc1, kc2, k_ok, p0, p1, p2, sq0, sq1, sq2,
-                sdo0, sdo1, sdo2, sl0, sl1, sl2, L0, L1, L2, DL0, DL1, DL2, scale, softcap, P0, P1, KFIRST, KSIZE,
-                VP, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D,
-                BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
-        if P2 > 0:
-            dk, dv = _dkdv_step(
-                k, v, dk, dv, Qh, DOh, q_base, do_base, Lw, Aw, BIAS, h, salt, kc0, kc1, kc2, k_ok, p0, p1, p2, sq0, sq1, sq2,
-                sdo0, sdo1, sdo2, sl0, sl1, sl2, L0, L1, L2, DL0, DL1, DL2, scale, softcap, P0 + P1, P2, KFIRST,
-                KSIZE, VP, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2,
-                BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
-        if P3 > 0:
-            dk, dv = _dkdv_step(
-                k, v, dk, dv, Qh, DOh, q_base, do_base, Lw, Aw, BIAS, h, salt, kc0, kc1, kc2, k_ok, p0, p1, p2, sq0, sq1, sq2,
-                sdo0, sdo1, sdo2, sl0, sl1, sl2, L0, L1, L2, DL0, DL1, DL2, scale, softcap, P0 + P1 + P2, P3,
-                KFIRST, KSIZE, VP, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1,
-                CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
+        for q_part in tl.static_range(4):
+            if _part_size(q_part, P0, P1, P2, P3) > 0:
+                dk, dv = _dkdv_step(
+                    k, v, dk, dv, Qh, DOh, q_base, do_base, Lw, Aw, BIAS, h, salt, kc0, kc1, kc2, k_ok, p0, p1, p2,
+                    sq0, sq1, sq2, sdo0, sdo1, sdo2, sl0, sl1, sl2, L0, L1, L2, DL0, DL1, DL2, scale, softcap,
+                    _part_first(q_part, P0, P1, P2, P3), _part_size(q_part, P0, P1, P2, P3), KFIRST, KSIZE, VP,
+                    D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2,
+                    BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN)
         _store_rows(DKh, _window_base(b, p0, p1, p2, sdkb, sdk0, sdk1, sdk2) + dk_rows, k_ok, D, dk * scale,
                     BLOCK_D, ALIGN)
         _store_rows(DVh, _window_base(b, p0, p1, p2, sdvb, sdv0, sdv1, sdv2) + dv_rows, k_ok, DV, dv, BLOCK_DV, ALIGN)
@@ -635,41 +547,14 @@ def window_long_dkdv_kernel(
     DOh = DO + h * sdoh * ALIGN
     DKh = DK + h * sdkh * ALIGN
     DVh = DV_OUT + h * sdvh * ALIGN
-    if part == 0:
-        _dkdv_key_part(
-            Qh, Kh, Vh, Lh, DOh, Ah, DKh, DVh, BIAS, h, first_win, count, zero,
-            sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, slb, sl0, sl1, sl2,
-            sdob, sdo0, sdo1, sdo2, sdkb, sdk0, sdk1, sdk2, sdvb, sdv0, sdv1, sdv2,
-            L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-            0, P0, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2,
-            BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN, NUM_STAGES)
-    if P1 > 0:
-        if part == 1:
-            _dkdv_key_part(
-                Qh, Kh, Vh, Lh, DOh, Ah, DKh, DVh, BIAS, h, first_win, count, zero,
-                sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, slb, sl0, sl1, sl2,
-                sdob, sdo0, sdo1, sdo2, sdkb, sdk0, sdk1, sdk2, sdvb, sdv0, sdv1, sdv2,
-                L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-                P0, P1, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-                CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN,
-                NUM_STAGES)
-    if P2 > 0:
-        if part == 2:
-            _dkdv_key_part(
-                Qh, Kh, Vh, Lh, DOh, Ah, DKh, DVh, BIAS, h, first_win, count, zero,
-                sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, slb, sl0, sl1, sl2,
-                sdob, sdo0, sdo1, sdo2, sdkb, sdk0, sdk1, sdk2, sdvb, sdv0, sdv1, sdv2,
-                L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-                P0 + P1, P2, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-                CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN,
-                NUM_STAGES)
-    if P3 > 0:
-        if part == 3:
-            _dkdv_key_part(
-                Qh, Kh, Vh, Lh, DOh, Ah, DKh, DVh, BIAS, h, first_win, count, zero,
-                sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, slb, sl0, sl1, sl2,
-                sdob, sdo0, sdo1, sdo2, sdkb, sdk0, sdk1, sdk2, sdvb, sdv0, sdv1, sdv2,
-                L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
-                P0 + P1 + P2, P3, P0, P1, P2, P3, D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2,
-                CAUSAL0, CAUSAL1, CAUSAL2, BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN,
-                NUM_STAGES)
+    for k_part in tl.static_range(4):
+        if _part_size(k_part, P0, P1, P2, P3) > 0:
+            if part == k_part:
+                _dkdv_key_part(
+                    Qh, Kh, Vh, Lh, DOh, Ah, DKh, DVh, BIAS, h, first_win, count, zero,
+                    sqb, sq0, sq1, sq2, skb, sk0, sk1, sk2, svb, sv0, sv1, sv2, slb, sl0, sl1, sl2,
+                    sdob, sdo0, sdo1, sdo2, sdkb, sdk0, sdk1, sdk2, sdvb, sdv0, sdv1, sdv2,
+                    L0, L1, L2, NW0, NW1, NW2, OFF0, OFF1, OFF2, DL0, DL1, DL2, scale, softcap,
+                    _part_first(k_part, P0, P1, P2, P3), _part_size(k_part, P0, P1, P2, P3), P0, P1, P2, P3,
+                    D, DV, W0, W1, W2, RANK, DILATED0, DILATED1, DILATED2, CAUSAL0, CAUSAL1, CAUSAL2,
+                    BLOCK_D, BLOCK_DV, HAS_BIAS, HAS_SOFTCAP, PRECISION, UPCAST, ALIGN, NUM_STAGES)
