@@ -51,14 +51,18 @@ def online_softmax_rescale(s, m_i, l_i, acc, LAZY: tl.constexpr):
     m_tile = tl.max(s, 1)
     if LAZY:
         if tl.max((m_tile > m_i + RESCALE_SLACK).to(tl.int32), 0) > 0:
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.math.exp2(m_i - finite(m_new))
-            m_i, l_i, acc = m_new, l_i * alpha, acc * alpha[:, None]
+            m_i, l_i, acc = _raise_maxima(m_i, m_tile, l_i, acc)
     else:
-        m_new = tl.maximum(m_i, m_tile)
-        alpha = tl.math.exp2(m_i - finite(m_new))
-        m_i, l_i, acc = m_new, l_i * alpha, acc * alpha[:, None]
+        m_i, l_i, acc = _raise_maxima(m_i, m_tile, l_i, acc)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _raise_maxima(m_i, m_tile, l_i, acc):
+    """Running maxima raised to the tile's, sums and accumulator rescaled to match."""
+    m_new = tl.maximum(m_i, m_tile)
+    alpha = tl.math.exp2(m_i - finite(m_new))
+    return m_new, l_i * alpha, acc * alpha[:, None]
 
 
 @triton.jit

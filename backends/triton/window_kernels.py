@@ -125,6 +125,15 @@ def _first_slot(group, w, DL, OFF, W: tl.constexpr, DILATED: tl.constexpr):
 
 
 @triton.jit
+def _window_first_slots(g0, w0, g1, w1, g2, w2, DL0, DL1, DL2, OFF0, OFF1, OFF2,
+                        W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr,
+                        DILATED0: tl.constexpr, DILATED1: tl.constexpr, DILATED2: tl.constexpr):
+    """``_first_slot`` of the cursor's window on every axis."""
+    return (_first_slot(g0, w0, DL0, OFF0, W0, DILATED0), _first_slot(g1, w1, DL1, OFF1, W1, DILATED1),
+            _first_slot(g2, w2, DL2, OFF2, W2, DILATED2))
+
+
+@triton.jit
 def _dilated(c0, c1, c2, DL0, DL1, DL2, DILATED0: tl.constexpr, DILATED1: tl.constexpr, DILATED2: tl.constexpr):
     """In-window coordinates times each axis' dilation: grid steps from the window's first slot."""
     if DILATED0:
@@ -265,7 +274,7 @@ def window_forward_kernel(
     kv_h = h // G
 
     qc0, qc1, qc2, q_slot = _slot_coords(0, BLOCK, W0, W1, W2)
-    kc0, kc1, kc2, k_slot = qc0, qc1, qc2, q_slot
+    kc0, kc1, kc2, k_slot = qc0, qc1, qc2, q_slot  # keys are the same slots as queries
     q_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sq0, sq1, sq2)
     o_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, so0, so1, so2)
     l_rows = _relative_offsets(qc0, qc1, qc2, DL0, DL1, DL2, sl0, sl1, sl2)
@@ -289,9 +298,8 @@ def window_forward_kernel(
     b, g0, w0, g1, w1, g2, w2 = _first_window(
         first_win, NW0, NW1, NW2, DL0, DL1, DL2, RANK, DILATED0, DILATED1, DILATED2)
     for i in tl.range(0, count, num_stages=NUM_STAGES):
-        p0 = _first_slot(g0, w0, DL0, OFF0, W0, DILATED0)
-        p1 = _first_slot(g1, w1, DL1, OFF1, W1, DILATED1)
-        p2 = _first_slot(g2, w2, DL2, OFF2, W2, DILATED2)
+        p0, p1, p2 = _window_first_slots(g0, w0, g1, w1, g2, w2, DL0, DL1, DL2, OFF0, OFF1, OFF2, W0, W1, W2,
+                                         DILATED0, DILATED1, DILATED2)
         q_ok = _on_grid(p0, p1, p2, qd0, qd1, qd2, q_slot, L0, L1, L2, RANK)
         k_ok = q_ok
         q = _load_rows(Qh + _window_base(b, p0, p1, p2, sqb, sq0, sq1, sq2) * ALIGN, q_rows, q_ok, D, BLOCK_D, ALIGN)
@@ -385,9 +393,8 @@ def window_backward_kernel(
     b, g0, w0, g1, w1, g2, w2 = _first_window(
         first_win, NW0, NW1, NW2, DL0, DL1, DL2, RANK, DILATED0, DILATED1, DILATED2)
     for i in tl.range(0, count, num_stages=NUM_STAGES):
-        p0 = _first_slot(g0, w0, DL0, OFF0, W0, DILATED0)
-        p1 = _first_slot(g1, w1, DL1, OFF1, W1, DILATED1)
-        p2 = _first_slot(g2, w2, DL2, OFF2, W2, DILATED2)
+        p0, p1, p2 = _window_first_slots(g0, w0, g1, w1, g2, w2, DL0, DL1, DL2, OFF0, OFF1, OFF2, W0, W1, W2,
+                                         DILATED0, DILATED1, DILATED2)
         k_ok = _on_grid(p0, p1, p2, kd0, kd1, kd2, k_slot, L0, L1, L2, RANK)
         q_ok = k_ok
         k = _load_rows(Kh + _window_base(b, p0, p1, p2, skb, sk0, sk1, sk2) * ALIGN, k_rows, k_ok, D, BLOCK_D, ALIGN)

@@ -19,7 +19,7 @@ MAX_WINDOW_TOKENS = 256
 MAX_HEAD_DIM = 128
 # Windows of up to SQUARE_TILE_MAX (padded) tokens keep their whole square score tile on chip;
 # larger ones run the long-window kernels (window_long_launch.py: the window cut into parts of at
-# most 128 slots, online softmax over the key parts; a 256 x 256 tile would need more shared memory
+# most 64 slots, online softmax over the key parts; a 256 x 256 tile would need more shared memory
 # than an H100 has).
 SQUARE_TILE_MAX = 128
 
@@ -32,9 +32,10 @@ def is_long(launch: "WindowLaunch") -> bool:
 # Shared memory (bytes) of the forward and backward kernels at their default launch settings,
 # compiled for sm_90 (benchmarks/compile_report_window.py, 2026-11-23; the float32 forward's of
 # 64-slot tiles 2026-11-25, with its bias tile reloaded per window), by tile class (padded
-# window: 64 slots or fewer, 128, or the long-window kernels beyond), bytes per element and padded head dim
-# (32 or fewer, 64, 128). The plugin compares them with the GPU's per-block limit (H100: 227 KiB),
-# so a problem whose kernels cannot launch goes to backend 'triton' instead of failing there.
+# window: 64 slots or fewer, 128, or the long-window kernels beyond), bytes per element and padded
+# head dim (32 or fewer, 64, 128). The plugin compares them with the GPU's per-block limit (H100:
+# 227 KiB), so a problem whose kernels cannot launch goes to backend 'triton' instead of failing
+# there.
 SHARED_MEMORY = {
     (64, 2, 32): (40960, 41216), (64, 2, 64): (81920, 73984), (64, 2, 128): (106496, 73728),
     (64, 4, 32): (98304, 90368), (64, 4, 64): (98304, 65536), (64, 4, 128): (180224, 98304),
@@ -278,7 +279,7 @@ def _default_stages(kind: str, launch: WindowLaunch, element_size: int, reload_b
     bd, bv = launch.block_d, launch.block_dv
     stages = DEFAULTS[kind]["num_stages"]
     if kind == "forward":
-        per_stage, fallback = launch.block * bd + launch.block * (bd + bv), 2
+        per_stage, fallback = launch.block * (2 * bd + bv), 2
         if reload_bias:
             per_stage += launch.block * launch.block * 4 // element_size  # float32 tile
         elif element_size == 4:
@@ -317,7 +318,7 @@ def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, que
     chosen = dict(DEFAULTS[kind])
     chosen["reload_bias"] = bool(config.get(f"{kind}_reload_bias", _reload_bias(kind, launch, element_size)))
     chosen["num_stages"] = _default_stages(kind, launch, element_size, chosen["reload_bias"])
-    if launch.block * launch.block > 64 * 64:
+    if launch.block > 64:
         chosen["num_warps"] = 8  # keep the float32 score tile near 32-64 registers a thread
     chosen["windows_per_program"] = _windows_per_program(launch, problem, device, query_parts)
     for key in ("windows_per_program", "num_stages", "num_warps"):
@@ -343,12 +344,33 @@ def _programs(launch: WindowLaunch, problem, windows_per_program: int, query_par
     return problem.heads * query_parts * -(-launch.num_windows // windows_per_program)
 
 
+def key_value_grad_buffers(problem, q, k, v):
+    """dK, dV outputs of the backward kernels. Under GQA a kernel program owns one query head and
+    writes its share per query head, in float32 (no atomics across the heads of a group);
+    ``sum_query_head_groups`` then sums each group."""
+    if problem.heads == problem.kv_heads:
+        return torch.empty_like(k), torch.empty_like(v)
+    dk = torch.empty(*q.shape, dtype=torch.float32, device=q.device)
+    dv = torch.empty(*q.shape[:-1], problem.value_dim, dtype=torch.float32, device=q.device)
+    return dk, dv
+
+
+def sum_query_head_groups(problem, dk, dv, k, v):
+    """dK, dV per KV head from ``key_value_grad_buffers``' per-query-head partials."""
+    if problem.heads == problem.kv_heads:
+        return dk, dv
+    group = problem.heads // problem.kv_heads
+    dk = dk.unflatten(-2, (problem.kv_heads, group)).sum(-2).to(k.dtype)
+    dv = dv.unflatten(-2, (problem.kv_heads, group)).sum(-2).to(v.dtype)
+    return dk, dv
+
+
 def forward(problem, inputs, config=None):
-    if is_long(plan(problem)):
+    launch = plan(problem)
+    if is_long(launch):
         return window_long_launch.forward(problem, inputs, config)
     q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
     _check_int32(q, k, v)
-    launch = plan(problem)
     rank = problem.rank
     out = q.new_empty(*q.shape[:-1], problem.value_dim)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -370,20 +392,15 @@ def forward(problem, inputs, config=None):
 
 
 def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
-    if is_long(plan(problem)):
+    launch = plan(problem)
+    if is_long(launch):
         return window_long_launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
     q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
     out, grad_out = _unit_channels(out), _unit_channels(grad_out)
-    launch = plan(problem)
     rank = problem.rank
     group = problem.heads // problem.kv_heads
     dq = torch.empty_like(q)
-    # GQA: dK/dV are written per query head in float32 and summed over each group below.
-    if group == 1:
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-    else:
-        dk = torch.empty(*q.shape, dtype=torch.float32, device=q.device)
-        dv = torch.empty(*q.shape[:-1], problem.value_dim, dtype=torch.float32, device=q.device)
+    dk, dv = key_value_grad_buffers(problem, q, k, v)
     bias_grad = rpb is not None and needs_grad[3]
     cfg = _launch_config("backward", launch, problem, q.device, config, 1, q.element_size())
     programs = _programs(launch, problem, cfg["windows_per_program"])
@@ -408,9 +425,7 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **_dilated_axes(launch), **_compile_options(cfg),
         **_meta(launch, problem, q.dtype),
     )
-    if group > 1:
-        dk = dk.unflatten(-2, (problem.kv_heads, group)).sum(-2).to(k.dtype)
-        dv = dv.unflatten(-2, (problem.kv_heads, group)).sum(-2).to(v.dtype)
+    dk, dv = sum_query_head_groups(problem, dk, dv, k, v)
     drpb: Optional[torch.Tensor] = None
     if bias_grad:
         per_head = dbias.view(-1, problem.heads, launch.block, launch.block).sum(0)

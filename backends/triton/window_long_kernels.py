@@ -34,8 +34,9 @@ import triton
 import triton.language as tl
 
 from .window_kernels import (
-    LN2, LOG2E, _RUNTIME_SIZES, _dilated, _dot, _first_slot, _first_window, _keep, _load_rows, _next_window,
+    LN2, LOG2E, _RUNTIME_SIZES, _dilated, _dot, _first_window, _keep, _load_rows, _next_window,
     _on_grid, _relative_offsets, _scores, _slot_coords, _store_rows, _window_base,
+    _window_first_slots,
 )
 
 # The scalar arguments the long kernels add to window_kernels' runtime sizes: strides of the dQ
@@ -145,9 +146,8 @@ def _forward_query_part(
     b, g0, w0, g1, w1, g2, w2 = _first_window(first_win, NW0, NW1, NW2, DL0, DL1, DL2,
                                               RANK, DILATED0, DILATED1, DILATED2)
     for i in tl.range(0, count, num_stages=NUM_STAGES):
-        p0 = _first_slot(g0, w0, DL0, OFF0, W0, DILATED0)
-        p1 = _first_slot(g1, w1, DL1, OFF1, W1, DILATED1)
-        p2 = _first_slot(g2, w2, DL2, OFF2, W2, DILATED2)
+        p0, p1, p2 = _window_first_slots(g0, w0, g1, w1, g2, w2, DL0, DL1, DL2, OFF0, OFF1, OFF2, W0, W1, W2,
+                                         DILATED0, DILATED1, DILATED2)
         q_ok = _on_grid(p0, p1, p2, qd0, qd1, qd2, q_slot, L0, L1, L2, RANK)
         q = _load_rows(Qh, _window_base(b, p0, p1, p2, sqb, sq0, sq1, sq2) + q_rows, q_ok, D, BLOCK_D, ALIGN)
         k_base = _window_base(b, p0, p1, p2, skb, sk0, sk1, sk2)
@@ -286,9 +286,8 @@ def _dq_key_part(
     b, g0, w0, g1, w1, g2, w2 = _first_window(first_win, NW0, NW1, NW2, DL0, DL1, DL2,
                                               RANK, DILATED0, DILATED1, DILATED2)
     for i in tl.range(0, count, num_stages=NUM_STAGES):
-        p0 = _first_slot(g0, w0, DL0, OFF0, W0, DILATED0)
-        p1 = _first_slot(g1, w1, DL1, OFF1, W1, DILATED1)
-        p2 = _first_slot(g2, w2, DL2, OFF2, W2, DILATED2)
+        p0, p1, p2 = _window_first_slots(g0, w0, g1, w1, g2, w2, DL0, DL1, DL2, OFF0, OFF1, OFF2, W0, W1, W2,
+                                         DILATED0, DILATED1, DILATED2)
         q_ok = _on_grid(p0, p1, p2, qd0, qd1, qd2, q_slot, L0, L1, L2, RANK)
         k_ok = _on_grid(p0, p1, p2, kd0, kd1, kd2, k_slot, L0, L1, L2, RANK)
         lse_at = _window_base(b, p0, p1, p2, slb, sl0, sl1, sl2) + l_rows
@@ -477,9 +476,8 @@ def _dkdv_key_part(
     b, g0, w0, g1, w1, g2, w2 = _first_window(first_win, NW0, NW1, NW2, DL0, DL1, DL2,
                                               RANK, DILATED0, DILATED1, DILATED2)
     for i in tl.range(0, count, num_stages=NUM_STAGES):
-        p0 = _first_slot(g0, w0, DL0, OFF0, W0, DILATED0)
-        p1 = _first_slot(g1, w1, DL1, OFF1, W1, DILATED1)
-        p2 = _first_slot(g2, w2, DL2, OFF2, W2, DILATED2)
+        p0, p1, p2 = _window_first_slots(g0, w0, g1, w1, g2, w2, DL0, DL1, DL2, OFF0, OFF1, OFF2, W0, W1, W2,
+                                         DILATED0, DILATED1, DILATED2)
         k_ok = _on_grid(p0, p1, p2, kd0, kd1, kd2, k_slot, L0, L1, L2, RANK)
         k = _load_rows(Kh, _window_base(b, p0, p1, p2, skb, sk0, sk1, sk2) + k_rows, k_ok, D, BLOCK_D, ALIGN)
         v = _load_rows(Vh, _window_base(b, p0, p1, p2, svb, sv0, sv1, sv2) + v_rows, k_ok, DV, BLOCK_DV, ALIGN)

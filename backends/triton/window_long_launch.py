@@ -6,6 +6,7 @@ partials)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -35,6 +36,7 @@ def _split(padded: int, max_part: int):
     return sizes
 
 
+@functools.lru_cache(maxsize=64)
 def parts(volume: int, max_part: Optional[int] = None) -> Tuple[int, int, int, int]:
     """``(P0, P1, P2, P3)``: the window volume rounded up to a multiple of MIN_PART, cut into
     power-of-two parts of at most ``max_part`` (default MAX_PART) slots, largest first; 0 = absent.
@@ -90,8 +92,7 @@ def launch_config(kind: str, launch, problem, p, device, config, element_size: i
     chosen = dict(DEFAULTS[kind])
     if chosen["num_stages"] * _stage_bytes(kind, launch.block_d, launch.block_dv, p, element_size) > STAGE_BYTES:
         chosen["num_stages"] = 1
-    part_count = sum(1 for size in p if size)
-    chosen["windows_per_program"] = wl._windows_per_program(launch, problem, device, part_count)
+    chosen["windows_per_program"] = wl._windows_per_program(launch, problem, device, _part_count(p))
     for key in ("windows_per_program", "num_stages", "num_warps"):
         chosen[key] = int(config.get(f"{prefix}_{key}", chosen[key]))
     if config.get(f"{prefix}_maxnreg"):
@@ -114,8 +115,12 @@ def _problem_parts(problem) -> Tuple[int, int, int, int]:
     return parts(math.prod(problem.window))
 
 
+def _part_count(p) -> int:
+    return sum(1 for size in p if size)
+
+
 def _programs(launch, problem, windows_per_program: int, p) -> int:
-    return wl._programs(launch, problem, windows_per_program, sum(1 for size in p if size))
+    return wl._programs(launch, problem, windows_per_program, _part_count(p))
 
 
 def dense_bias(rpb: torch.Tensor, launch, problem, padded_volume: int) -> torch.Tensor:
@@ -155,12 +160,7 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     rank = problem.rank
     group = problem.heads // problem.kv_heads
     dq = torch.empty_like(q)
-    # GQA: dK/dV are written per query head in float32 and summed over each group below.
-    if group == 1:
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-    else:
-        dk = torch.empty(*q.shape, dtype=torch.float32, device=q.device)
-        dv = torch.empty(*q.shape[:-1], problem.value_dim, dtype=torch.float32, device=q.device)
+    dk, dv = wl.key_value_grad_buffers(problem, q, k, v)
     lse = lse.contiguous()
     grad_lse = grad_lse.contiguous() if grad_lse is not None else None
     # delta = rowsum(O * dO) - grad_lse, written by the dQ kernel's first key part, read by the
@@ -200,9 +200,7 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         *common, cfg["windows_per_program"], *heads_args,
         NUM_STAGES=cfg["num_stages"], **wl._compile_options(cfg), **flags,
     )
-    if group > 1:
-        dk = dk.unflatten(-2, (problem.kv_heads, group)).sum(-2).to(k.dtype)
-        dv = dv.unflatten(-2, (problem.kv_heads, group)).sum(-2).to(v.dtype)
+    dk, dv = wl.sum_query_head_groups(problem, dk, dv, k, v)
     drpb: Optional[torch.Tensor] = None
     if bias_grad:
         drpb = wl.table_gradient(dbias.sum(0), rpb, launch._replace(block=sum(p)))
