@@ -3,18 +3,24 @@
 A call whose host side (argument checks, dispatch, Triton's launcher) takes longer than its kernels
 leaves the GPU idle between calls: then the host time, not the kernel, sets the speed. For each
 problem this prints the host time per call (many calls queued without synchronising), the device
-time (triton.testing.do_bench median) and, for scale, the same for the backend's launch function
+time (median of CUDA-graph replays: do_bench would time the host on exactly these problems) and, for scale, the same for the backend's launch function
 called directly (no haloattn dispatch).
 
-    python benchmarks/bench_launch_overhead.py
+    python benchmarks/bench_launch_overhead.py [--profile]
+
+``--profile`` also prints where the host time of ``attention()`` goes (cProfile, 300 calls of the
+first problem, the 25 most expensive functions by their own time).
 """
 
 from __future__ import annotations
 
+import argparse
+import cProfile
+import pstats
 import time
 
 import torch
-from triton.testing import do_bench
+from triton.testing import do_bench_cudagraph
 
 import haloattn
 from haloattn.backend import AttentionInputs
@@ -41,14 +47,32 @@ def host_ms(fn, calls=200):
     return host
 
 
+def profile_host(fn, calls=300):
+    fn()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
 def main():
-    print("| problem | backend | attention(): host ms / device ms | backend.forward direct: host ms / device ms |")
-    print("|---|---|---|---|")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    print("| problem | backend | attention(): host ms / device ms | backend.forward direct: host ms / device ms "
+          "| attention() forward+backward: host ms / device ms |")
+    print("|---|---|---|---|---|")
     for name, shape, window, options in PROBLEMS:
         q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         problem = build_problem(q, k, v, window, **options)
         backend, config = DISPATCHER.select(problem, None)
         inputs = AttentionInputs(q, k, v)
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        grad = torch.randn_like(q)
 
         def api():
             return haloattn.attention(q, k, v, window, **options)
@@ -56,8 +80,14 @@ def main():
         def direct():
             return backend.forward(problem, inputs, config)
 
-        cells = [f"{host_ms(f):.3f} / {do_bench(f, warmup=10, rep=50, return_mode='median'):.3f}" for f in (api, direct)]
-        print(f"| {name} | {backend.name} | {cells[0]} | {cells[1]} |", flush=True)
+        def train():
+            haloattn.attention(*leaves, window, **options).backward(grad)
+
+        cells = [f"{host_ms(f):.3f} / {do_bench_cudagraph(f, rep=50, return_mode='median'):.3f}"
+                 for f in (api, direct, train)]
+        print(f"| {name} | {backend.name} | {' | '.join(cells)} |", flush=True)
+        if args.profile and name == PROBLEMS[0][0]:
+            profile_host(api)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ and runs Flex end to end on small problems, timing nothing (a CPU is enough).
 
 Effective TFLOP/s count attended pairs only (exact, from haloattn.geometry): forward
 4 * B * H * D * pairs, forward+backward 3.5x that; dense SDPA counts every pair. Efficiency =
-effective TFLOP/s of a method / dense cuDNN TFLOP/s in the same run. Times are
-``triton.testing.do_bench`` medians. ``--tune 0,1`` also times every tuning candidate (forward
+effective TFLOP/s of a method / dense cuDNN TFLOP/s in the same run. Every method is timed twice:
+``triton.testing.do_bench`` medians (host time included: a call whose host side outlasts its
+kernels is timed by the host) and medians of CUDA-graph replays (device time alone, the
+``graph`` columns; a call that cannot be captured gets no graph figure and says why). ``--tune 0,1`` also times every tuning candidate (forward
 and backward kernels) of those problems and reports how far the heuristic default is from the best.
 
 FlexAttention is bounded per problem, so one stalled compile costs one row ("timeout"), not the
@@ -40,7 +42,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 import haloattn
 from haloattn.geometry import attends, key_range, unravel
@@ -74,6 +76,21 @@ def attended_pairs(problem) -> int:
 
 def bench(fn, grad_to_none=None) -> float:
     return do_bench(fn, warmup=10, rep=60, grad_to_none=grad_to_none, return_mode="median")
+
+
+def bench_graph(row, key, fn):
+    """Median ms of CUDA-graph replays of ``fn`` into ``row[key]``; if the capture fails, why into
+    ``row[key + "_failure"]`` (the first error of the chain says what was not capturable)."""
+    try:
+        torch.cuda.synchronize()  # do_bench_cudagraph's side stream does not wait for ours
+        row[key] = do_bench_cudagraph(fn, rep=60, return_mode="median")
+    except Exception as exc:  # whatever broke the capture is reported, never hidden
+        first = exc
+        while first.__context__ is not None:
+            first = first.__context__
+        row[key + "_failure"] = " ".join(f"{type(first).__name__}: {first}".split())[:200]
+        print(f"CUDA-graph capture failed for {key}: {row[key + '_failure']}", file=sys.stderr, flush=True)
+        torch.cuda.synchronize()
 
 
 # ---- FlexAttention. Tokens are permuted (NATTEN's "token permute"; not timed) so that a
@@ -411,6 +428,9 @@ def flex_worker(phase, indices, tune):
             row["flex_fwd_ms"] = bench(lambda: flex(fq, fk, fv, block_mask=block_mask))
             row["flex_fwdbwd_ms"] = bench(lambda: flex(fqg, fkg, fvg, block_mask=block_mask).backward(fgo),
                                           [fqg, fkg, fvg])
+            bench_graph(row, "flex_fwd_graph_ms", lambda: flex(fq, fk, fv, block_mask=block_mask))
+            bench_graph(row, "flex_fwdbwd_graph_ms",
+                        lambda: flex(fqg, fkg, fvg, block_mask=block_mask).backward(fgo))
         row["worker_s"] = time.time() - began
         print(ROW_TAG + json.dumps(row), flush=True)
         del block_mask, f_out, fq, fk, fv, fqg, fkg, fvg
@@ -532,13 +552,21 @@ def time_triton_and_dense(index, dense_cache, phase):
         dq, dk, dv = (torch.randn(BATCH, HEADS, N, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
         dgo = torch.randn(BATCH, HEADS, N, D, device=device, dtype=dtype)
         dense_flops = 4 * BATCH * HEADS * D * N * N
+        dense = {"dense_flops": dense_flops}
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            t_f = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv))
-            t_b = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo), [dq, dk, dv])
-        dense_cache[(N, D)] = (dense_flops / t_f / 1e9, 3.5 * dense_flops / t_b / 1e9, t_f, t_b)
+            dense["dense_fwd_ms"] = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv))
+            dense["dense_fwdbwd_ms"] = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo),
+                                             [dq, dk, dv])
+            bench_graph(dense, "dense_fwd_graph_ms", lambda: F.scaled_dot_product_attention(dq, dk, dv))
+            bench_graph(dense, "dense_fwdbwd_graph_ms",
+                        lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo))
+        dense_cache[(N, D)] = dense
         del dq, dk, dv, dgo
-    dense_fwd, dense_fb, _, _ = dense_cache[(N, D)]
-    row.update(dense_fwd_tflops=dense_fwd, dense_fwdbwd_tflops=dense_fb)
+    dense = dense_cache[(N, D)]
+    row.update(dense)
+    for timing in ("", "_graph"):
+        for step, factor in (("fwd", 1.0), ("fwdbwd", 3.5)):
+            row[f"dense_{step}{timing}_tflops"] = tflops(dense, f"dense_{step}{timing}_ms", factor * dense["dense_flops"])
     phase("dense cuDNN done")
 
     out = haloattn.attention(q, k, v, window, backend="triton", **options)
@@ -550,51 +578,78 @@ def time_triton_and_dense(index, dense_cache, phase):
     lse_bytes = out2.numel() // D * 4
     row["fwd_extra_bytes"] = torch.cuda.max_memory_allocated() - base - out2.numel() * out2.element_size() - lse_bytes
     del out2
-    t_f = bench(lambda: haloattn.attention(q, k, v, window, backend="triton", **options))
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     go = torch.randn_like(out)
+
+    def fwd():
+        return haloattn.attention(q, k, v, window, backend="triton", **options)
 
     def fwd_bwd():
         haloattn.attention(qg, kg, vg, window, backend="triton", **options).backward(go)
 
-    t_b = bench(fwd_bwd, [qg, kg, vg])
-    ours_f, ours_b = fwd_flops / t_f / 1e9, 3.5 * fwd_flops / t_b / 1e9
-    row.update(triton_fwd_ms=t_f, triton_fwdbwd_ms=t_b, triton_fwd_tflops=ours_f, triton_fwdbwd_tflops=ours_b,
-               fwd_efficiency=ours_f / dense_fwd, fwdbwd_efficiency=ours_b / dense_fb)
+    row["triton_fwd_ms"] = bench(fwd)
+    row["triton_fwdbwd_ms"] = bench(fwd_bwd, [qg, kg, vg])
+    bench_graph(row, "triton_fwd_graph_ms", fwd)
+    bench_graph(row, "triton_fwdbwd_graph_ms", fwd_bwd)
+    add_rates(row, "triton")
     phase("triton done")
     return row
 
 
+def tflops(row, key, flops):
+    return flops / row[key] / 1e9 if key in row else None
+
+
+def add_rates(row, method):
+    """Effective TFLOP/s, efficiency against dense cuDNN and (for Flex) haloattn's speed-up, per
+    timing (do_bench, CUDA graph) and pass (forward, forward+backward) that was measured."""
+    for timing in ("", "_graph"):
+        for step, flops in (("fwd", row["fwd_flops"]), ("fwdbwd", 3.5 * row["fwd_flops"])):
+            rate = tflops(row, f"{method}_{step}{timing}_ms", flops)
+            dense = row.get(f"dense_{step}{timing}_tflops")
+            if rate is None:
+                continue
+            row[f"{method}_{step}{timing}_tflops"] = rate
+            if dense is not None and method == "triton":
+                row[f"{step}{timing}_efficiency"] = rate / dense
+            ours = row.get(f"triton_{step}{timing}_ms")
+            if method == "flex" and ours is not None:
+                row[f"speedup_{step}{timing}_vs_flex"] = row[f"flex_{step}{timing}_ms"] / ours
+
+
 def add_flex(row, flex):
     row.update(flex)
-    if "flex_fwd_ms" in flex:
-        row.update(flex_fwd_tflops=row["fwd_flops"] / flex["flex_fwd_ms"] / 1e9,
-                   speedup_fwd_vs_flex=flex["flex_fwd_ms"] / row["triton_fwd_ms"])
-    if "flex_fwdbwd_ms" in flex:
-        row.update(flex_fwdbwd_tflops=3.5 * row["fwd_flops"] / flex["flex_fwdbwd_ms"] / 1e9,
-                   speedup_fwdbwd_vs_flex=flex["flex_fwdbwd_ms"] / row["triton_fwdbwd_ms"])
+    add_rates(row, "flex")
 
 
 def markdown_table(rows):
-    header = ("| problem | pairs/query | triton fwd TFLOP/s | eff fwd | triton fwd+bwd TFLOP/s | eff fwd+bwd "
-              "| cuDNN dense fwd / fwd+bwd TFLOP/s | Flex fwd TFLOP/s | x Flex fwd | Flex fwd+bwd TFLOP/s | x Flex fwd+bwd "
-              "| fwd extra memory |")
+    """Two lines per problem: do_bench timing (host included) and CUDA-graph replays (device)."""
+    header = ("| problem | timing | pairs/query | triton fwd TFLOP/s | eff fwd | triton fwd+bwd TFLOP/s | eff fwd+bwd "
+              "| cuDNN dense fwd / fwd+bwd TFLOP/s | Flex fwd TFLOP/s | x Flex fwd | Flex fwd+bwd TFLOP/s "
+              "| x Flex fwd+bwd | fwd extra memory |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
 
     def fmt(r, key, spec=".0f"):
-        if key in r:
+        if r.get(key) is not None:
             return format(r[key], spec)
+        if "flex" not in key:
+            return "-"  # a capture that failed: the JSON and the log say why
         status = r.get("flex_status", "not run")
         return "-" if status in ("timed", "compiled") else status
 
     for r in rows:
-        lines.append(
-            f"| {r['problem']} | {r['pairs_per_query']:.0f} | {r['triton_fwd_tflops']:.0f} | {r['fwd_efficiency']:.2f} "
-            f"| {r['triton_fwdbwd_tflops']:.0f} | {r['fwdbwd_efficiency']:.2f} "
-            f"| {r['dense_fwd_tflops']:.0f} / {r['dense_fwdbwd_tflops']:.0f} | {fmt(r, 'flex_fwd_tflops')} "
-            f"| {fmt(r, 'speedup_fwd_vs_flex', '.1f')} | {fmt(r, 'flex_fwdbwd_tflops')} "
-            f"| {fmt(r, 'speedup_fwdbwd_vs_flex', '.1f')} | {r['fwd_extra_bytes'] / 2**20:.1f} MiB |"
-        )
+        for timing, label in (("", "do_bench"), ("_graph", "CUDA graph")):
+            def cell(key, spec=".0f"):
+                step, _, rest = key.partition("|")
+                return fmt(r, step + timing + rest, spec)
+
+            lines.append(
+                f"| {r['problem']} | {label} | {r['pairs_per_query']:.0f} | {cell('triton_fwd|_tflops')} "
+                f"| {cell('fwd|_efficiency', '.2f')} | {cell('triton_fwdbwd|_tflops')} | {cell('fwdbwd|_efficiency', '.2f')} "
+                f"| {cell('dense_fwd|_tflops')} / {cell('dense_fwdbwd|_tflops')} | {cell('flex_fwd|_tflops')} "
+                f"| {cell('speedup_fwd|_vs_flex', '.1f')} | {cell('flex_fwdbwd|_tflops')} "
+                f"| {cell('speedup_fwdbwd|_vs_flex', '.1f')} | {r['fwd_extra_bytes'] / 2**20:.1f} MiB |"
+            )
     return "\n".join(lines)
 
 

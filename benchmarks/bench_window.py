@@ -708,9 +708,9 @@ def run_sweep(args):
 @contextlib.contextmanager
 def recorded_launches():
     """Record (kernel, grid, NUM_STAGES, num_warps) of every window-kernel launch."""
-    from haloattn.backends.triton import window_launch
+    from haloattn.backends.triton import fast_launch
 
-    launches, original = [], window_launch._kernel
+    launches, original = [], fast_launch.resolve
 
     class Recorder:
         def __init__(self, fn):
@@ -718,15 +718,18 @@ def recorded_launches():
 
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                launches.append((self.fn.__name__, grid, kwargs["NUM_STAGES"], kwargs["num_warps"]))
+                stages = dict(zip(self.fn.arg_names, args), **kwargs)["NUM_STAGES"]
+                launches.append((self.fn.__name__, grid, stages, kwargs["num_warps"]))
                 return self.kernel[grid](*args, **kwargs)
             return launch
 
-    window_launch._kernel = Recorder
+    fast_launch.clear_plans()  # launches through a plan's compiled kernel would not be recorded
+    fast_launch.resolve = Recorder
     try:
         yield launches
     finally:
-        window_launch._kernel = original
+        fast_launch.resolve = original
+        fast_launch.clear_plans()
 
 
 def check_layouts(device):

@@ -3,12 +3,12 @@
 # triton (under xdist) and triton_window (serially, with timm parity), the window benchmark
 # (CUDA-graph timed, SDPA in every mask layout), the neighbourhood benchmark (triton and cuDNN,
 # all ten problems; Flex with FLEX=1), with SWEEP=1 the window kernels' launch-config sweep and with
-# TIMM=1 timm Swin-T throughput. Files under $OUT (the device tool takes at most eight): device.txt,
+# TIMM=1 timm Swin-T throughput, with OVERHEAD=1 host time per call and its profile. Files under $OUT (the device tool takes at most eight): device.txt,
 # triton_tests.log, window_tests.log, bench_window.{md,json}, neighborhood.{md,json},
-# sweep_window.md, bench_timm.md.
+# sweep_window.md, bench_timm.md, overhead.md.
 #   bash benchmarks/gpu_run_session.sh
 # Knobs: SKIP_TESTS=1, SKIP_TRITON_TESTS=1, SKIP_WINDOW=1 (window tests and benchmark),
-# SKIP_NEIGHBORHOOD=1, FLEX=1 (FlexAttention in the neighbourhood benchmark), SWEEP=1, TIMM=1,
+# SKIP_NEIGHBORHOOD=1, FLEX=1 (FlexAttention in the neighbourhood benchmark), SWEEP=1, TIMM=1, OVERHEAD=1,
 # WINDOW_ARGS / NEIGHBORHOOD_ARGS (extra benchmark arguments).
 set -o pipefail
 export PYTHONUNBUFFERED=1 HALOATTN_CUDA=off
@@ -48,13 +48,17 @@ if [ -n "$SWEEP" ]; then
   timeout 240 python3 benchmarks/bench_window.py --sweep --markdown "$OUT/sweep_window.md" > /tmp/sweep.log 2>&1
   stamp "window sweep: exit $?"; grep -A9 "^| row" "$OUT/sweep_window.md"
 fi
+if [ -n "$OVERHEAD" ]; then
+  timeout 120 python3 benchmarks/bench_launch_overhead.py --profile > "$OUT/overhead.md" 2>&1
+  stamp "host overhead: exit $?"; head -8 "$OUT/overhead.md"
+fi
 if [ -z "$SKIP_NEIGHBORHOOD" ]; then
   flex="--no-flex"
   [ -n "$FLEX" ] && flex="--flex-compile-timeout 100"
   # shellcheck disable=SC2086
   timeout 280 python3 benchmarks/bench_neighborhood.py $flex --markdown "$OUT/neighborhood.md" \
     --json "$OUT/neighborhood.json" $NEIGHBORHOOD_ARGS > /tmp/nb.log 2>&1
-  stamp "neighbourhood bench: exit $?"; cat "$OUT/neighborhood.md"
+  stamp "neighbourhood bench: exit $?"; cat "$OUT/neighborhood.md"; grep -i "fail\|error" /tmp/nb.log | head
 fi
 if [ -n "$TIMM" ]; then
   timeout 300 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --rounds 3 --markdown "$OUT/bench_timm.md" > /tmp/timm.log 2>&1

@@ -1,7 +1,7 @@
 """Compile Triton kernels for sm_90 (H100/H200) on a machine without a GPU, and read what the
 compiler made: the shared part of compile_report_neighborhood.py and compile_report_window.py.
 
-A launcher's ``_kernel`` is swapped for :class:`Capture`, which records each launch instead of
+Kernel launches are routed to :class:`Capture`, which records each launch instead of
 running it; :func:`compile_captured` specialises the recorded arguments the way Triton's JIT would
 (pointers and 16-divisible ints get the divisibility hint, ints equal to 1 become constants unless
 the kernel excludes them from specialisation), builds for ``cuda:90`` with Triton's bundled ptxas,
@@ -42,16 +42,24 @@ class Capture:
 
 @contextlib.contextmanager
 def captured_launches(launcher):
-    """Within the block, ``launcher._kernel`` records launches instead of running them; yields the
-    list they are appended to. A launcher that checks for the copy engine (TMA) is told sm_90 has it."""
+    """Within the block, kernel launches (``fast_launch.resolve``) record themselves instead of
+    running; yields the list they are appended to. Launch plans are forgotten on the way in and
+    out, so that none built while recording outlives the block. A launcher that checks for the
+    copy engine (TMA) is told sm_90 has it."""
+    from haloattn.backends.triton import fast_launch
+
     sink = []
-    saved = {name: getattr(launcher, name) for name in ("_kernel", "has_copy_engine") if hasattr(launcher, name)}
-    launcher._kernel = lambda fn: Capture(fn, sink)
+    saved = {name: getattr(launcher, name) for name in ("has_copy_engine",) if hasattr(launcher, name)}
+    saved_resolve = fast_launch.resolve
+    fast_launch.clear_plans()
+    fast_launch.resolve = lambda fn: Capture(fn, sink)
     if "has_copy_engine" in saved:
         launcher.has_copy_engine = lambda device: True
     try:
         yield sink
     finally:
+        fast_launch.resolve = saved_resolve
+        fast_launch.clear_plans()
         for name, value in saved.items():
             setattr(launcher, name, value)
 

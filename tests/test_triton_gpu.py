@@ -207,3 +207,19 @@ def test_more_than_2_31_elements_in_query():
     for g, rg in ((dq, rdq), (dk, rdk), (dv, rdv)):
         err = oracle.rel_error(g[1:, sl][:, inner].float(), rg[:, inner])
         assert err <= oracle.TOLERANCE[torch.bfloat16], err
+
+
+@gpu
+@needs_cuda
+def test_repeated_calls_launch_directly_on_their_own_tensors(monkeypatch):
+    """After a problem's first call its launches skip Triton's binder (fast_launch.Launch): later
+    calls, forward and backward, must still read and write their own tensors."""
+    from haloattn.backends.triton import fast_launch
+
+    case = dict(dtype=torch.bfloat16, device="cuda", heads=4, kv_heads=2, head_dim=32, rpb=True, extra=3, softcap=3.0)
+    check_against_oracle((9, 11), (3, 5), seed=0, **case)  # builds the launch plans
+    original, resolved = fast_launch.resolve, []
+    monkeypatch.setattr(fast_launch, "resolve", lambda fn: resolved.append(fn.__name__) or original(fn))
+    for seed in (1, 2):
+        check_against_oracle((9, 11), (3, 5), seed=seed, **case)
+    assert resolved == [], "a repeated call went through Triton's binder"

@@ -18,7 +18,7 @@ from test_triton_window import check_against_oracle  # noqa: E402
 
 pytest.importorskip("triton")
 
-from haloattn.backends.triton import window_launch, window_long_launch  # noqa: E402
+from haloattn.backends.triton import fast_launch, window_launch, window_long_launch  # noqa: E402
 from haloattn.backends.triton.window_long_launch import parts  # noqa: E402
 
 
@@ -52,13 +52,13 @@ def test_parts_of_real_windows():
 
 def test_long_windows_take_the_long_kernels(monkeypatch):
     launched = []
-    original = window_launch._kernel
+    original = fast_launch.resolve
 
     def recording(fn):
         launched.append(fn.__name__)
         return original(fn)
 
-    monkeypatch.setattr(window_launch, "_kernel", recording)
+    monkeypatch.setattr(fast_launch, "resolve", recording)
     monkeypatch.setattr(window_launch, "SQUARE_TILE_MAX", 16)
     check_against_oracle((6, 5), (4, 5), shift=(2, 3), heads=1)
     assert launched == ["window_long_forward_kernel", "window_long_dq_kernel", "window_long_dkdv_kernel"]

@@ -82,3 +82,22 @@ def test_no_recompilation_when_batch_or_grid_changes(window):
                                  (5, 8 * window, 8 * window), (7, 2 * window + 1, window + 2)):
         step(batch, height, width)
     assert compiled() == before
+
+
+def test_repeated_calls_launch_directly_on_their_own_tensors(monkeypatch):
+    """After a problem's first call its launches skip Triton's binder (fast_launch.Launch): later
+    calls, forward and backward, short and long windows, must still use their own tensors."""
+    from haloattn.backends.triton import fast_launch
+
+    names = ("swin_7x7_shift3_f16", "long_12x12_shift6_f16")
+
+    def run_cases():
+        for name in names:
+            spatial, window, dtype, options = CASES[name]
+            check_against_oracle(spatial, window, dtype=dtype, batch=2, device="cuda", **options)
+
+    run_cases()  # builds the launch plans
+    original, resolved = fast_launch.resolve, []
+    monkeypatch.setattr(fast_launch, "resolve", lambda fn: resolved.append(fn.__name__) or original(fn))
+    run_cases()
+    assert resolved == [], "a repeated call went through Triton's binder"

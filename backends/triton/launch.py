@@ -20,8 +20,8 @@ from haloattn.geometry import key_range, unravel
 from haloattn.problem import Problem
 
 from . import tiles
-from .interpreter_compat import kernel as interpreted_kernel
 from .plugin import interpreting
+from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .backward_kernels import delta_kernel, dkdv_kernel, dq_kernel, extra_dkdv_kernel
 from .forward_kernel import forward_kernel
 
@@ -63,10 +63,6 @@ def _precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
-
-
-def _kernel(fn):
-    return interpreted_kernel(fn) if interpreting() else fn
 
 
 def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -170,31 +166,46 @@ def _extra_strides(t: Optional[torch.Tensor]) -> list:
 
 
 def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[torch.Tensor, torch.Tensor]:
-    cfg = tiles.normalise(config, problem)["fwd"]
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
-    B, H, r = problem.batch, problem.heads, problem.rank
     out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    config = config or tiles.default_config(problem)
+    key = (problem, config_key(config), tensor_layout(q), tensor_layout(k), tensor_layout(v),
+           tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), _precision(q.dtype))
+    plan = cached(_FORWARD_PLANS, key, lambda: (config, _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av)))
+    plan[1](q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q)
+    return out, lse
+
+
+# Launches per (problem, config, input layouts): a call whose key is known skips the argument
+# computation and Triton's binder (fast_launch). Each entry keeps its config alive; a call
+# without one is keyed by the default config's dict (cached per problem), not by None, so that
+# a changed default takes effect.
+_FORWARD_PLANS = plan_cache()
+
+
+def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
+    cfg = tiles.normalise(config, problem)["fwd"]
+    H, B, r = problem.heads, problem.batch, problem.rank
     geo = geometry(problem)
-    grid = (geo.grid0(cfg["q"]), H, B)
     large = needs_int64(q, k, v, out)
-    _kernel(forward_kernel)[grid](
+    return Launch(forward_kernel, (geo.grid0(cfg["q"]), H, B), [
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
         *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(out, r),
         *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
         H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim,
         *geo.runtime_args(cfg["q"]),
         problem.scale, problem.softcap or 1.0,
+    ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
         BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
         TMA=use_descriptors(cfg.get("tma", False), large, k, v), LAZY_RESCALE=cfg.get("lazy_rescale", False),
         num_warps=cfg["warps"], num_stages=cfg["stages"],
-    )
-    return out, lse
+    ))
 
 
 def relative_table_index(problem: Problem, device) -> torch.Tensor:
@@ -234,93 +245,114 @@ def row_delta(out: torch.Tensor, grad_out: torch.Tensor, grad_lse: Optional[torc
     dv = out.shape[-1]
     o = out.reshape(-1, dv)
     do = grad_out.reshape(-1, dv)
-    rows = o.shape[0]
     delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
     dlse = grad_lse.float().reshape(-1) if grad_lse is not None else delta
-    block_rows = 64
-    _kernel(delta_kernel)[(cdiv(rows, block_rows),)](
-        o, do, dlse, delta, rows, o.stride(0), do.stride(0), dv,
-        BLOCK_R=block_rows, BLOCK_DV=_block(dv), HAS_DLSE=grad_lse is not None, num_warps=4,
-    )
+    key = (o.shape, tensor_layout(o), tensor_layout(do), tensor_layout(dlse), grad_lse is not None, interpreting())
+    cached(_DELTA_PLANS, key, lambda: _delta_launch(o, do, dlse, delta, grad_lse is not None))(o, do, dlse, delta)
     return delta
 
 
+_DELTA_PLANS = plan_cache()
+_BACKWARD_PLANS = plan_cache()
+DELTA_ROWS = 64
+
+
+def _delta_launch(o, do, dlse, delta, has_dlse: bool) -> Launch:
+    rows, dv = o.shape
+    return Launch(delta_kernel, (cdiv(rows, DELTA_ROWS),), [o, do, dlse, delta, rows, o.stride(0), do.stride(0), dv],
+                  dict(BLOCK_R=DELTA_ROWS, BLOCK_DV=_block(dv), HAS_DLSE=has_dlse, num_warps=4))
+
+
 def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
-    cfgs = tiles.normalise(config, problem)
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
     do = _unit_last(grad_out)
-    B, H, Hkv, r = problem.batch, problem.heads, problem.kv_heads, problem.rank
-    G = H // Hkv
     lse = lse.contiguous()
     delta = row_delta(out, do, grad_lse)
-    geo = geometry(problem)
-    large = needs_int64(q, k, v, do, out)
-    precision = _precision(q.dtype)
-    softcap = problem.softcap or 1.0
-    feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=precision, RANK=r,
-                   BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim))
     need_q, need_k, need_v, need_rpb, _, need_ak, need_av = (bool(n) for n in needs_grad)
     need_rpb = need_rpb and rpb is not None
     need_ak = need_ak and ak is not None
     need_av = need_av and av is not None
-    lse_strides = token_strides(lse.unsqueeze(-1), r)
-    dq = dk = dv = drpb = dak = dav = None
+    flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av)
+    dq = torch.empty_like(q) if need_q or need_rpb else None
+    ds_buffer = (torch.zeros(problem.batch, problem.heads, problem.tokens, problem.window_tokens, dtype=torch.float32,
+                             device=q.device) if need_rpb else None)
+    dk, dv = (torch.empty_like(k), torch.empty_like(v)) if need_k or need_v else (None, None)
+    dak, dav = (torch.empty_like(ak), torch.empty_like(av)) if need_ak or need_av else (None, None)
+    tensors = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, delta=delta, dq=dq, rpb=rpb, ds=ds_buffer, ak=ak, av=av,
+                   dk=dk, dv=dv, dak=dak, dav=dav)
+    config = config or tiles.default_config(problem)
+    key = (problem, config_key(config), flags, _precision(q.dtype),
+           *(tensor_layout(t) for t in (q, k, v, do, out, lse, rpb, ak, av, dq, dk, dv)))
+    _, launches = cached(_BACKWARD_PLANS, key, lambda: (config, _backward_launches(problem, config, flags, tensors)))
+    for launch, names in launches:
+        launch(*(tensors[name] if tensors[name] is not None else q for name in names))
+
+    drpb = rpb_gradient(problem, ds_buffer, rpb) if need_rpb else None
+    return (dq if need_q else None, dk if need_k else None, dv if need_v else None, drpb, None,
+            dak if need_ak else None, dav if need_av else None)
+
+
+def _backward_launches(problem: Problem, config, flags, tensors) -> list:
+    """The backward's kernel launches for these gradients, each with the names of its tensors in
+    order (a name whose tensor is absent is passed ``q``, which the kernel does not read)."""
+    need_q, need_k, need_v, need_rpb, need_ak, need_av = flags
+    cfgs = tiles.normalise(config, problem)
+    t = {name: (value if value is not None else tensors["q"]) for name, value in tensors.items()}
+    q, k, v, do, rpb, ak, av = (tensors[name] for name in ("q", "k", "v", "do", "rpb", "ak", "av"))
+    B, H, Hkv, r = problem.batch, problem.heads, problem.kv_heads, problem.rank
+    G = H // Hkv
+    geo = geometry(problem)
+    large = needs_int64(q, k, v, do, tensors["out"])
+    softcap = problem.softcap or 1.0
+    feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
+                   BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim))
+    lse_strides = token_strides(tensors["lse"].unsqueeze(-1), r)
+    launches = []
 
     if need_q or need_rpb:
         cfg = cfgs["dq"]
-        dq = torch.empty_like(q)
-        ds_buffer = (torch.zeros(B, H, problem.tokens, problem.window_tokens, dtype=torch.float32, device=q.device)
-                     if need_rpb else q)
-        _kernel(dq_kernel)[(geo.grid0(cfg["q"]), H, B)](
-            q, k, v, do, lse, delta, dq, rpb if rpb is not None else q, ds_buffer,
-            ak if ak is not None else q, av if av is not None else q,
+        names = ("q", "k", "v", "do", "lse", "delta", "dq", "rpb", "ds", "ak", "av")
+        launches.append((Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
+            *(t[name] for name in names),
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
-            *lse_strides, *token_strides(dq, r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
+            *lse_strides, *token_strides(t["dq"], r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
             H, G, problem.extra_tokens, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["q"]), problem.scale, softcap,
+        ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
             TMA=use_descriptors(cfg.get("tma", False), large, k, v),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
-        )
-        if need_rpb:
-            drpb = rpb_gradient(problem, ds_buffer, rpb)
-        if not need_q:
-            dq = None
+        )), names))
 
     if need_k or need_v:
         cfg = cfgs["dkdv"]
-        dk = torch.empty_like(k)
-        dv = torch.empty_like(v)
-        _kernel(dkdv_kernel)[(geo.grid0(cfg["kv"]), Hkv, B)](
-            q, k, v, do, lse, delta, dk, dv, rpb if rpb is not None else q,
+        names = ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "rpb")
+        launches.append((Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
+            *(t[name] for name in names),
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
-            *lse_strides, *token_strides(dk, r), *token_strides(dv, r), *_rpb_strides(rpb, r),
+            *lse_strides, *token_strides(t["dk"], r), *token_strides(t["dv"], r), *_rpb_strides(rpb, r),
             G, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
+        ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
             HAS_RPB=rpb is not None, TMA=use_descriptors(cfg.get("tma", False), large, q, do),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
-        )
-        dk = dk if need_k else None
-        dv = dv if need_v else None
+        )), names))
 
     if need_ak or need_av:
-        dak = torch.empty_like(ak)
-        dav = torch.empty_like(av)
-        _kernel(extra_dkdv_kernel)[(cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B)](
-            q, ak, av, do, lse, delta, dak, dav,
+        names = ("q", "ak", "av", "do", "lse", "delta", "dak", "dav")
+        launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B), [
+            *(t[name] for name in names),
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
-            *lse_strides, *_extra_strides(dak), *_extra_strides(dav),
+            *lse_strides, *_extra_strides(t["dak"]), *_extra_strides(t["dav"]),
             G, problem.extra_tokens, problem.head_dim, problem.value_dim, *geo.L,
             problem.scale, softcap,
+        ], dict(
             BLOCK_M=64, BLOCK_E=EXTRA_BLOCK, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
-            PRECISION=precision, BLOCK_D=feature["BLOCK_D"], BLOCK_DV=feature["BLOCK_DV"],
+            PRECISION=feature["PRECISION"], BLOCK_D=feature["BLOCK_D"], BLOCK_DV=feature["BLOCK_DV"],
             num_warps=4, num_stages=2,
-        )
-        dak = dak if need_ak else None
-        dav = dav if need_av else None
-
-    return (dq, dk, dv, drpb, None, dak, dav)
+        )), names))
+    return launches

@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import triton
 
-from .interpreter_compat import kernel as interpreted_kernel
+from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .plugin import interpreting
 from .window_kernels import window_backward_kernel, window_forward_kernel
 
@@ -192,11 +192,6 @@ def _dilated_axes(launch: WindowLaunch) -> dict:
     return {f"DILATED{axis}": dilation > 1 for axis, dilation in enumerate(launch.dilations)}
 
 
-def _kernel(fn):
-    """Interpreter or compiled launch, decided per call (not when the module was imported)."""
-    return interpreted_kernel(fn) if interpreting() else fn
-
-
 @functools.lru_cache(maxsize=64)
 def _bias_index(windows: Tuple[int, int, int], block: int, device: torch.device):
     """For every (query slot, key slot) of the tile, the flat rpb-table index of key minus query
@@ -370,25 +365,42 @@ def forward(problem, inputs, config=None):
     if is_long(launch):
         return window_long_launch.forward(problem, inputs, config)
     q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
-    _check_int32(q, k, v)
-    rank = problem.rank
     out = q.new_empty(*q.shape[:-1], problem.value_dim)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     bias = dense_bias(rpb, launch, problem) if rpb is not None else lse  # unused pointer when no rpb
+    key = (problem, launch, config_key(config), *launch_key(q, k, v, rpb))
+    _, run = cached(_FORWARD_PLANS, key, lambda: (config, _forward_launch(launch, problem, config, q, k, v, out, lse, bias)))
+    run(q, k, v, out, lse, bias)
+    return out, lse
+
+
+# Launches per (problem, config, input layouts): a call whose key is known skips the argument
+# computation and Triton's binder (fast_launch). Each entry keeps its config alive.
+_FORWARD_PLANS = plan_cache()
+_BACKWARD_PLANS = plan_cache()
+
+
+def launch_key(*tensors) -> tuple:
+    """The part of a launch plan's key that comes from the call's tensors and switches."""
+    return (*(tensor_layout(t) for t in tensors), torch.backends.cuda.matmul.allow_tf32, interpreting())
+
+
+def _forward_launch(launch: WindowLaunch, problem, config, q, k, v, out, lse, bias) -> Launch:
+    _check_int32(q, k, v)
+    rank = problem.rank
     cfg = _launch_config("forward", launch, problem, q.device, config, 1, q.element_size())
-    grid = (_programs(launch, problem, cfg["windows_per_program"]),)
     align = _row_alignment(rank, q, k, v, out)
-    _kernel(window_forward_kernel)[grid](
+    return Launch(window_forward_kernel, (_programs(launch, problem, cfg["windows_per_program"]),), [
         q, k, v, out, lse, bias,
         *_strides(q, rank, align), *_strides(k, rank, align), *_strides(v, rank, align),
         *_strides(out, rank, align), *_strides(lse.unsqueeze(-1), rank),
         *_grid_args(launch, problem), cfg["windows_per_program"],
         problem.heads, problem.heads // problem.kv_heads, problem.scale, problem.softcap or 1.0,
-        HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **_dilated_axes(launch),
+    ], dict(
+        HAS_BIAS=bias is not lse, ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **_dilated_axes(launch),
         RELOAD_BIAS=cfg.get("reload_bias", False), **_compile_options(cfg),
         **_meta(launch, problem, q.dtype),
-    )
-    return out, lse
+    ))
 
 
 def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
@@ -397,34 +409,21 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         return window_long_launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
     q, k, v, rpb = (_unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
     out, grad_out = _unit_channels(out), _unit_channels(grad_out)
-    rank = problem.rank
-    group = problem.heads // problem.kv_heads
     dq = torch.empty_like(q)
     dk, dv = key_value_grad_buffers(problem, q, k, v)
-    bias_grad = rpb is not None and needs_grad[3]
-    cfg = _launch_config("backward", launch, problem, q.device, config, 1, q.element_size())
-    programs = _programs(launch, problem, cfg["windows_per_program"])
+    bias_grad = rpb is not None and bool(needs_grad[3])
+    if grad_lse is not None:
+        grad_lse = grad_lse.contiguous()
+    lse = lse.contiguous()
+    key = (problem, launch, config_key(config), bias_grad, *launch_key(q, k, v, rpb, out, lse, grad_out, grad_lse, dq, dk, dv))
+    _, programs, run = cached(_BACKWARD_PLANS, key, lambda: (config, *_backward_launch(
+        launch, problem, config, bias_grad, q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv)))
     dbias = (
         torch.empty(programs, launch.block, launch.block, dtype=torch.float32, device=q.device)
         if bias_grad else lse
     )
     bias = dense_bias(rpb, launch, problem) if rpb is not None else lse
-    if grad_lse is not None:
-        grad_lse = grad_lse.contiguous()
-    lse = lse.contiguous()
-    align = _row_alignment(rank, q, k, v, out, grad_out, dq, dk, dv)
-    _kernel(window_backward_kernel)[(programs,)](
-        q, k, v, out, lse, grad_out, grad_lse if grad_lse is not None else lse, bias, dq, dk, dv, dbias,
-        *_strides(q, rank, align), *_strides(k, rank, align), *_strides(v, rank, align),
-        *_strides(out, rank, align), *_strides(lse.unsqueeze(-1), rank),
-        *_strides(grad_out, rank, align), *_strides(dq, rank, align),
-        *_strides(dk, rank, align), *_strides(dv, rank, align),
-        *_grid_args(launch, problem), cfg["windows_per_program"],
-        problem.heads, group, problem.scale, problem.softcap or 1.0,
-        HAS_BIAS=rpb is not None, BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None,
-        ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **_dilated_axes(launch), **_compile_options(cfg),
-        **_meta(launch, problem, q.dtype),
-    )
+    run(q, k, v, out, lse, grad_out, grad_lse if grad_lse is not None else lse, bias, dq, dk, dv, dbias)
     dk, dv = sum_query_head_groups(problem, dk, dv, k, v)
     drpb: Optional[torch.Tensor] = None
     if bias_grad:
@@ -432,6 +431,29 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         drpb = table_gradient(per_head, rpb, launch)
     grads = [dq, dk, dv, drpb, None, None, None]
     return [g if need else None for g, need in zip(grads, needs_grad)]
+
+
+def _backward_launch(launch: WindowLaunch, problem, config, bias_grad, q, k, v, out, lse, grad_out, grad_lse,
+                     dq, dk, dv) -> Tuple[int, Launch]:
+    """(programs, launch) of the backward kernel; the tensor places the call fills (bias, dbias,
+    grad_lse where absent) hold ``lse`` while the launch is built."""
+    rank = problem.rank
+    cfg = _launch_config("backward", launch, problem, q.device, config, 1, q.element_size())
+    programs = _programs(launch, problem, cfg["windows_per_program"])
+    align = _row_alignment(rank, q, k, v, out, grad_out, dq, dk, dv)
+    return programs, Launch(window_backward_kernel, (programs,), [
+        q, k, v, out, lse, grad_out, lse, lse, dq, dk, dv, lse,
+        *_strides(q, rank, align), *_strides(k, rank, align), *_strides(v, rank, align),
+        *_strides(out, rank, align), *_strides(lse.unsqueeze(-1), rank),
+        *_strides(grad_out, rank, align), *_strides(dq, rank, align),
+        *_strides(dk, rank, align), *_strides(dv, rank, align),
+        *_grid_args(launch, problem), cfg["windows_per_program"],
+        problem.heads, problem.heads // problem.kv_heads, problem.scale, problem.softcap or 1.0,
+    ], dict(
+        HAS_BIAS=problem.has_rpb, BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None,
+        ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **_dilated_axes(launch), **_compile_options(cfg),
+        **_meta(launch, problem, q.dtype),
+    ))
 
 
 from . import window_long_launch  # noqa: E402  (it imports this module: after the definitions it uses)

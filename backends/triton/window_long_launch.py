@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
 from . import window_launch as wl
+from .fast_launch import Launch, cached, config_key, plan_cache
 from .window_long_kernels import window_long_dkdv_kernel, window_long_dq_kernel, window_long_forward_kernel
 
 # Largest part (query or key slots of one score block) where the window allows: 64 x 64 float32
@@ -130,26 +131,44 @@ def dense_bias(rpb: torch.Tensor, launch, problem, padded_volume: int) -> torch.
 
 def forward(problem, inputs, config=None):
     q, k, v, rpb = (wl._unit_channels(t) for t in (inputs.query, inputs.key, inputs.value, inputs.rpb))
-    wl._check_int32(q, k, v)
     launch = wl.plan(problem)
     p = _problem_parts(problem)
-    rank = problem.rank
     out = q.new_empty(*q.shape[:-1], problem.value_dim)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     bias = dense_bias(rpb, launch, problem, sum(p)) if rpb is not None else lse  # unused pointer when no rpb
+    key = (problem, launch, p, config_key(config), *wl.launch_key(q, k, v, rpb))
+    _, run = cached(_FORWARD_PLANS, key, lambda: (config, _forward_launch(launch, p, problem, config, q, k, v, out, lse, bias)))
+    run(q, k, v, out, lse, bias)
+    return out, lse
+
+
+# Launch plans, as in window_launch.
+_FORWARD_PLANS = plan_cache()
+_BACKWARD_PLANS = plan_cache()
+
+
+def _forward_launch(launch, p, problem, config, q, k, v, out, lse, bias) -> Launch:
+    wl._check_int32(q, k, v)
+    rank = problem.rank
     cfg = launch_config("forward", launch, problem, p, q.device, config, q.element_size())
-    grid = (_programs(launch, problem, cfg["windows_per_program"], p),)
     align = wl._row_alignment(rank, q, k, v, out)
-    wl._kernel(window_long_forward_kernel)[grid](
+    return Launch(window_long_forward_kernel, (_programs(launch, problem, cfg["windows_per_program"], p),), [
         q, k, v, out, lse, bias,
         *wl._strides(q, rank, align), *wl._strides(k, rank, align), *wl._strides(v, rank, align),
         *wl._strides(out, rank, align), *wl._strides(lse.unsqueeze(-1), rank),
         *wl._grid_args(launch, problem), cfg["windows_per_program"],
         problem.heads, problem.heads // problem.kv_heads, problem.scale, problem.softcap or 1.0, 0,
-        HAS_BIAS=rpb is not None, ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **wl._dilated_axes(launch),
+    ], dict(
+        HAS_BIAS=bias is not lse, ALIGN=align, NUM_STAGES=cfg["num_stages"], RANK=rank, **wl._dilated_axes(launch),
         **_part_meta(p), **wl._compile_options(cfg), **_meta(launch, problem, q.dtype),
-    )
-    return out, lse
+    ))
+
+
+class _BackwardPlan(NamedTuple):
+    config: object  # kept alive: its id is in the key
+    dq_runs: int  # programs' window runs of the dQ kernel (the rows of its rpb-gradient partials)
+    dq: Launch
+    dkdv: Launch
 
 
 def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
@@ -157,8 +176,6 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     out, grad_out = wl._unit_channels(out), wl._unit_channels(grad_out)
     launch = wl.plan(problem)
     p = _problem_parts(problem)
-    rank = problem.rank
-    group = problem.heads // problem.kv_heads
     dq = torch.empty_like(q)
     dk, dv = wl.key_value_grad_buffers(problem, q, k, v)
     lse = lse.contiguous()
@@ -169,40 +186,53 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     # dQ crosses key parts in float32 (the program's own rows); one key part needs no scratch.
     scratch = (torch.empty(*q.shape[:-1], launch.block_d, dtype=torch.float32, device=q.device)
                if p[1] else lse.unsqueeze(-1))
-    bias_grad = rpb is not None and needs_grad[3]
+    bias_grad = rpb is not None and bool(needs_grad[3])
     bias = dense_bias(rpb, launch, problem, sum(p)) if rpb is not None else lse
-    align = wl._row_alignment(rank, q, k, v, out, grad_out, dq, dk, dv)
-    common = (*wl._grid_args(launch, problem),)
-    heads_args = (problem.heads, group, problem.scale, problem.softcap or 1.0, 0)
-    flags = dict(HAS_BIAS=rpb is not None, ALIGN=align, RANK=rank,
-                 **wl._dilated_axes(launch), **_part_meta(p), **_meta(launch, problem, q.dtype))
-
-    cfg = launch_config("dq", launch, problem, p, q.device, config, q.element_size())
-    programs = _programs(launch, problem, cfg["windows_per_program"], p)
-    runs = -(-launch.num_windows // cfg["windows_per_program"])
-    dbias = (torch.empty(runs, problem.heads, sum(p), sum(p), dtype=torch.float32, device=q.device)
+    key = (problem, launch, p, config_key(config), bias_grad,
+           *wl.launch_key(q, k, v, rpb, out, lse, grad_out, grad_lse, dq, dk, dv))
+    plan = cached(_BACKWARD_PLANS, key, lambda: _backward_launches(
+        launch, p, problem, config, bias_grad, q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv, scratch))
+    dbias = (torch.empty(plan.dq_runs, problem.heads, sum(p), sum(p), dtype=torch.float32, device=q.device)
              if bias_grad else lse)
-    wl._kernel(window_long_dq_kernel)[(programs,)](
-        q, k, v, out, lse, grad_out, grad_lse if grad_lse is not None else lse, bias, dq, delta, scratch, dbias,
-        *wl._strides(q, rank, align), *wl._strides(k, rank, align), *wl._strides(v, rank, align),
-        *wl._strides(out, rank, align), *wl._strides(lse.unsqueeze(-1), rank),
-        *wl._strides(grad_out, rank, align), *wl._strides(dq, rank, align), *wl._strides(scratch, rank),
-        *common, cfg["windows_per_program"], *heads_args,
-        BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None, NUM_STAGES=cfg["num_stages"],
-        **wl._compile_options(cfg), **flags,
-    )
-    cfg = launch_config("dkdv", launch, problem, p, q.device, config, q.element_size())
-    wl._kernel(window_long_dkdv_kernel)[(_programs(launch, problem, cfg["windows_per_program"], p),)](
-        q, k, v, lse, grad_out, delta, bias, dk, dv,
-        *wl._strides(q, rank, align), *wl._strides(k, rank, align), *wl._strides(v, rank, align),
-        *wl._strides(lse.unsqueeze(-1), rank), *wl._strides(grad_out, rank, align),
-        *wl._strides(dk, rank, align), *wl._strides(dv, rank, align),
-        *common, cfg["windows_per_program"], *heads_args,
-        NUM_STAGES=cfg["num_stages"], **wl._compile_options(cfg), **flags,
-    )
+    plan.dq(q, k, v, out, lse, grad_out, grad_lse if grad_lse is not None else lse, bias, dq, delta, scratch, dbias)
+    plan.dkdv(q, k, v, lse, grad_out, delta, bias, dk, dv)
     dk, dv = wl.sum_query_head_groups(problem, dk, dv, k, v)
     drpb: Optional[torch.Tensor] = None
     if bias_grad:
         drpb = wl.table_gradient(dbias.sum(0), rpb, launch._replace(block=sum(p)))
     grads = [dq, dk, dv, drpb, None, None, None]
     return [g if need else None for g, need in zip(grads, needs_grad)]
+
+
+def _backward_launches(launch, p, problem, config, bias_grad, q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv,
+                       scratch) -> _BackwardPlan:
+    """The dQ and dK/dV launches; the tensor places the call fills (bias, delta, dbias, grad_lse
+    where absent) hold ``lse`` while they are built."""
+    rank = problem.rank
+    align = wl._row_alignment(rank, q, k, v, out, grad_out, dq, dk, dv)
+    common = (*wl._grid_args(launch, problem),)
+    heads_args = (problem.heads, problem.heads // problem.kv_heads, problem.scale, problem.softcap or 1.0, 0)
+    flags = dict(HAS_BIAS=problem.has_rpb, ALIGN=align, RANK=rank,
+                 **wl._dilated_axes(launch), **_part_meta(p), **_meta(launch, problem, q.dtype))
+
+    cfg = launch_config("dq", launch, problem, p, q.device, config, q.element_size())
+    dq_launch = Launch(window_long_dq_kernel, (_programs(launch, problem, cfg["windows_per_program"], p),), [
+        q, k, v, out, lse, grad_out, lse, lse, dq, lse, scratch, lse,
+        *wl._strides(q, rank, align), *wl._strides(k, rank, align), *wl._strides(v, rank, align),
+        *wl._strides(out, rank, align), *wl._strides(lse.unsqueeze(-1), rank),
+        *wl._strides(grad_out, rank, align), *wl._strides(dq, rank, align), *wl._strides(scratch, rank),
+        *common, cfg["windows_per_program"], *heads_args,
+    ], dict(
+        BIAS_GRAD=bias_grad, HAS_GLSE=grad_lse is not None, NUM_STAGES=cfg["num_stages"],
+        **wl._compile_options(cfg), **flags,
+    ))
+    dq_runs = -(-launch.num_windows // cfg["windows_per_program"])
+    cfg = launch_config("dkdv", launch, problem, p, q.device, config, q.element_size())
+    dkdv_launch = Launch(window_long_dkdv_kernel, (_programs(launch, problem, cfg["windows_per_program"], p),), [
+        q, k, v, lse, grad_out, lse, lse, dk, dv,
+        *wl._strides(q, rank, align), *wl._strides(k, rank, align), *wl._strides(v, rank, align),
+        *wl._strides(lse.unsqueeze(-1), rank), *wl._strides(grad_out, rank, align),
+        *wl._strides(dk, rank, align), *wl._strides(dv, rank, align),
+        *common, cfg["windows_per_program"], *heads_args,
+    ], dict(NUM_STAGES=cfg["num_stages"], **wl._compile_options(cfg), **flags))
+    return _BackwardPlan(config, dq_runs, dq_launch, dkdv_launch)

@@ -1,0 +1,132 @@
+"""Kernel launches whose every argument but the tensors is fixed, started without Triton's binder.
+
+A launch through ``kernel[grid](...)`` binds and specialises all of its 60-90 arguments on every
+call (about 70 us of host time on the H100 machine's CPU for the neighbourhood forward), and the
+launchers computed those arguments (strides, per-axis geometry, tile constants) afresh each time
+(about 80 us more): on small problems the GPU then waits for the host. Measured side by side
+(benchmarks/scratch/host_split.py, RESULTS "Host time per call"), starting the compiled kernel
+directly takes 13 us.
+
+A ``Launch`` holds one launch's grid and arguments with the tensors left out. Its first call goes
+through ``kernel[grid]`` (compiling if needed) and keeps the compiled kernel; later calls hand the
+new tensors to that compiled kernel. That is only correct while the compiled kernel's
+specialisation still holds, and the callers guarantee it: they keep a ``Launch`` per key that
+fixes every non-tensor argument and every property Triton specialises tensors on (dtype, device,
+16-byte alignment of the address; ``tensor_layout`` gives the last three). Under the CPU
+interpreter, with a launch hook installed (profilers) or on a Triton whose compiled kernels lack
+the entry point used here, every call takes the ordinary path.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import torch
+from triton.runtime.driver import driver
+
+try:  # Triton >= 3.4; older ones take the ordinary path only
+    from triton import knobs
+except ImportError:
+    knobs = None
+
+from .plugin import interpreting
+
+PLAN_CACHE_LIMIT = 1024
+_CACHES = []
+
+
+def tensor_layout(t: Optional[torch.Tensor]):
+    """What a launch built for ``t`` depends on beyond its shape: strides, dtype, device and
+    whether its address is 16-byte aligned (Triton specialises pointers on that)."""
+    if t is None:
+        return None
+    return t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
+
+
+def plan_cache() -> Dict:
+    """A new cache of launch plans, emptied by ``clear_plans``."""
+    cache: Dict = {}
+    _CACHES.append(cache)
+    return cache
+
+
+def clear_plans() -> None:
+    """Forget every launch plan (tools that swap ``resolve`` call this around their swap)."""
+    for cache in _CACHES:
+        cache.clear()
+
+
+def cached(cache: Dict, key, build):
+    """``cache[key]``, built by ``build()`` on a miss; the cache is emptied when it grows past
+    PLAN_CACHE_LIMIT entries (a program cycling through that many problems rebuilds them)."""
+    plan = cache.get(key)
+    if plan is None:
+        if len(cache) >= PLAN_CACHE_LIMIT:
+            cache.clear()
+        plan = cache[key] = build()
+    return plan
+
+
+def resolve(fn):
+    """What a launch indexes with its grid: the kernel, or its interpreted form under the CPU
+    interpreter. Tools that record launches instead of running them (benchmarks/sm90_compile.py)
+    put their own function here."""
+    if interpreting():
+        from .interpreter_compat import kernel as interpreted_kernel
+
+        return interpreted_kernel(fn)
+    return fn
+
+
+def config_key(config):
+    """Configs are passed around as dicts and never changed in place (the tuning cache and the
+    dispatcher hand out the same dict per problem): their identity keys a launch plan, whose
+    entry keeps the dict alive so that its id cannot be reused by another."""
+    return None if not config else id(config)
+
+
+class Launch:
+    """One kernel launch with fixed grid and non-tensor arguments; ``launch(*tensors)`` runs it on
+    tensors that take, in order, the places the tensors of ``args`` / ``kwargs`` had."""
+
+    __slots__ = ("kernel", "grid", "arguments", "options", "slots", "compiled", "direct")
+
+    def __init__(self, kernel, grid: Sequence[int], args: Sequence, kwargs: Dict):
+        names = kernel.arg_names
+        values = dict(zip(names, args))
+        values.update((name, value) for name, value in kwargs.items() if name in values or name in names)
+        missing = [name for name in names if name not in values]
+        if missing:
+            raise TypeError(f"launch of {kernel.__name__}: no value for {missing}")
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.arguments = [values[name] for name in names]
+        # Launch options (num_warps, num_stages, ...) are not kernel parameters.
+        self.options = {name: value for name, value in kwargs.items() if name not in names}
+        self.slots = [i for i, value in enumerate(self.arguments) if isinstance(value, torch.Tensor)]
+        self.compiled = None
+        self.direct = None  # the device the compiled kernel was loaded on, once direct launches work
+        # Tensors of the building call are not kept alive by the plan.
+        for i in self.slots:
+            self.arguments[i] = None
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        if len(tensors) != len(self.slots):
+            raise TypeError(f"launch of {self.kernel.__name__}: {len(tensors)} tensors for {len(self.slots)} places")
+        arguments = list(self.arguments)
+        for i, t in zip(self.slots, tensors):
+            arguments[i] = t
+        if self.direct is not None and knobs.runtime.launch_enter_hook is None:
+            # Triton's own launch path, less the binder: the current device's stream, and the
+            # device the kernel was loaded on (a kernel handle belongs to one device).
+            device = driver.active.get_current_device()
+            if device == self.direct:
+                c = self.compiled
+                c.run(self.grid[0], self.grid[1], self.grid[2], driver.active.get_current_stream(device), c.function,
+                      c.packed_metadata, None, None, knobs.runtime.launch_exit_hook, *arguments)
+                return
+        compiled = resolve(self.kernel)[self.grid](*arguments, **self.options)
+        if self.compiled is None and knobs is not None and not interpreting() and all(
+                hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
+            self.compiled = compiled
+            self.direct = driver.active.get_current_device()
