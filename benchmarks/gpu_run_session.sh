@@ -7,7 +7,7 @@
 # triton_tests.log, window_tests.log, bench_window.{md,json}, neighborhood.{md,json},
 # sweep_window.md, bench_timm.md, overhead.md.
 #   bash benchmarks/gpu_run_session.sh
-# Knobs: SKIP_TESTS=1, SKIP_TRITON_TESTS=1, SKIP_WINDOW=1 (window tests and benchmark),
+# Knobs: SKIP_TESTS=1, SKIP_TRITON_TESTS=1, SKIP_WINDOW=1 (window tests and benchmark), SKIP_WINDOW_BENCH=1,
 # SKIP_NEIGHBORHOOD=1, FLEX=1 (FlexAttention in the neighbourhood benchmark), SWEEP=1, TIMM=1, OVERHEAD=1,
 # WINDOW_ARGS / NEIGHBORHOOD_ARGS (extra benchmark arguments).
 set -o pipefail
@@ -38,7 +38,7 @@ if [ -z "$SKIP_TESTS" ]; then
     stamp "window tests: exit $?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/window_tests.log" | tail -12
   fi
 fi
-if [ -z "$SKIP_WINDOW" ]; then
+if [ -z "$SKIP_WINDOW" ] && [ -z "$SKIP_WINDOW_BENCH" ]; then
   # shellcheck disable=SC2086
   timeout 300 python3 benchmarks/bench_window.py --cudagraph --markdown "$OUT/bench_window.md" \
     --json "$OUT/bench_window.json" $WINDOW_ARGS > /tmp/bench_window.log 2>&1

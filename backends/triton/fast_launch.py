@@ -3,9 +3,8 @@
 A launch through ``kernel[grid](...)`` binds and specialises all of its 60-90 arguments on every
 call (about 70 us of host time on the H100 machine's CPU for the neighbourhood forward), and the
 launchers computed those arguments (strides, per-axis geometry, tile constants) afresh each time
-(about 80 us more): on small problems the GPU then waits for the host. Measured side by side
-(benchmarks/scratch/host_split.py, RESULTS "Host time per call"), starting the compiled kernel
-directly takes 13 us.
+(about 80 us more): on small problems the GPU then waits for the host. Starting the compiled
+kernel directly took 13 us in the same measurement (RESULTS.md, "Host time per call").
 
 A ``Launch`` holds one launch's grid and arguments with the tensors left out. Its first call goes
 through ``kernel[grid]`` (compiling if needed) and keeps the compiled kernel; later calls hand the
