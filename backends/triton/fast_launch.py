@@ -84,6 +84,13 @@ def config_key(config):
     return None if not config else id(config)
 
 
+def _launch_hooks_installed() -> bool:
+    """Whether a profiler (or anyone) hooks kernel launches: Triton 3.6 keeps the hooks in chains
+    that are empty by default, older releases in attributes that are None by default."""
+    return any(hook is not None and bool(getattr(hook, "calls", True))
+               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
 class Launch:
     """One kernel launch with fixed grid and non-tensor arguments; ``launch(*tensors)`` runs it on
     tensors that take, in order, the places the tensors of ``args`` / ``kwargs`` had."""
@@ -115,14 +122,14 @@ class Launch:
         arguments = list(self.arguments)
         for i, t in zip(self.slots, tensors):
             arguments[i] = t
-        if self.direct is not None and knobs.runtime.launch_enter_hook is None:
+        if self.direct is not None and not _launch_hooks_installed():
             # Triton's own launch path, less the binder: the current device's stream, and the
             # device the kernel was loaded on (a kernel handle belongs to one device).
             device = driver.active.get_current_device()
             if device == self.direct:
                 c = self.compiled
                 c.run(self.grid[0], self.grid[1], self.grid[2], driver.active.get_current_stream(device), c.function,
-                      c.packed_metadata, None, None, knobs.runtime.launch_exit_hook, *arguments)
+                      c.packed_metadata, None, None, None, *arguments)
                 return
         compiled = resolve(self.kernel)[self.grid](*arguments, **self.options)
         if self.compiled is None and knobs is not None and not interpreting() and all(
