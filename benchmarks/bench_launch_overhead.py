@@ -9,7 +9,8 @@ called directly (no haloattn dispatch).
     python benchmarks/bench_launch_overhead.py [--profile]
 
 ``--profile`` also prints where the host time of ``attention()`` goes (cProfile, 300 calls of the
-first problem, the 25 most expensive functions by their own time).
+first problem: the forward's 25 most expensive functions by their own time, the forward+backward's
+by cumulative time).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def host_ms(fn, calls=200):
     return host
 
 
-def profile_host(fn, calls=300):
+def profile_host(fn, calls=300, sort="tottime"):
     fn()
     torch.cuda.synchronize()
     profiler = cProfile.Profile()
@@ -56,7 +57,7 @@ def profile_host(fn, calls=300):
         fn()
     profiler.disable()
     torch.cuda.synchronize()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    pstats.Stats(profiler).sort_stats(sort).print_stats(25)
 
 
 def main():
@@ -88,6 +89,7 @@ def main():
         print(f"| {name} | {backend.name} | {' | '.join(cells)} |", flush=True)
         if args.profile and name == PROBLEMS[0][0]:
             profile_host(api)
+            profile_host(train, sort="cumulative")
 
 
 if __name__ == "__main__":
