@@ -7,7 +7,7 @@ End-to-end steps on a shared machine move by 10-15 % between runs (host load, cl
 of one tree gave stock training steps of 65.7-73.7 ms), so ``--rounds N`` times every model N times,
 round-robin, and reports each model's median: the ratios then compare neighbours in time.
 
-    python benchmarks/bench_swin_timm.py [--batch 128] [--fused] [--rounds 3]
+    python benchmarks/bench_swin_timm.py [--batch 128] [--fused] [--rounds 3] [--gpu-busy]
 """
 
 from __future__ import annotations
@@ -25,20 +25,26 @@ from triton.testing import do_bench
 from haloattn.integrations.timm import patch_swin
 
 
-def throughput(model, batch, train):
+def training_step(model, batch):
     x = torch.randn(batch, 3, 224, 224, device="cuda")
     target = torch.randint(0, 1000, (batch,), device="cuda")
-    if train:
-        model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(model(x), target)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def throughput(model, batch, train):
+    if train:
+        step = training_step(model, batch)
     else:
+        x = torch.randn(batch, 3, 224, 224, device="cuda")
         model.eval()
 
         @torch.no_grad()
@@ -49,22 +55,39 @@ def throughput(model, batch, train):
     return ms, batch * 1000.0 / ms
 
 
+def gpu_busy_ms(model, batch, steps=5):
+    """Kernel time per training step (sum of kernel durations from the profiler; one stream, so no
+    overlap): against the step's wall time it tells a GPU-bound step (about equal) from one the
+    host holds up (the GPU idles between launches for the difference)."""
+    step = training_step(model, batch)
+    step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / steps / 1e3
+
+
 @contextlib.contextmanager
 def window_defaults(settings):
     """Within the block, triton_window launches with ``settings`` as its defaults (a config the
     caller passes still wins): for comparing default choices in a whole model, backward included."""
-    from haloattn.backends.triton import window_launch
+    from haloattn.backends.triton import fast_launch, window_launch
 
     original = window_launch._launch_config
 
     def launch_config(kind, launch, problem, device, config, *rest, **kw):
         return original(kind, launch, problem, device, {**settings, **(config or {})}, *rest, **kw)
 
+    # Launch plans are built with the settings in force: none may outlive (or predate) the block.
+    fast_launch.clear_plans()
     window_launch._launch_config = launch_config
     try:
         yield
     finally:
         window_launch._launch_config = original
+        fast_launch.clear_plans()
 
 
 def main():
@@ -74,6 +97,9 @@ def main():
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--rounds", type=int, default=1, help="time every model this many times, round-robin; "
                         "report medians")
+    parser.add_argument("--gpu-busy", action="store_true",
+                        help="also report each model's kernel time per training step (torch profiler) "
+                             "against its wall time: how much of a step the GPU waits for the host")
     parser.add_argument("--window-config", action="append", default=[], metavar="JSON",
                         help="also time patch_swin with these triton_window launch settings as its defaults "
                              "(e.g. '{\"forward_num_stages\": 2}'); repeatable")
@@ -123,6 +149,15 @@ def main():
         if name.startswith("haloattn"):
             lines.append(f"{name} vs stock timm: training {ours_train / base_train:.2f}x, "
                          f"inference {ours_infer / base_infer:.2f}x")
+            print(lines[-1], flush=True)
+    if args.gpu_busy:
+        lines += ["", "| model | train step wall (ms, median above) | kernel time per step (ms, profiler) | GPU idle |",
+                  "|---|---|---|---|"]
+        for name, model in variants.items():
+            with window_defaults(settings_of.get(name, {})):
+                busy = gpu_busy_ms(model, args.batch)
+            wall = statistics.median(t for t, _ in timings[name])
+            lines.append(f"| {name} | {wall:.1f} | {busy:.1f} | {max(0.0, 1 - busy / wall):.0%} |")
             print(lines[-1], flush=True)
     if args.markdown:
         with open(args.markdown, "w") as f:

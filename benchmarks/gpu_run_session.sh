@@ -61,6 +61,6 @@ if [ -z "$SKIP_NEIGHBORHOOD" ]; then
   stamp "neighbourhood bench: exit $?"; cat "$OUT/neighborhood.md"; grep -i "fail\|error" /tmp/nb.log | head
 fi
 if [ -n "$TIMM" ]; then
-  timeout 300 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --rounds 3 --markdown "$OUT/bench_timm.md" > /tmp/timm.log 2>&1
+  timeout 300 python3 benchmarks/bench_swin_timm.py --batch 128 --fused --rounds 3 --gpu-busy --markdown "$OUT/bench_timm.md" > /tmp/timm.log 2>&1
   stamp "timm: exit $?"; cat "$OUT/bench_timm.md"
 fi
