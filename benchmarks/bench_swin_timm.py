@@ -97,6 +97,9 @@ def main():
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--rounds", type=int, default=1, help="time every model this many times, round-robin; "
                         "report medians")
+    parser.add_argument("--compile", metavar="MODE",
+                        help="torch.compile every model with this mode (e.g. reduce-overhead: CUDA graphs) "
+                             "before timing; AdamW stays eager")
     parser.add_argument("--gpu-busy", action="store_true",
                         help="also report each model's kernel time per training step (torch profiler) "
                              "against its wall time: how much of a step the GPU waits for the host")
@@ -123,8 +126,10 @@ def main():
         variants[name] = patch_swin(copy.deepcopy(stock))
         settings_of[name] = json.loads(settings)
 
+    if args.compile:
+        variants = {name: torch.compile(model, mode=args.compile) for name, model in variants.items()}
     lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, bf16 autocast, "
-             f"medians of {args.rounds} round(s)",
+             f"medians of {args.rounds} round(s)" + (f", torch.compile mode={args.compile}" if args.compile else ""),
              "| model | train step (ms) | train img/s | inference (ms) | inference img/s |", "|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     timings = {name: [] for name in variants}
