@@ -11,6 +11,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import triton
 
+from .device_constants import device_constant
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .plugin import interpreting
 from .window_kernels import window_backward_kernel, window_forward_kernel
@@ -192,10 +193,15 @@ def _dilated_axes(launch: WindowLaunch) -> dict:
     return {f"DILATED{axis}": dilation > 1 for axis, dilation in enumerate(launch.dilations)}
 
 
-@functools.lru_cache(maxsize=64)
 def _bias_index(windows: Tuple[int, int, int], block: int, device: torch.device):
     """For every (query slot, key slot) of the tile, the flat rpb-table index of key minus query
-    per axis plus W - 1 (NATTEN's orientation), and whether both slots are window slots."""
+    per axis plus W - 1 (NATTEN's orientation), and whether both slots are window slots (built
+    once per device: device_constants)."""
+    return device_constant(("bias_index", windows, block, device), device,
+                           lambda: _build_bias_index(windows, block, device))
+
+
+def _build_bias_index(windows: Tuple[int, int, int], block: int, device: torch.device):
     volume = math.prod(windows)
     slot = torch.arange(block, device=device)
     coords = []
@@ -221,9 +227,14 @@ def dense_bias(rpb: torch.Tensor, launch: WindowLaunch, problem) -> torch.Tensor
     return torch.where(inside, table[:, index], 0.0).contiguous()
 
 
-@functools.lru_cache(maxsize=64)
 def _bias_one_hot(windows: Tuple[int, int, int], block: int, device: torch.device) -> torch.Tensor:
-    """``[BLOCK * BLOCK, table size]``: which table entry each tile pair's bias came from."""
+    """``[BLOCK * BLOCK, table size]``: which table entry each tile pair's bias came from (built
+    once per device: device_constants)."""
+    return device_constant(("bias_one_hot", windows, block, device), device,
+                           lambda: _build_bias_one_hot(windows, block, device))
+
+
+def _build_bias_one_hot(windows: Tuple[int, int, int], block: int, device: torch.device) -> torch.Tensor:
     index, inside = _bias_index(windows, block, device)
     table_size = math.prod(2 * w - 1 for w in windows)
     one_hot = torch.zeros(block * block, table_size, device=device, dtype=torch.float64)
