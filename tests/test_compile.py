@@ -160,3 +160,27 @@ def test_compile_inductor_default_backend():
     before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     compiled(torch.randn_like(x))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
+
+
+def test_backward_op_returns_the_layouts_its_fake_promises():
+    """Inductor checks a custom op's outputs against the strides of its fake: the backward's fake
+    gives each gradient ``empty_like(input)``'s layout, so the real op must too, also for a
+    transposed rpb table (a compiled timm Swin hands the backend one) whose gradient the window
+    backend computes contiguous."""
+    from haloattn import api, ops
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 6, 6, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    rpb = torch.randn(5, 5, 2, generator=gen, dtype=torch.float64).permute(2, 0, 1)  # [H, 5, 5], transposed
+    options = dict(zip(api._OPTION_NAMES, ((3, 3), 1, 1, False, "window", (1, 1), None, None, None, None, False, None)))
+    key = ops.spec_key((tuple(options), tuple(options.values())))
+    tensors = (q, k, v, rpb, None, None, None)
+    out, lse = torch.ops.haloattn.attention(*tensors, key)
+    needs = [True, True, True, True, False, False, False]
+    grads = torch.ops.haloattn.attention_backward(torch.randn_like(out), None, *tensors, out, lse, key, needs)
+    for grad, like in zip(grads, (q, k, v, rpb)):
+        assert grad.stride() == torch.empty_like(like).stride()
+    # and the helper on its own: a contiguous gradient of a transposed table is re-laid out, values kept
+    contiguous = torch.randn(2, 5, 5, dtype=torch.float64)
+    laid_out = ops._laid_out_like_fake(contiguous, rpb)
+    assert laid_out.stride() == rpb.stride() and torch.equal(laid_out, contiguous)

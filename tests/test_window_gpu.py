@@ -121,8 +121,9 @@ def test_cuda_graphs_of_torch_compile(monkeypatch):
     def run(fn):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         out = fn(*leaves)
+        got = out.detach().clone()
         out.backward(grad)
-        return out.detach().clone(), leaves[0].grad.clone(), leaves[2].grad.clone()
+        return got, leaves[0].grad.clone(), leaves[2].grad.clone()
 
     compiled = torch.compile(forward, mode="reduce-overhead")
     for _ in range(3):  # warm-up, record, replay

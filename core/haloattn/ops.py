@@ -119,7 +119,8 @@ def attention_op(
     problem, backend, config = _resolve(spec, inputs)
     with on_device(query.device):
         out, lse = backend.forward(problem, inputs, config)
-    return out, lse
+    # The fake promises contiguous outputs; a backend may return other layouts.
+    return out.contiguous(), lse.contiguous()
 
 
 @attention_op.register_fake
@@ -151,7 +152,19 @@ def attention_backward_op(
     inputs = AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values)
     problem, backend, config = _resolve(spec, inputs)
     grads = _full_grads(problem, backend, config, inputs, out, lse, grad_out, grad_lse, needs)
-    return [g for g, n in zip(grads, needs) if n]
+    return [_laid_out_like_fake(g, t) for g, t, n in zip(grads, inputs, needs) if n]
+
+
+def _laid_out_like_fake(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``grad`` with the strides the fake promised (``empty_like(input)``). Backends return some
+    gradients in their own layout (the window backend's rpb gradient is contiguous while a
+    compiled graph may hand it a transposed table); inductor checks the strides it was promised."""
+    want = torch.empty_like(like, device="meta").stride()
+    if grad.stride() == want:
+        return grad
+    laid_out = torch.empty_like(like)
+    laid_out.copy_(grad)
+    return laid_out
 
 
 @attention_backward_op.register_fake
