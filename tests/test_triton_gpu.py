@@ -223,3 +223,48 @@ def test_repeated_calls_launch_directly_on_their_own_tensors(monkeypatch):
     for seed in (1, 2):
         check_against_oracle((9, 11), (3, 5), seed=seed, **case)
     assert resolved == [], "a repeated call went through Triton's binder"
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("optin_kib", [99, 163], ids=["99KiB-ada-ampere-consumer", "163KiB-a100"])
+def test_configs_for_smaller_gpus_compile_within_their_shared_memory(optin_kib, monkeypatch):
+    """The Hopper here stands in for GPUs with less shared memory per block: with the device limit
+    set to theirs, the chosen tiles still give correct results, and every kernel launched for them
+    fits in that limit (there Triton would refuse the launch with OutOfResources)."""
+    from haloattn.backends.triton import device_limits, fast_launch, tiles
+
+    def forget():  # configs, budgets and launch plans are cached per problem and device
+        for cached in (tiles.default_config, tiles._best_forward, device_limits._cuda_tile_budget):
+            cached.cache_clear()
+        fast_launch.clear_plans()
+
+    launched = []
+    resolve = fast_launch.resolve
+
+    def recording_resolve(fn):
+        class Recorder:
+            def __getitem__(self, grid):
+                def run(*args, **kwargs):
+                    compiled = resolve(fn)[grid](*args, **kwargs)
+                    launched.append(compiled)
+                    return compiled
+                return run
+        return Recorder()
+
+    monkeypatch.setattr(device_limits, "shared_memory_limit", lambda device: optin_kib * 1024)
+    monkeypatch.setattr(fast_launch, "resolve", recording_resolve)
+    forget()
+    try:
+        check_against_oracle((24, 40), (13, 9), dtype=torch.bfloat16, device="cuda", head_dim=128, heads=2,
+                             kv_heads=1, rpb=True, seed=11)
+        check_against_oracle((384,), 129, dtype=torch.float16, device="cuda", head_dim=256, heads=1, seed=12)
+        check_against_oracle((4, 12, 16), (3, 5, 7), dtype=torch.float32, device="cuda", head_dim=64, seed=13,
+                             causal=(True, False, False))
+    finally:
+        monkeypatch.undo()
+        forget()
+    names = {kernel.name for kernel in launched}
+    assert {"forward_kernel", "dq_kernel", "dkdv_kernel"} <= names, names
+    for kernel in launched:
+        assert kernel.metadata.shared <= optin_kib * 1024, (kernel.name, kernel.metadata.shared)

@@ -6,6 +6,9 @@ kernels whenever TRITON_INTERPRET=1 at launch, however they were defined), so ot
 calls keep going to the reference backend.
 """
 
+import dataclasses
+import math
+
 import pytest
 import torch
 
@@ -143,6 +146,55 @@ def test_heuristic_tiles_fit_the_grid():
             assert len(shape) == 3 and all(s & (s - 1) == 0 for s in shape)
             assert shape[0] <= 4 and shape[2] <= 8  # no longer than the (rounded) axis
             assert 16 <= shape[0] * shape[1] * shape[2]
+
+
+def _pretend_gpu(monkeypatch, optin_bytes, capability):
+    """torch.cuda as on a GPU whose blocks may opt in to ``optin_bytes`` of shared memory."""
+    from types import SimpleNamespace
+
+    from haloattn.backends.triton import device_limits
+
+    properties = SimpleNamespace(shared_memory_per_block_optin=optin_bytes, major=capability[0], minor=capability[1])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: properties)
+    _forget_configs()
+    return device_limits
+
+
+def _forget_configs():
+    """Configs and budgets are cached per problem and device: these tests change the device."""
+    from haloattn.backends.triton import device_limits
+
+    for cached in (tiles.default_config, tiles._best_forward, device_limits._cuda_tile_budget):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def forget_configs():
+    yield
+    _forget_configs()
+
+
+@pytest.mark.parametrize("optin_kib,capability", [(99, (8, 6)), (163, (8, 0)), (227, (9, 0))],
+                         ids=["ada-ampere-consumer", "a100", "hopper"])
+def test_configs_fit_the_shared_memory_of_the_device(monkeypatch, forget_configs, optin_kib, capability):
+    """Tiles chosen on a GPU with less shared memory than Hopper's must fit it (Triton would refuse
+    the launch with OutOfResources): default and every tuning candidate, every kernel."""
+    device_limits = _pretend_gpu(monkeypatch, optin_kib * 1024, capability)
+    budget = device_limits.tile_shared_budget(torch.device("cuda", 0))
+    assert budget == optin_kib * 1024 - device_limits.COMPILER_RESERVE
+    for head_dim, dtype, spatial, window in ((64, torch.float16, (64, 64), 13), (128, torch.bfloat16, (128, 128), 31),
+                                             (256, torch.float16, (4096,), 255), (128, torch.float32, (8, 24, 24), 7)):
+        q = torch.empty(1, *spatial, 2, head_dim, dtype=dtype)
+        problem = dataclasses.replace(build_problem(q, q, q, window), device=torch.device("cuda", 0))
+        item = q.element_size()
+        for config in [tiles.default_config(problem)] + tiles.candidate_configs(problem):
+            for kernel, cfg in config.items():
+                size = tiles._shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"],
+                                           head_dim, head_dim, item)
+                assert size <= budget, (optin_kib, head_dim, dtype, kernel, cfg)
+    if optin_kib == 227:  # Hopper keeps the budget its tiles were measured with
+        assert budget == 200 * 1024
 
 
 def _reasons(monkeypatch, interpret, **kw):

@@ -22,8 +22,9 @@ from typing import Dict, List, Sequence, Tuple
 from haloattn.geometry import Axis, key_range
 from haloattn.problem import Problem
 
+from .device_limits import tile_shared_budget
+
 MIN_TILE = 16  # tl.dot needs at least 16 rows
-SHARED_BUDGET = 200 * 1024  # bytes; Hopper allows 227 KiB per block, leave room for the compiler
 
 # (BLOCK_M, BLOCK_N) -> (warps, stages, relative speed on computed pairs) of the forward kernel,
 # per way of reading K/V tiles, relative to 128 x 128 blocks with pointer loads. Pointer loads:
@@ -130,13 +131,15 @@ def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, it
 
 
 def _fit_shared(problem: Problem, kernel: str, cfg: Dict) -> Dict:
-    """Lower stages, then halve the larger block, until the program fits in shared memory."""
+    """Lower stages, then halve the larger block, until the program fits in the shared memory of
+    the problem's device (device_limits: 200 KiB of tiles on Hopper, 72 KiB on a 99 KiB GPU)."""
+    budget = tile_shared_budget(problem.device)
     item = 4 if problem.dtype.itemsize == 4 else 2
     d = max(16, pow2_ceil(problem.head_dim))
     dv = max(16, pow2_ceil(problem.value_dim))
     ext = group_extents(problem)
     cfg = dict(cfg)
-    while _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item) > SHARED_BUDGET:
+    while _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item) > budget:
         if cfg["stages"] > 2:
             cfg["stages"] -= 1
             continue

@@ -9,19 +9,8 @@ from typing import List
 from haloattn.backend import Backend
 from haloattn.hookspecs import hookimpl
 
+from .device_limits import shared_memory_limit
 from .plugin import device_and_dtype_reasons, triton_available
-
-
-def shared_memory_limit(device) -> int:
-    """Shared memory one block may use on this GPU (opt-in maximum)."""
-    import torch
-
-    properties = torch.cuda.get_device_properties(device)
-    limit = getattr(properties, "shared_memory_per_block_optin", 0)
-    if limit:
-        return limit
-    # Older torch: the CUDA programming guide's per-block maxima by compute capability.
-    return {(9, 0): 227, (8, 0): 163, (8, 7): 163}.get((properties.major, properties.minor), 99) * 1024
 
 
 def shared_memory_reasons(problem, limit: int) -> List[str]:

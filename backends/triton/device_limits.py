@@ -1,0 +1,40 @@
+"""What one block may use on a GPU, for choosing launch configs that fit the device at hand.
+
+The kernels' default tiles were measured on Hopper (227 KiB of shared memory per block); an
+Ampere A100 allows 163 KiB and an RTX 30xx/40xx or L4 only 99 KiB, where a Hopper-sized config
+would fail at launch with Triton's OutOfResources instead of running with smaller tiles.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+# Shared memory the tile estimates leave to the compiler (reductions, layout conversions,
+# barriers): on Hopper this keeps the budget the H100 sweeps were measured with (200 KiB).
+COMPILER_RESERVE = 27 * 1024
+# Budget where there is no GPU to ask (the CPU interpreter): Hopper's, so configs match the GPU's.
+HOPPER_TILE_BUDGET = 227 * 1024 - COMPILER_RESERVE
+
+
+def shared_memory_limit(device) -> int:
+    """Shared memory one block may use on this GPU (opt-in maximum)."""
+    properties = torch.cuda.get_device_properties(device)
+    limit = getattr(properties, "shared_memory_per_block_optin", 0)
+    if limit:
+        return limit
+    # Older torch: the CUDA programming guide's per-block maxima by compute capability.
+    return {(9, 0): 227, (8, 0): 163, (8, 7): 163}.get((properties.major, properties.minor), 99) * 1024
+
+
+@lru_cache(maxsize=64)
+def _cuda_tile_budget(device: torch.device) -> int:
+    return shared_memory_limit(device) - COMPILER_RESERVE
+
+
+def tile_shared_budget(device: torch.device) -> int:
+    """Bytes of shared memory the operand tiles of one program may take on ``device``."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _cuda_tile_budget(device)
+    return HOPPER_TILE_BUDGET
