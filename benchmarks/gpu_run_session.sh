@@ -26,7 +26,7 @@ stamp "installed"
 
 if [ -z "$SKIP_TESTS" ]; then
   if [ -z "$SKIP_TRITON_TESTS" ]; then
-    timeout 240 python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider --timeout 150 -rf tests/test_triton_gpu.py \
+    timeout 540 python3 -m pytest -m gpu -q -n 6 -p no:cacheprovider --timeout 300 -rf tests/test_triton_gpu.py \
       > "$OUT/triton_tests.log" 2>&1
     stamp "triton tests: exit $?"; tail -4 "$OUT/triton_tests.log"
   fi

@@ -256,11 +256,12 @@ def test_configs_for_smaller_gpus_compile_within_their_shared_memory(optin_kib, 
     monkeypatch.setattr(fast_launch, "resolve", recording_resolve)
     forget()
     try:
-        check_against_oracle((24, 40), (13, 9), dtype=torch.bfloat16, device="cuda", head_dim=128, heads=2,
-                             kv_heads=1, rpb=True, seed=11)
+        # Problems whose default tiles differ from Hopper's at this limit (the CPU test
+        # test_configs_fit_the_shared_memory_of_the_device checks the sizes of every config).
         check_against_oracle((384,), 129, dtype=torch.float16, device="cuda", head_dim=256, heads=1, seed=12)
-        check_against_oracle((4, 12, 16), (3, 5, 7), dtype=torch.float32, device="cuda", head_dim=64, seed=13,
-                             causal=(True, False, False))
+        if optin_kib < 163:
+            check_against_oracle((24, 40), (13, 9), dtype=torch.bfloat16, device="cuda", head_dim=128, heads=2,
+                                 kv_heads=1, rpb=True, seed=11)
     finally:
         monkeypatch.undo()
         forget()
