@@ -4,7 +4,7 @@ every distinct forward config and every distinct backward (dQ, dK/dV) config of
 with dense cuDNN SDPA over the same tokens timed in the same run for the forward efficiency
 column. Each variant's result is checked against the default config's.
 
-    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only]
+    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--atomic-only]
         [--json FILE]
 
 ``--compile-only`` runs each variant once without timing, so several processes (one per problem)
@@ -77,7 +77,12 @@ def rescale_configs(configs):
     return [configs[0], dict(configs[0], fwd=dict(fwd, lazy_rescale=not fwd.get("lazy_rescale", False)))]
 
 
-def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False):
+def atomic_configs(configs):
+    """The default and the default with dQ added by atomics in the KV-major pass (opt-in mode)."""
+    return [configs[0], dict(configs[0], dkdv=dict(configs[0]["dkdv"], atomic_dq=True))]
+
+
+def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
@@ -86,6 +91,8 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
     forward_configs = descriptor_configs(configs) if tma_only else configs
     if rescale_only:
         forward_configs, backward = rescale_configs(configs), False
+    if atomic_only:
+        forward_configs, configs = configs[:1], atomic_configs(configs)
     out, lse = launch.forward(problem, inputs, configs[0])
     result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
               "forward": time_variants(forward_configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
@@ -106,7 +113,7 @@ def label(config):
     parts = []
     for name, c in config.items():
         parts.append(f"{name}: q {c['q']} kv {c['kv']} w{c['warps']} s{c['stages']}{' tma' if c.get('tma') else ''}"
-                     f"{' lazy' if c.get('lazy_rescale') else ''}")
+                     f"{' lazy' if c.get('lazy_rescale') else ''}{' atomic-dq' if c.get('atomic_dq') else ''}")
     return "; ".join(parts)
 
 
@@ -132,11 +139,14 @@ def main():
     parser.add_argument("--compile-only", action="store_true", help="run each variant once, time nothing")
     parser.add_argument("--rescale-only", action="store_true",
                         help="forward only: the default against the other rescaling rule (lazy or every tile)")
+    parser.add_argument("--atomic-only", action="store_true",
+                        help="backward only: the default against the opt-in atomic-dQ backward")
     parser.add_argument("--json")
     args = parser.parse_args()
     results = []
     for index in (int(i) for i in args.only.split(",")):
-        results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only))
+        results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only,
+                             args.atomic_only))
         if args.compile_only:
             continue
         report(results[-1])

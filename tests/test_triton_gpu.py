@@ -110,6 +110,30 @@ def random_problem(rng: random.Random):
     return options
 
 
+def record_launches(monkeypatch):
+    """From now on, every kernel launch through ``fast_launch.resolve`` (the first of each launch
+    plan; every launch under the interpreter) is appended to the returned list as (kernel name,
+    what the launch returned: the compiled kernel on a GPU). Launch plans are forgotten first."""
+    from haloattn.backends.triton import fast_launch
+
+    launched = []
+    resolve = fast_launch.resolve
+
+    def recording_resolve(fn):
+        class Recorder:
+            def __getitem__(self, grid):
+                def run(*args, **kwargs):
+                    result = resolve(fn)[grid](*args, **kwargs)
+                    launched.append((fn.__name__, result))
+                    return result
+                return run
+        return Recorder()
+
+    monkeypatch.setattr(fast_launch, "resolve", recording_resolve)
+    fast_launch.clear_plans()
+    return launched
+
+
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -140,6 +164,22 @@ def test_random_problems_per_load_path(tma, seed, monkeypatch):
     options.update(dtype=dtype, device="cuda", seed=seed)
     spatial, window = options.pop("spatial"), options.pop("window")
     check_against_oracle(spatial, window, **options)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_problems_with_atomic_dq(dtype, seed, monkeypatch):
+    """The opt-in non-deterministic backward (HALOATTN_DETERMINISTIC=0: dQ added with atomics in
+    the KV-major pass) against the oracle, on random problems with every feature."""
+    monkeypatch.setenv("HALOATTN_DETERMINISTIC", "0")
+    launched = record_launches(monkeypatch)
+    options = random_problem(random.Random(500 + seed * 3 + {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[dtype]))
+    options.update(dtype=dtype, device="cuda", seed=seed)
+    spatial, window = options.pop("spatial"), options.pop("window")
+    check_against_oracle(spatial, window, **options)
+    assert "dq_kernel" not in {name for name, _ in launched}
 
 
 @gpu
@@ -239,21 +279,8 @@ def test_configs_for_smaller_gpus_compile_within_their_shared_memory(optin_kib, 
             cached.cache_clear()
         fast_launch.clear_plans()
 
-    launched = []
-    resolve = fast_launch.resolve
-
-    def recording_resolve(fn):
-        class Recorder:
-            def __getitem__(self, grid):
-                def run(*args, **kwargs):
-                    compiled = resolve(fn)[grid](*args, **kwargs)
-                    launched.append(compiled)
-                    return compiled
-                return run
-        return Recorder()
-
     monkeypatch.setattr(device_limits, "shared_memory_limit", lambda device: optin_kib * 1024)
-    monkeypatch.setattr(fast_launch, "resolve", recording_resolve)
+    launched = record_launches(monkeypatch)
     forget()
     try:
         # Problems whose default tiles differ from Hopper's at this limit (the CPU test
@@ -265,7 +292,7 @@ def test_configs_for_smaller_gpus_compile_within_their_shared_memory(optin_kib, 
     finally:
         monkeypatch.undo()
         forget()
-    names = {kernel.name for kernel in launched}
+    names = {name for name, _ in launched}
     assert {"forward_kernel", "dq_kernel", "dkdv_kernel"} <= names, names
-    for kernel in launched:
+    for _, kernel in launched:
         assert kernel.metadata.shared <= optin_kib * 1024, (kernel.name, kernel.metadata.shared)

@@ -20,7 +20,7 @@ from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 import oracle  # noqa: E402
-from test_triton_gpu import check_against_oracle  # noqa: E402
+from test_triton_gpu import check_against_oracle, record_launches  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -146,6 +146,45 @@ def test_heuristic_tiles_fit_the_grid():
             assert len(shape) == 3 and all(s & (s - 1) == 0 for s in shape)
             assert shape[0] <= 4 and shape[2] <= 8  # no longer than the (rounded) axis
             assert 16 <= shape[0] * shape[1] * shape[2]
+
+
+@pytest.mark.parametrize(
+    "spatial,window,options",
+    [
+        ((12,), 5, dict(heads=4, kv_heads=2, head_dim=20, value_dim=32, softcap=3.0)),
+        ((9, 11), (3, 5), dict(stride=(1, 2), dilation=(2, 1), causal=(True, False), rpb=True, heads=4, kv_heads=2,
+                               extra=5)),
+        ((4, 5, 6), (3, 2, 3), dict(stride=(1, 2, 3), dilation=(1, 2, 1), causal=(True, False, False), kv_heads=1,
+                                    rpb=True, extra=2)),
+        ((9, 11), (3, 4), dict(pattern="window", shift=(1, 2), causal=(False, True), rpb=True)),
+    ],
+    ids=["1d-gqa-softcap", "2d-mixed-rpb-extra", "3d-mixed-rpb-extra", "2d-window-rpb"],
+)
+def test_opt_in_atomic_dq_backward(monkeypatch, spatial, window, options):
+    """HALOATTN_DETERMINISTIC=0: one KV-major pass adds dQ with atomics (and writes the rpb dS
+    buffer); dq_kernel is not launched, and every gradient still matches the oracle."""
+    monkeypatch.setenv("HALOATTN_DETERMINISTIC", "0")
+    launched = record_launches(monkeypatch)
+    check_against_oracle(spatial, window, **options)
+    names = {name for name, _ in launched}
+    assert "dkdv_kernel" in names and "dq_kernel" not in names, names
+
+
+def test_atomic_dq_only_on_request_and_never_under_torch_determinism(monkeypatch):
+    monkeypatch.delenv("HALOATTN_DETERMINISTIC", raising=False)
+    assert not launch.atomic_dq_allowed(None)
+    assert launch.atomic_dq_allowed({"dkdv": {"atomic_dq": True}})
+    monkeypatch.setenv("HALOATTN_DETERMINISTIC", "0")
+    assert launch.atomic_dq_allowed(None)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not launch.atomic_dq_allowed(None)
+        launched = record_launches(monkeypatch)
+        check_against_oracle((7, 9), (3, 5), rpb=True)
+        assert "dq_kernel" in {name for name, _ in launched}
+    finally:
+        torch.use_deterministic_algorithms(previous)
 
 
 def _pretend_gpu(monkeypatch, optin_bytes, capability):

@@ -1,11 +1,15 @@
-"""Deterministic backward: dQ Q-major, dK/dV KV-major, no atomics anywhere.
+"""Backward: deterministic by default (dQ Q-major, dK/dV KV-major, no atomics anywhere); opt-in,
+one KV-major pass that also adds dQ in float32 with atomics (``ATOMIC_DQ``).
 
 * ``dq_kernel``: one program per (query tile, head, batch), the forward's walk over key tiles,
   recomputing P from the saved LSE. It also writes dS of each attended pair into a
   ``[B, H, N, prod(K)]`` buffer when rpb needs a gradient (every (query, slot) is written once).
 * ``dkdv_kernel``: one program per (key tile, kv head, batch); it walks the query tiles that see
   the key tile (inverse rule, a box because the ranges are monotone) for each of the G query heads
-  that share the kv head, so GQA needs no atomics and no copies.
+  that share the kv head, so GQA needs no atomics and no copies. With ``ATOMIC_DQ`` it also adds
+  each pair's dS K to a float32 dQ (atomics: run-to-run rounding differences) and, with
+  ``RPB_GRAD``, writes the dS buffer, so ``dq_kernel`` is not needed: 5 matrix products per pair
+  instead of 7.
 * ``extra_dkdv_kernel``: gradients of the additional tokens, one program per (block of extra
   tokens, kv head, batch), over every query of the G heads.
 """
@@ -149,7 +153,7 @@ def dq_kernel(
 
 @triton.jit
 def dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, RPB,
+    Q, K, V, DO, LSE, DELTA, DK, DV, RPB, DQA, DSB,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -158,7 +162,8 @@ def dkdv_kernel(
     sdkb, sdk0, sdk1, sdk2, sdkh,
     sdvb, sdv0, sdv1, sdv2, sdvh,
     srh, sr0, sr1, sr2,
-    G, HEAD_D, HEAD_DV,
+    sdqab, sdqa0, sdqa1, sdqa2, sdqah,
+    H, G, HEAD_D, HEAD_DV,
     L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NK0, NK1, NK2,
     scale, softcap,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
@@ -167,6 +172,7 @@ def dkdv_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -266,6 +272,23 @@ def dkdv_kernel(
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
+        if ATOMIC_DQ:
+            # dQ += dS K for this key tile's share, added in float32 (the order of the adds, hence
+            # the rounding, varies from run to run: opt-in only).
+            dq_part = mma(tl.trans(dsT).to(kt.dtype), kt, None, PRECISION)
+            dqa_rows = b64 * sdqab + h64 * sdqah + i0 * sdqa0 + i1 * sdqa1 + i2 * sdqa2
+            tl.atomic_add(DQA + dqa_rows[:, None] + d[None, :], dq_part,
+                          mask=q_ok[:, None] & (d[None, :] < HEAD_D), sem="relaxed")
+        if RPB_GRAD:
+            # dS of every attended pair into the [B, H, N, prod(K)] buffer, as dq_kernel writes it
+            # (each pair is visited by exactly one program: the key tiles partition the keys).
+            lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
+            lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
+            lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
+            seen = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, False, RANK) & q_ok[None, :] & k_ok[:, None]
+            slot = ((y0[:, None] - lo0[None, :]) * K1 + (y1[:, None] - lo1[None, :])) * K2 + (y2[:, None] - lo2[None, :])
+            ds_rows = ((b64 * H + h64) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)
+            tl.store(DSB + ds_rows[None, :] + slot, dsT, mask=seen)
         j0, j1, j2 = next3(j0, j1, j2, nq1, nq2)
         next_head = j0 == nq0
         group_head += next_head.to(tl.int32)
@@ -279,16 +302,17 @@ def dkdv_kernel(
 
 @triton.jit
 def extra_dkdv_kernel(
-    Q, AK, AV, DO, LSE, DELTA, DAK, DAV,
+    Q, AK, AV, DO, LSE, DELTA, DAK, DAV, DQA,
     sqb, sq0, sq1, sq2, sqh,
     sakb, sake, sakh, savb, save, savh,
     sdob, sdo0, sdo1, sdo2, sdoh,
     slb, sl0, sl1, sl2, slh,
     sdakb, sdake, sdakh, sdavb, sdave, sdavh,
+    sdqab, sdqa0, sdqa1, sdqa2, sdqah,
     G, E, HEAD_D, HEAD_DV, L0, L1, L2,
     scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, LARGE: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, LARGE: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -327,6 +351,11 @@ def extra_dkdv_kernel(
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
+        if ATOMIC_DQ:  # the additional keys' share of dQ (see dkdv_kernel)
+            dq_part = mma(tl.trans(dsT).to(kt.dtype), kt, None, PRECISION)
+            dqa_rows = b64 * sdqab + h64 * sdqah + i0 * sdqa0 + i1 * sdqa1 + i2 * sdqa2
+            tl.atomic_add(DQA + dqa_rows[:, None] + d[None, :], dq_part,
+                          mask=q_ok[:, None] & (d[None, :] < HEAD_D), sem="relaxed")
     tl.store(DAK + (b64 * sdakb + kvh64 * sdakh + e * sdake)[:, None] + d[None, :],
              (dk * scale).to(DAK.dtype.element_ty), mask=e_ok[:, None] & (d[None, :] < HEAD_D))
     tl.store(DAV + (b64 * sdavb + kvh64 * sdavh + e * sdave)[:, None] + dv[None, :],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -263,6 +264,18 @@ def _delta_launch(o, do, dlse, delta, has_dlse: bool) -> Launch:
                   dict(BLOCK_R=DELTA_ROWS, BLOCK_DV=_block(dv), HAS_DLSE=has_dlse, num_warps=4))
 
 
+DETERMINISTIC_ENV = "HALOATTN_DETERMINISTIC"
+
+
+def atomic_dq_allowed(config) -> bool:
+    """Whether the backward may add dQ with atomics in the KV-major pass (one pass, 5 matrix
+    products per pair instead of 7, rounding that varies from run to run): only on request,
+    ``HALOATTN_DETERMINISTIC=0`` or a config whose ``dkdv`` asks for ``atomic_dq``, and never while
+    ``torch.use_deterministic_algorithms(True)`` is in force."""
+    wanted = os.environ.get(DETERMINISTIC_ENV, "1") == "0" or bool(config and config.get("dkdv", {}).get("atomic_dq"))
+    return wanted and not torch.are_deterministic_algorithms_enabled()
+
+
 def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
@@ -274,14 +287,20 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     need_rpb = need_rpb and rpb is not None
     need_ak = need_ak and ak is not None
     need_av = need_av and av is not None
-    flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av)
-    dq = torch.empty_like(q) if need_q or need_rpb else None
+    atomic = atomic_dq_allowed(config) and (need_q or need_rpb)
+    flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic)
+    # Atomic mode: the KV-major passes produce dQ (float32, summed by atomics) and the dS buffer,
+    # so they run whenever those are needed, into scratch for the key/value gradients not asked for.
+    run_dkdv = need_k or need_v or atomic
+    run_extra = need_ak or need_av or (atomic and need_q and ak is not None)
+    dq = torch.empty_like(q) if (need_q or need_rpb) and not atomic else None
+    dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic and need_q else None
     ds_buffer = (torch.zeros(problem.batch, problem.heads, problem.tokens, problem.window_tokens, dtype=torch.float32,
                              device=q.device) if need_rpb else None)
-    dk, dv = (torch.empty_like(k), torch.empty_like(v)) if need_k or need_v else (None, None)
-    dak, dav = (torch.empty_like(ak), torch.empty_like(av)) if need_ak or need_av else (None, None)
+    dk, dv = (torch.empty_like(k), torch.empty_like(v)) if run_dkdv else (None, None)
+    dak, dav = (torch.empty_like(ak), torch.empty_like(av)) if run_extra else (None, None)
     tensors = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, delta=delta, dq=dq, rpb=rpb, ds=ds_buffer, ak=ak, av=av,
-                   dk=dk, dv=dv, dak=dak, dav=dav)
+                   dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum)
     config = config or tiles.default_config(problem)
     key = (problem, config_key(config), flags, _precision(q.dtype),
            *(tensor_layout(t) for t in (q, k, v, do, out, lse, rpb, ak, av, dq, dk, dv)))
@@ -289,6 +308,8 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     for launch, names in launches:
         launch(*(tensors[name] if tensors[name] is not None else q for name in names))
 
+    if dq_sum is not None:
+        dq = dq_sum.mul_(problem.scale).to(q.dtype)
     drpb = rpb_gradient(problem, ds_buffer, rpb) if need_rpb else None
     return (dq if need_q else None, dk if need_k else None, dv if need_v else None, drpb, None,
             dak if need_ak else None, dav if need_av else None)
@@ -297,7 +318,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
 def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     """The backward's kernel launches for these gradients, each with the names of its tensors in
     order (a name whose tensor is absent is passed ``q``, which the kernel does not read)."""
-    need_q, need_k, need_v, need_rpb, need_ak, need_av = flags
+    need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic = flags
     cfgs = tiles.normalise(config, problem)
     t = {name: (value if value is not None else tensors["q"]) for name, value in tensors.items()}
     q, k, v, do, rpb, ak, av = (tensors[name] for name in ("q", "k", "v", "do", "rpb", "ak", "av"))
@@ -311,7 +332,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     lse_strides = token_strides(tensors["lse"].unsqueeze(-1), r)
     launches = []
 
-    if need_q or need_rpb:
+    if (need_q or need_rpb) and not atomic:
         cfg = cfgs["dq"]
         names = ("q", "k", "v", "do", "lse", "delta", "dq", "rpb", "ds", "ak", "av")
         launches.append((Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
@@ -327,32 +348,34 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             num_warps=cfg["warps"], num_stages=cfg["stages"],
         )), names))
 
-    if need_k or need_v:
+    dq_sum_strides = token_strides(t["dq_sum"], r)
+    if need_k or need_v or atomic:
         cfg = cfgs["dkdv"]
-        names = ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "rpb")
+        names = ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "rpb", "dq_sum", "ds")
         launches.append((Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
             *lse_strides, *token_strides(t["dk"], r), *token_strides(t["dv"], r), *_rpb_strides(rpb, r),
-            G, problem.head_dim, problem.value_dim,
+            *dq_sum_strides, H, G, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
             HAS_RPB=rpb is not None, TMA=use_descriptors(cfg.get("tma", False), large, q, do),
+            ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             num_warps=cfg["warps"], num_stages=cfg["stages"],
         )), names))
 
-    if need_ak or need_av:
-        names = ("q", "ak", "av", "do", "lse", "delta", "dak", "dav")
+    if need_ak or need_av or (atomic and need_q and ak is not None):
+        names = ("q", "ak", "av", "do", "lse", "delta", "dak", "dav", "dq_sum")
         launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
-            *lse_strides, *_extra_strides(t["dak"]), *_extra_strides(t["dav"]),
+            *lse_strides, *_extra_strides(t["dak"]), *_extra_strides(t["dav"]), *dq_sum_strides,
             G, problem.extra_tokens, problem.head_dim, problem.value_dim, *geo.L,
             problem.scale, softcap,
         ], dict(
             BLOCK_M=64, BLOCK_E=EXTRA_BLOCK, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
             PRECISION=feature["PRECISION"], BLOCK_D=feature["BLOCK_D"], BLOCK_DV=feature["BLOCK_DV"],
-            num_warps=4, num_stages=2,
+            ATOMIC_DQ=atomic and need_q, num_warps=4, num_stages=2,
         )), names))
     return launches
