@@ -79,7 +79,9 @@ def rescale_configs(configs):
 
 def atomic_configs(configs):
     """The default and the default with dQ added by atomics in the KV-major pass (opt-in mode)."""
-    return [configs[0], dict(configs[0], dkdv=dict(configs[0]["dkdv"], atomic_dq=True))]
+    dkdv = configs[0]["dkdv"]
+    return [configs[0], dict(configs[0], dkdv=dict(dkdv, atomic_dq=True)),
+            dict(configs[0], dkdv=dict(dkdv, atomic_dq=True, tma_dq=False))]
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False):
@@ -113,7 +115,7 @@ def label(config):
     parts = []
     for name, c in config.items():
         parts.append(f"{name}: q {c['q']} kv {c['kv']} w{c['warps']} s{c['stages']}{' tma' if c.get('tma') else ''}"
-                     f"{' lazy' if c.get('lazy_rescale') else ''}{' atomic-dq' if c.get('atomic_dq') else ''}")
+                     f"{' lazy' if c.get('lazy_rescale') else ''}{' atomic-dq' if c.get('atomic_dq') else ''}{' (element-wise)' if c.get('tma_dq') is False else ''}")
     return "; ".join(parts)
 
 

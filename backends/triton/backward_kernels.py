@@ -17,7 +17,7 @@ one KV-major pass that also adds dQ in float32 with atomics (``ATOMIC_DQ``).
 import triton
 import triton.language as tl
 
-from .descriptors import group_descriptor, kv_descriptors, load_box, load_token_tile
+from .descriptors import add_to_box, group_descriptor, kv_descriptors, load_box, load_token_tile
 from .forward_kernel import query_tile
 from .index_math import key_range, next3, query_range, split3
 from .scores import LOG2E, finish_scores, mma, relative_bias, within
@@ -172,7 +172,7 @@ def dkdv_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr, TMA_DQ: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -219,6 +219,11 @@ def dkdv_kernel(
         do_desc = group_descriptor(DO + b64 * sdob + heads0 * sdoh + g0 * sdo0 + g1 * sdo1 + g2 * sdo2, G, sdoh,
                                    Lg0, Lg1, Lg2, D0 * sdo0, D1 * sdo1, D2 * sdo2, HEAD_DV, RANK, TM0, TM1, TM2,
                                    BLOCK_DV)
+    if TMA_DQ:
+        # dQ shares go to L2 as bulk reductions of whole query tiles (one instruction each).
+        dqa_desc = group_descriptor(DQA + b64 * sdqab + kvh64 * G * sdqah + g0 * sdqa0 + g1 * sdqa1 + g2 * sdqa2,
+                                    G, sdqah, Lg0, Lg1, Lg2, D0 * sdqa0, D1 * sdqa1, D2 * sdqa2, HEAD_D, RANK,
+                                    TM0, TM1, TM2, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dvacc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     # Cursor: query head of the group, then query tile (see next3).
@@ -276,9 +281,12 @@ def dkdv_kernel(
             # dQ += dS K for this key tile's share, added in float32 (the order of the adds, hence
             # the rounding, varies from run to run: opt-in only).
             dq_part = mma(tl.trans(dsT).to(kt.dtype), kt, None, PRECISION)
-            dqa_rows = b64 * sdqab + h64 * sdqah + i0 * sdqa0 + i1 * sdqa1 + i2 * sdqa2
-            tl.atomic_add(DQA + dqa_rows[:, None] + d[None, :], dq_part,
-                          mask=q_ok[:, None] & (d[None, :] < HEAD_D), sem="relaxed")
+            if TMA_DQ:
+                add_to_box(dqa_desc, group_head, xs0, xs1, xs2, dq_part, RANK, TM0, TM1, TM2, BLOCK_D)
+            else:
+                dqa_rows = b64 * sdqab + h64 * sdqah + i0 * sdqa0 + i1 * sdqa1 + i2 * sdqa2
+                tl.atomic_add(DQA + dqa_rows[:, None] + d[None, :], dq_part,
+                              mask=q_ok[:, None] & (d[None, :] < HEAD_D), sem="relaxed")
         if RPB_GRAD:
             # dS of every attended pair into the [B, H, N, prod(K)] buffer, as dq_kernel writes it
             # (each pair is visited by exactly one program: the key tiles partition the keys).

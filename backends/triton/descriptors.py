@@ -43,6 +43,19 @@ def load_box(desc, head, y0, y1, y2, RANK: tl.constexpr, ROWS: tl.constexpr, BLO
 
 
 @triton.jit
+def add_to_box(desc, head, y0, y1, y2, value, RANK: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr,
+               T2: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Add ``value`` (``[T0 * T1 * T2, BLOCK_D]``, row-major) to head ``head``'s box whose first
+    token is (y0, y1, y2): one bulk reduction in L2, rows and columns outside the tensor dropped."""
+    if RANK == 3:
+        desc.atomic_add([head, y0, y1, y2, 0], value.reshape(1, T0, T1, T2, BLOCK_D))
+    elif RANK == 2:
+        desc.atomic_add([head, y1, y2, 0], value.reshape(1, T1, T2, BLOCK_D))
+    else:
+        desc.atomic_add([head, y2, 0], value.reshape(1, T2, BLOCK_D))
+
+
+@triton.jit
 def load_token_tile(desc, base, s0, s1, s2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
                     Lg0, Lg1, Lg2, DIM, TMA: tl.constexpr, LARGE: tl.constexpr, RANK: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr):

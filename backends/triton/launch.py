@@ -95,6 +95,19 @@ def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     return True
 
 
+def use_reduce_descriptors(large: bool, dq_sum: Optional[torch.Tensor]) -> bool:
+    """Whether the atomic-dQ pass can add whole query tiles to the float32 dQ sum as bulk
+    reductions: Hopper or newer (Triton 3.6's interpreter has no descriptor reductions: there the
+    element-wise atomics run), int32 coordinates, 16-byte strides."""
+    if dq_sum is None or large or interpreting() or not has_copy_engine(dq_sum.device):
+        return False
+    if dq_sum.data_ptr() % 16 or any((s * dq_sum.element_size()) % 16 for s in dq_sum.stride()[:-1]):
+        return False
+    if not _has_allocator():
+        triton.set_allocator(_descriptor_scratch)
+    return True
+
+
 def _has_allocator() -> bool:
     """Whether the caller set a Triton allocator of their own (kept); on a Triton without this
     internal, assume not."""
@@ -362,6 +375,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
             HAS_RPB=rpb is not None, TMA=use_descriptors(cfg.get("tma", False), large, q, do),
             ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
+            TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
         )), names))
 
