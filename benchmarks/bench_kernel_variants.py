@@ -77,11 +77,13 @@ def rescale_configs(configs):
     return [configs[0], dict(configs[0], fwd=dict(fwd, lazy_rescale=not fwd.get("lazy_rescale", False)))]
 
 
-def atomic_configs(configs):
-    """The default and the default with dQ added by atomics in the KV-major pass (opt-in mode)."""
+def atomic_configs(configs, problem):
+    """The default and the default with dQ added by atomics in the KV-major pass (opt-in mode):
+    bulk (TMA) and element-wise, and with 128-key resident tiles (half the dQ traffic per pair)."""
     dkdv = configs[0]["dkdv"]
+    wide = dict(dkdv, kv=tiles.fit(dkdv["kv"], tiles.group_extents(problem), 128), warps=8, atomic_dq=True)
     return [configs[0], dict(configs[0], dkdv=dict(dkdv, atomic_dq=True)),
-            dict(configs[0], dkdv=dict(dkdv, atomic_dq=True, tma_dq=False))]
+            dict(configs[0], dkdv=dict(dkdv, atomic_dq=True, tma_dq=False)), dict(configs[0], dkdv=wide)]
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False):
@@ -94,7 +96,7 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
     if rescale_only:
         forward_configs, backward = rescale_configs(configs), False
     if atomic_only:
-        forward_configs, configs = configs[:1], atomic_configs(configs)
+        forward_configs, configs = configs[:1], atomic_configs(configs, problem)
     out, lse = launch.forward(problem, inputs, configs[0])
     result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
               "forward": time_variants(forward_configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
