@@ -147,6 +147,8 @@ def main():
                         help="backward only: the default against the opt-in atomic-dQ backward")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.atomic_only:  # the atomic-dQ backward runs only where non-determinism is allowed
+        os.environ[tiles.DETERMINISTIC_ENV] = "0"
     results = []
     for index in (int(i) for i in args.only.split(",")):
         results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only,

@@ -134,6 +134,21 @@ def record_launches(monkeypatch):
     return launched
 
 
+def atomic_default(default_config, wide=False):
+    """``tiles.default_config`` with the backward's atomic-dQ variant asked for, as the tuning
+    candidates have it (``wide``: with 128-key resident tiles and 8 warps)."""
+    from haloattn.backends.triton import tiles
+
+    def config(problem):
+        base = default_config(problem)
+        dkdv = dict(base["dkdv"], atomic_dq=True)
+        if wide:
+            dkdv.update(kv=tiles.fit(dkdv["kv"], tiles.group_extents(problem), 128), warps=8)
+        return dict(base, dkdv=dkdv)
+
+    return config
+
+
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -171,9 +186,13 @@ def test_random_problems_per_load_path(tma, seed, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("seed", range(4))
 def test_random_problems_with_atomic_dq(dtype, seed, monkeypatch):
-    """The opt-in non-deterministic backward (HALOATTN_DETERMINISTIC=0: dQ added with atomics in
-    the KV-major pass) against the oracle, on random problems with every feature."""
+    """The opt-in non-deterministic backward (HALOATTN_DETERMINISTIC=0 and a config with
+    ``atomic_dq``: dQ added with TMA bulk reductions in the KV-major pass; 64- and 128-key
+    resident tiles) against the oracle, on random problems with every feature."""
+    from haloattn.backends.triton import tiles
+
     monkeypatch.setenv("HALOATTN_DETERMINISTIC", "0")
+    monkeypatch.setattr(tiles, "default_config", atomic_default(tiles.default_config, wide=seed % 2 == 1))
     launched = record_launches(monkeypatch)
     options = random_problem(random.Random(500 + seed * 3 + {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}[dtype]))
     options.update(dtype=dtype, device="cuda", seed=seed)

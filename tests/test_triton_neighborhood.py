@@ -20,7 +20,7 @@ from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 import oracle  # noqa: E402
-from test_triton_gpu import check_against_oracle, record_launches  # noqa: E402
+from test_triton_gpu import atomic_default, check_against_oracle, record_launches  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -161,28 +161,41 @@ def test_heuristic_tiles_fit_the_grid():
     ids=["1d-gqa-softcap", "2d-mixed-rpb-extra", "3d-mixed-rpb-extra", "2d-window-rpb"],
 )
 def test_opt_in_atomic_dq_backward(monkeypatch, spatial, window, options):
-    """HALOATTN_DETERMINISTIC=0: one KV-major pass adds dQ with atomics (and writes the rpb dS
-    buffer); dq_kernel is not launched, and every gradient still matches the oracle."""
+    """HALOATTN_DETERMINISTIC=0 and a config asking for it: one KV-major pass adds dQ with atomics
+    (and writes the rpb dS buffer); dq_kernel is not launched, and every gradient matches the oracle."""
     monkeypatch.setenv("HALOATTN_DETERMINISTIC", "0")
+    monkeypatch.setattr(tiles, "default_config", atomic_default(tiles.default_config))
     launched = record_launches(monkeypatch)
     check_against_oracle(spatial, window, **options)
     names = {name for name, _ in launched}
     assert "dkdv_kernel" in names and "dq_kernel" not in names, names
 
 
-def test_atomic_dq_only_on_request_and_never_under_torch_determinism(monkeypatch):
+def test_atomic_dq_only_when_allowed_and_never_under_torch_determinism(monkeypatch):
+    q = torch.randn(1, 9, 10, 2, 16)
+    problem = build_problem(q, q, q, (3, 5))
     monkeypatch.delenv("HALOATTN_DETERMINISTIC", raising=False)
-    assert not launch.atomic_dq_allowed(None)
-    assert launch.atomic_dq_allowed({"dkdv": {"atomic_dq": True}})
+    assert not any(c["dkdv"].get("atomic_dq") for c in tiles.candidate_configs(problem))
     monkeypatch.setenv("HALOATTN_DETERMINISTIC", "0")
-    assert launch.atomic_dq_allowed(None)
+    assert [c["dkdv"]["warps"] for c in tiles.candidate_configs(problem) if c["dkdv"].get("atomic_dq")] == [4, 8]
+    monkeypatch.setattr(tiles, "default_config", atomic_default(tiles.default_config))
+
+    def dq_kernel_ran():
+        launched = record_launches(monkeypatch)
+        check_against_oracle((7, 9), (3, 5), rpb=True)
+        return "dq_kernel" in {name for name, _ in launched}
+
+    monkeypatch.delenv("HALOATTN_DETERMINISTIC", raising=False)
+    assert not tiles.atomic_dq_allowed()
+    assert dq_kernel_ran()  # a config asking for atomics is not enough
+    monkeypatch.setenv("HALOATTN_DETERMINISTIC", "0")
+    assert tiles.atomic_dq_allowed()
+    assert not dq_kernel_ran()
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert not launch.atomic_dq_allowed(None)
-        launched = record_launches(monkeypatch)
-        check_against_oracle((7, 9), (3, 5), rpb=True)
-        assert "dq_kernel" in {name for name, _ in launched}
+        assert not tiles.atomic_dq_allowed()
+        assert dq_kernel_ran()
     finally:
         torch.use_deterministic_algorithms(previous)
 

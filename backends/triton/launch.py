@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -277,18 +276,6 @@ def _delta_launch(o, do, dlse, delta, has_dlse: bool) -> Launch:
                   dict(BLOCK_R=DELTA_ROWS, BLOCK_DV=_block(dv), HAS_DLSE=has_dlse, num_warps=4))
 
 
-DETERMINISTIC_ENV = "HALOATTN_DETERMINISTIC"
-
-
-def atomic_dq_allowed(config) -> bool:
-    """Whether the backward may add dQ with atomics in the KV-major pass (one pass, 5 matrix
-    products per pair instead of 7, rounding that varies from run to run): only on request,
-    ``HALOATTN_DETERMINISTIC=0`` or a config whose ``dkdv`` asks for ``atomic_dq``, and never while
-    ``torch.use_deterministic_algorithms(True)`` is in force."""
-    wanted = os.environ.get(DETERMINISTIC_ENV, "1") == "0" or bool(config and config.get("dkdv", {}).get("atomic_dq"))
-    return wanted and not torch.are_deterministic_algorithms_enabled()
-
-
 def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
@@ -300,7 +287,9 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     need_rpb = need_rpb and rpb is not None
     need_ak = need_ak and ak is not None
     need_av = need_av and av is not None
-    atomic = atomic_dq_allowed(config) and (need_q or need_rpb)
+    config = config or tiles.default_config(problem)
+    # Opt-in only: the config asks for it (a tuned one, say) and non-determinism is allowed.
+    atomic = bool(config.get("dkdv", {}).get("atomic_dq")) and tiles.atomic_dq_allowed() and (need_q or need_rpb)
     flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic)
     # Atomic mode: the KV-major passes produce dQ (float32, summed by atomics) and the dS buffer,
     # so they run whenever those are needed, into scratch for the key/value gradients not asked for.
@@ -314,7 +303,6 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     dak, dav = (torch.empty_like(ak), torch.empty_like(av)) if run_extra else (None, None)
     tensors = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, delta=delta, dq=dq, rpb=rpb, ds=ds_buffer, ak=ak, av=av,
                    dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum)
-    config = config or tiles.default_config(problem)
     key = (problem, config_key(config), flags, _precision(q.dtype),
            *(tensor_layout(t) for t in (q, k, v, do, out, lse, rpb, ak, av, dq, dk, dv)))
     _, launches = cached(_BACKWARD_PLANS, key, lambda: (config, _backward_launches(problem, config, flags, tensors)))

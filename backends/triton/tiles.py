@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from functools import lru_cache
 from typing import Dict, List, Sequence, Tuple
 
@@ -44,6 +45,21 @@ DESCRIPTOR_MIN_HEAD_DIM = 65
 # The forward moves its running row maxima only when a tile raises one by more than 2^8
 # (forward_kernel.online_softmax_rescale), skipping most accumulator rescales.
 LAZY_RESCALE = False
+
+
+# HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
+# (``"dkdv": {"atomic_dq": true}``: one pass, 5 matrix products per pair instead of 7, rounding that
+# varies from run to run). They join the tuning candidates; the default never uses them, because
+# on the H100 they were faster on one benchmark problem only (RESULTS.md, "Atomic dQ").
+DETERMINISTIC_ENV = "HALOATTN_DETERMINISTIC"
+
+
+def atomic_dq_allowed() -> bool:
+    """Whether the user allowed a non-deterministic backward, and torch's deterministic mode
+    (``torch.use_deterministic_algorithms(True)``) does not forbid it."""
+    import torch
+
+    return os.environ.get(DETERMINISTIC_ENV, "1") == "0" and not torch.are_deterministic_algorithms_enabled()
 
 
 def pow2_ceil(n: int) -> int:
@@ -200,6 +216,12 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         dkdv = dict(q=stream, kv=tile, **knobs)
         if dq != base["dq"]:
             out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
+    if atomic_dq_allowed():
+        # The atomic-dQ backward with the default's tiles, and with 128-key resident tiles (half
+        # the dQ additions per pair: 1.17x the deterministic backward on 2-D 63x63 on the H100).
+        wide = dict(base["dkdv"], kv=fit(base["dkdv"]["kv"], ext, 128), warps=8)
+        for dkdv in (base["dkdv"], wide):
+            out.append(dict(base, dkdv=_fit_shared(problem, "dkdv", dict(dkdv, atomic_dq=True))))
     return out
 
 
