@@ -20,6 +20,8 @@ import os
 from functools import lru_cache
 from typing import Dict, List, Sequence, Tuple
 
+import torch
+
 from haloattn.geometry import Axis, key_range
 from haloattn.problem import Problem
 
@@ -49,16 +51,15 @@ LAZY_RESCALE = False
 
 # HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
 # (``"dkdv": {"atomic_dq": true}``: one pass, 5 matrix products per pair instead of 7, rounding that
-# varies from run to run). They join the tuning candidates; the default never uses them, because
-# on the H100 they were faster on one benchmark problem only (RESULTS.md, "Atomic dQ").
+# varies from run to run; ``"tma_dq": false`` forces element-wise atomics instead of bulk
+# reductions, for measurements). They join the tuning candidates; the default never uses them,
+# because on the H100 they were faster on one benchmark problem only (RESULTS.md, "Atomic dQ").
 DETERMINISTIC_ENV = "HALOATTN_DETERMINISTIC"
 
 
 def atomic_dq_allowed() -> bool:
     """Whether the user allowed a non-deterministic backward, and torch's deterministic mode
     (``torch.use_deterministic_algorithms(True)``) does not forbid it."""
-    import torch
-
     return os.environ.get(DETERMINISTIC_ENV, "1") == "0" and not torch.are_deterministic_algorithms_enabled()
 
 
