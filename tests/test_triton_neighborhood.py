@@ -231,7 +231,8 @@ def forget_configs():
                          ids=["ada-ampere-consumer", "a100", "hopper"])
 def test_configs_fit_the_shared_memory_of_the_device(monkeypatch, forget_configs, optin_kib, capability):
     """Tiles chosen on a GPU with less shared memory than Hopper's must fit it (Triton would refuse
-    the launch with OutOfResources): default and every tuning candidate, every kernel."""
+    the launch with OutOfResources): default and every tuning candidate, every kernel; and the
+    default reads K/V through descriptors only where the GPU has a copy engine."""
     device_limits = _pretend_gpu(monkeypatch, optin_kib * 1024, capability)
     budget = device_limits.tile_shared_budget(torch.device("cuda", 0))
     assert budget == optin_kib * 1024 - device_limits.COMPILER_RESERVE
@@ -240,6 +241,9 @@ def test_configs_fit_the_shared_memory_of_the_device(monkeypatch, forget_configs
         q = torch.empty(1, *spatial, 2, head_dim, dtype=dtype)
         problem = dataclasses.replace(build_problem(q, q, q, window), device=torch.device("cuda", 0))
         item = q.element_size()
+        # Tiles measured with TMA loads only where there is a copy engine (Hopper and newer).
+        expect_tma = item == 2 and head_dim > 64 and capability >= (9, 0)
+        assert tiles.default_config(problem)["fwd"]["tma"] == expect_tma, (capability, head_dim, dtype)
         for config in [tiles.default_config(problem)] + tiles.candidate_configs(problem):
             for kernel, cfg in config.items():
                 size = tiles._shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"],

@@ -1,4 +1,5 @@
-"""What one block may use on a GPU, for choosing launch configs that fit the device at hand.
+"""What a GPU offers a kernel (shared memory per block, a tensor copy engine), for choosing launch
+configs that fit the device at hand.
 
 The kernels' default tiles were measured on Hopper (227 KiB of shared memory per block); an
 Ampere A100 allows 163 KiB and an RTX 30xx/40xx or L4 only 99 KiB, where a Hopper-sized config
@@ -38,3 +39,16 @@ def tile_shared_budget(device: torch.device) -> int:
     if device.type == "cuda" and torch.cuda.is_available():
         return _cuda_tile_budget(device)
     return HOPPER_TILE_BUDGET
+
+
+def has_copy_engine(device: torch.device) -> bool:
+    """Hopper (sm_90) and newer copy tensor tiles with TMA."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def tiles_for_copy_engine(device: torch.device) -> bool:
+    """Whether default tiles should be the ones measured with TMA loads: on Hopper and newer, and
+    where there is no GPU to ask (the CPU interpreter runs the descriptor path too)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return has_copy_engine(device)
+    return True

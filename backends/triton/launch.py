@@ -20,6 +20,7 @@ from haloattn.geometry import key_range, unravel
 from haloattn.problem import Problem
 
 from . import tiles
+from .device_limits import has_copy_engine
 from .plugin import interpreting
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .backward_kernels import delta_kernel, dkdv_kernel, dq_kernel, extra_dkdv_kernel
@@ -68,11 +69,6 @@ def _precision(dtype: torch.dtype) -> str:
 def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     # Descriptors built inside a kernel live in a small global buffer Triton asks for per launch.
     return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
-
-
-def has_copy_engine(device: torch.device) -> bool:
-    """Hopper (sm_90) and newer copy tensor tiles with TMA."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:

@@ -25,7 +25,7 @@ import torch
 from haloattn.geometry import Axis, key_range
 from haloattn.problem import Problem
 
-from .device_limits import tile_shared_budget
+from .device_limits import tile_shared_budget, tiles_for_copy_engine
 
 MIN_TILE = 16  # tl.dot needs at least 16 rows
 
@@ -117,9 +117,11 @@ def _shapes(rank: int, tokens: int, extents: Sequence[int]) -> List[Tuple[int, .
 
 
 def descriptor_loads(problem: Problem) -> bool:
-    """Whether the forward reads K/V through tensor descriptors by default (the launcher still
-    checks the device, alignment and offsets, and falls back to pointer loads)."""
-    return problem.dtype.itemsize == 2 and problem.head_dim >= DESCRIPTOR_MIN_HEAD_DIM
+    """Whether the forward reads K/V through tensor descriptors by default: 16-bit data with large
+    head dims on a GPU with a copy engine (elsewhere the tiles measured with pointer loads are
+    chosen). The launcher still checks alignment and offsets, and falls back to pointer loads."""
+    return (problem.dtype.itemsize == 2 and problem.head_dim >= DESCRIPTOR_MIN_HEAD_DIM
+            and tiles_for_copy_engine(problem.device))
 
 
 @lru_cache(maxsize=256)
