@@ -270,6 +270,31 @@ def test_more_than_2_31_elements_in_query():
 
 @gpu
 @needs_cuda
+def test_batch_beyond_the_grid_limit():
+    """B=70000 short 1-D sequences: more than the 65535 programs a grid's batch axis holds, so the
+    launches run in batch slices. Output, LSE and every gradient (the bias one summed over slices)
+    against the reference backend in float64."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    B, L, H, D, K = 70_000, 12, 2, 16, 5
+
+    def leaf(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda", generator=gen).to(dtype).requires_grad_(True)
+
+    q, k, v, rpb = leaf(B, L, H, D), leaf(B, L, 1, D), leaf(B, L, 1, D), leaf(H, 2 * K - 1)
+    grad_out = torch.randn(B, L, H, D, device="cuda", generator=gen).bfloat16()
+    results = {}
+    for backend, leaves in ((BACKEND, (q, k, v, rpb)),
+                            ("reference", [t.detach().double().requires_grad_(True) for t in (q, k, v, rpb)])):
+        out, lse = haloattn.attention(*leaves[:3], K, rpb=leaves[3], stride=2, return_lse=True, backend=backend)
+        grads = torch.autograd.grad((out.double() * grad_out.double()).sum() + lse.double().sum(), leaves)
+        results[backend] = (out, lse, *grads)
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv", "drpb"), results[BACKEND], results["reference"]):
+        err = oracle.rel_error(got, want)
+        assert err <= oracle.TOLERANCE[torch.bfloat16], (name, err)
+
+
+@gpu
+@needs_cuda
 def test_repeated_calls_launch_directly_on_their_own_tensors(monkeypatch):
     """After a problem's first call its launches skip Triton's binder (fast_launch.Launch): later
     calls, forward and backward, must still read and write their own tensors."""

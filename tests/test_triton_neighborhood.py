@@ -200,6 +200,22 @@ def test_atomic_dq_only_when_allowed_and_never_under_torch_determinism(monkeypat
         torch.use_deterministic_algorithms(previous)
 
 
+@pytest.mark.parametrize("options", [
+    dict(heads=4, kv_heads=2, rpb=True, extra=3, softcap=5.0),
+    dict(heads=2, stride=(2, 1), causal=(False, True), rpb=True, value_dim=24),
+], ids=["gqa-rpb-extra", "stride-causal-rpb"])
+def test_batches_beyond_one_grid_run_in_slices(monkeypatch, options):
+    """A batch larger than a grid axis holds (65535 on a GPU; 2 here) runs as one launch per
+    slice: every output and gradient, the bias gradient summed over slices, matches the oracle."""
+    from haloattn.backends.triton import batch_slices
+
+    monkeypatch.setattr(batch_slices, "MAX_GRID_BATCH", 2)
+    launched = record_launches(monkeypatch)
+    check_against_oracle((6, 7), (3, 5), batch=5, **options)
+    names = [name for name, _ in launched]
+    assert names.count("forward_kernel") == 3 and names.count("dq_kernel") == 3, names
+
+
 def _pretend_gpu(monkeypatch, optin_bytes, capability):
     """torch.cuda as on a GPU whose blocks may opt in to ``optin_bytes`` of shared memory."""
     from types import SimpleNamespace

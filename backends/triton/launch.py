@@ -19,7 +19,7 @@ from haloattn.backend import AttentionInputs
 from haloattn.geometry import key_range, unravel
 from haloattn.problem import Problem
 
-from . import tiles
+from . import batch_slices, tiles
 from .device_limits import has_copy_engine
 from .plugin import interpreting
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
@@ -175,6 +175,8 @@ def _extra_strides(t: Optional[torch.Tensor]) -> list:
 
 
 def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    if batch_slices.needs_slices(problem):
+        return batch_slices.forward_in_slices(forward, problem, inputs, config)
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
@@ -273,6 +275,9 @@ def _delta_launch(o, do, dlse, delta, has_dlse: bool) -> Launch:
 
 
 def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+    if batch_slices.needs_slices(problem):
+        return batch_slices.backward_in_slices(backward, problem, inputs, out, lse, grad_out, grad_lse, needs_grad,
+                                               config)
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
