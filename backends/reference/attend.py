@@ -8,6 +8,7 @@ computed in float32, float64 in float64.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional, Tuple
 
@@ -16,6 +17,7 @@ import torch
 from haloattn.backend import AttentionInputs, recording_autograd
 from haloattn.problem import Problem
 
+from . import tiled
 from .blocks import GatheredRows, TilePlan, mix_rows
 
 # Bytes one block's gathered keys/values and scores may take; bounds peak memory.
@@ -217,9 +219,23 @@ def lse_dtype(problem: Problem) -> torch.dtype:
     return torch.float64 if problem.dtype == torch.float64 else torch.float32
 
 
+def _no_autocast(device):
+    """The compute dtype is ours to choose (16-bit inputs compute in float32), autocast or not."""
+    device_type = torch.device(device).type
+    if device_type not in ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia", "ipu", "privateuseone"):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
+
+
 def forward(problem: Problem, inputs: AttentionInputs) -> Tuple[torch.Tensor, torch.Tensor]:
     work = flatten(problem, inputs, compute_dtype(problem.dtype))
     B, N, H = problem.batch, problem.tokens, problem.heads
+    if problem.kq_conv_shape is None:
+        with torch.no_grad(), _no_autocast(problem.device):
+            out, lse = tiled.forward(
+                problem, tiled.Work(problem, work), blocks(problem, problem.device), problem.dtype, lse_dtype(problem)
+            )
+        return out.view(B, *problem.spatial, H, -1), lse.view(B, *problem.spatial, H)
     out = torch.empty(B, N, H, problem.value_dim, dtype=problem.dtype, device=problem.device)
     lse = torch.empty(B, N, H, dtype=lse_dtype(problem), device=problem.device)
     with torch.no_grad():
@@ -233,9 +249,22 @@ def forward(problem: Problem, inputs: AttentionInputs) -> Tuple[torch.Tensor, to
     return out.view(B, *problem.spatial, H, -1), lse.view(B, *problem.spatial, H)
 
 
-def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, needs_grad):
-    """Gradients by recomputing each block under autograd: memory stays bounded by one block."""
+def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, needs_grad, out=None, lse=None):
+    """Gradients, block by block: memory stays bounded by one block. Tiles (every problem without
+    kq_conv) run the explicit backward of tiled.py, which needs the forward's ``out`` and ``lse``
+    (recomputed when not given); kq_conv recomputes each block under autograd."""
     work = flatten(problem, inputs, compute_dtype(problem.dtype))
+    if problem.kq_conv_shape is None:
+        if out is None or lse is None:
+            out, lse = forward(problem, inputs)
+        with torch.no_grad(), _no_autocast(problem.device):
+            grads = tiled.backward(
+                problem, tiled.Work(problem, work), blocks(problem, problem.device), out, lse, grad_out, grad_lse, needs_grad
+            )
+        return tuple(
+            g.to(original.dtype).reshape(original.shape) if g is not None and ng else None
+            for g, original, ng in zip(grads, inputs, needs_grad)
+        )
     leaves = [
         t.detach().requires_grad_(bool(ng)) if t is not None else None for t, ng in zip(work, needs_grad)
     ]

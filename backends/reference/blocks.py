@@ -24,7 +24,7 @@ from haloattn.problem import Problem
 
 # Largest query tile edge per rank: small enough that a tile's key box stays close to the
 # neighbourhood it covers (about 2x per axis), large enough for an efficient matrix product.
-TILE_EDGE = {1: 64, 2: 8, 3: 4}
+TILE_EDGE = {1: 64, 2: 4, 3: 4}
 
 
 def _gather(tokens: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -94,16 +94,20 @@ def _outer(per_axis: List[torch.Tensor], trailing: bool) -> List[torch.Tensor]:
     return views
 
 
+def tile_edges(problem: Problem):
+    """Query tile edge per axis."""
+    edge = TILE_EDGE[problem.rank]
+    return [max(1, min(edge, 1 << (a.window - 1).bit_length(), a.length)) for a in problem.axes]
+
+
 class TilePlan:
     """Every axis's tiles; hands out :class:`TileBoxes` for chunks of tiles."""
 
-    def __init__(self, problem: Problem, device):
-        edge = TILE_EDGE[problem.rank]
+    def __init__(self, problem: Problem, device, edges=None):
+        if edges is None:
+            edges = tile_edges(problem)
         self.problem = problem
-        self.axes = [
-            AxisTiles(a, problem.pattern, max(1, min(edge, 1 << (a.window - 1).bit_length(), a.length)), device)
-            for a in problem.axes
-        ]
+        self.axes = [AxisTiles(a, problem.pattern, e, device) for a, e in zip(problem.axes, edges)]
         self.tiles = math.prod(t.count for t in self.axes)
         self.rows_per_tile = math.prod(t.edge for t in self.axes)
         self.keys_per_tile = math.prod(t.box for t in self.axes)
@@ -125,6 +129,8 @@ class TileBoxes:
         self.key_index = ravel(keys, problem.spatial).expand(c, *(t.box for t in plan.axes)).reshape(c, -1)
         valid = _all(_outer([t.query_valid[i] for t, i in zip(plan.axes, ids)], trailing=False))
         self.row_valid = valid.expand(c, *(t.edge for t in plan.axes)).reshape(-1)
+        # where each row's results go: padding rows of ragged tiles to the spare row N
+        self.rows_out = torch.where(self.row_valid, self.rows, problem.tokens)
         full = [c] + [t.edge for t in plan.axes] + [t.box for t in plan.axes]
         mask = _all(_outer([t.keep[i] for t, i in zip(plan.axes, ids)], trailing=True))
         self.keep = mask.expand(full).reshape(c * self.per_tile, self.box)
@@ -140,25 +146,28 @@ class TileBoxes:
     def kv_index(self) -> torch.Tensor:
         return self.key_index[:, None, :].expand(-1, self.per_tile, -1).reshape(-1, self.box)
 
-    def scores(self, q: torch.Tensor, k: torch.Tensor, kv_heads: int) -> torch.Tensor:
-        """q.k of every row with its tile's key box: [B, n, H, P] by one product per tile."""
-        B, H, D = q.shape[0], q.shape[2], q.shape[3]
-        G = H // kv_heads
-        c, T, P = self.tiles, self.per_tile, self.box
-        qt = q.index_select(1, self.rows).view(B, c, T, kv_heads, G, D).permute(0, 1, 3, 4, 2, 5)
-        kt = _gather(k, self.key_index).permute(0, 1, 3, 4, 2)  # [B, c, Hkv, D, P]
-        s = qt.reshape(B, c, kv_heads, G * T, D) @ kt
-        return s.view(B, c, kv_heads, G, T, P).permute(0, 1, 4, 2, 3, 5).reshape(B, c * T, H, P)
+    def parts(self, tiles: int, need_relative: bool, need_kv_index: bool):
+        """The block cut into :class:`TileSlice` s of ``tiles`` tiles (views, no copies)."""
+        relative = self.relative if need_relative else None
+        kv_index = self.kv_index if need_kv_index else None
+        T = self.per_tile
+        for c0 in range(0, self.tiles, tiles):
+            c1 = min(c0 + tiles, self.tiles)
+            r = slice(c0 * T, c1 * T)
+            yield TileSlice(
+                c1 - c0, T, self.box, self.rows[r], self.rows_out[r], self.row_valid[r], self.key_index[c0:c1],
+                self.keep[r], None if relative is None else [t[r] for t in relative],
+                None if kv_index is None else kv_index[r],
+            )
 
-    def mix(self, weights: torch.Tensor, v: torch.Tensor, kv_heads: int) -> torch.Tensor:
-        """weights [B, n, H, P] times the tile's values -> [B, n, H, D_v]."""
-        B, H = weights.shape[0], weights.shape[2]
-        G = H // kv_heads
-        c, T, P = self.tiles, self.per_tile, self.box
-        w = weights.view(B, c, T, kv_heads, G, P).permute(0, 1, 3, 4, 2, 5).reshape(B, c, kv_heads, G * T, P)
-        vt = _gather(v, self.key_index).permute(0, 1, 3, 2, 4)  # [B, c, Hkv, P, Dv]
-        out = w @ vt
-        return out.view(B, c, kv_heads, G, T, -1).permute(0, 1, 4, 2, 3, 5).reshape(B, c * T, H, -1)
+
+class TileSlice:
+    """Consecutive tiles of a :class:`TileBoxes` (same attributes, precomputed)."""
+
+    def __init__(self, tiles, per_tile, box, rows, rows_out, row_valid, key_index, keep, relative, kv_index):
+        self.tiles, self.per_tile, self.box = tiles, per_tile, box
+        self.rows, self.rows_out, self.row_valid = rows, rows_out, row_valid
+        self.key_index, self.keep, self.relative, self.kv_index = key_index, keep, relative, kv_index
 
 
 class GatheredRows:

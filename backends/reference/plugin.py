@@ -21,7 +21,7 @@ class ReferenceBackend(Backend):
         return attend.forward(problem, inputs)
 
     def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
-        return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad)
+        return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad, out=out, lse=lse)
 
 
 @hookimpl
