@@ -1,0 +1,77 @@
+"""Registers the FlexAttention backend (`flex`) with haloattn's plugin manager.
+
+It exists for what the fused kernels cannot take: arbitrary ``score_mod`` / ``mask_mod`` Python
+functions. torch's FlexAttention compiles them into fused Triton kernels; this backend gives it
+haloattn's pattern (lookup-table mask, exact BlockMask over 128-token grid tiles), rpb, softcap,
+additional tokens, GQA and the LSE, so such problems run fused on the GPU instead of on the
+reference. Below every fused haloattn kernel in priority: without mods they are faster.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from haloattn.backend import Backend
+from haloattn.hookspecs import hookimpl
+
+from .run import COMPILE_ENV, compiling
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _flex_import_error():
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
+    except Exception as exc:
+        return f"torch {torch.__version__} has no usable FlexAttention ({type(exc).__name__}: {exc}); it needs torch >= 2.5"
+    return None
+
+
+class FlexBackend(Backend):
+    name = "flex"
+    priority = 50
+    description = "torch FlexAttention (compiled) with haloattn's pattern tables: runs score_mod/mask_mod fused on CUDA"
+
+    def available(self) -> List[str]:
+        error = _flex_import_error()
+        if error:
+            return [error]
+        if compiling() and not torch.cuda.is_available():
+            return [
+                "no CUDA device: compiled FlexAttention runs fused on CUDA GPUs (on CPUs torch's Flex has no "
+                f"backward and its forward measured no faster than the reference; {COMPILE_ENV}=0 runs it unfused)"
+            ]
+        return []
+
+    def not_supported_reasons(self, problem) -> List[str]:
+        reasons = self.available()
+        if compiling() and problem.device.type != "cuda":
+            reasons.append(
+                f"device {problem.device.type}: compiled FlexAttention runs fused on CUDA devices "
+                f"({COMPILE_ENV}=0 runs it unfused, for debugging)"
+            )
+        if problem.dtype not in DTYPES:
+            reasons.append(
+                f"dtype {str(problem.dtype).replace('torch.', '')}: FlexAttention's kernels take float16, "
+                "bfloat16 and float32 (the reference backend runs float64)"
+            )
+        if problem.kq_conv_shape is not None:
+            reasons.append("kq_conv mixes the scores of neighbouring pairs, which a per-score Flex mod cannot see")
+        return reasons
+
+    def forward(self, problem, inputs, config=None):
+        from . import run
+
+        return run.forward(problem, inputs)
+
+    def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+        from . import run
+
+        return run.backward(problem, inputs, grad_out, grad_lse, needs_grad)
+
+
+@hookimpl
+def haloattn_register_backends(registry):
+    registry.add(FlexBackend())

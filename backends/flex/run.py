@@ -1,0 +1,168 @@
+"""Forward and backward of the flex backend: gather into the token order, one FlexAttention call,
+scatter back.
+
+Per problem a plan (token order, lookup tables, BlockMask) is built once and kept; a call then
+costs two gathers, Flex's kernels and one scatter. The backward recomputes the forward under
+autograd and differentiates it: Flex's own backward kernel runs on Flex's own saved tensors, and
+the gathers/scatters and the bias lookup get their gradients from autograd (rpb included).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Optional
+
+import torch
+
+from haloattn.backend import AttentionInputs, recording_autograd
+from haloattn.problem import Problem
+
+from . import masks, mods
+from .token_order import TokenOrder
+
+COMPILE_ENV = "HALOATTN_FLEX_COMPILE"
+PLAN_CACHE_SIZE = 64
+# Every problem shape is its own compiled Flex graph; torch's default limit (8 per function) would
+# make the ninth problem silently run Flex's unfused N x N fallback. Raise it, and fail loudly
+# beyond it rather than fall back.
+RECOMPILE_LIMITS = {
+    "recompile_limit": 1024,
+    "accumulated_recompile_limit": 4096,
+    "fail_on_recompile_limit_hit": True,
+}
+
+_lock = threading.Lock()
+_plans: "collections.OrderedDict[Problem, Plan]" = collections.OrderedDict()
+_compiled = None
+
+
+def compiling() -> bool:
+    """``HALOATTN_FLEX_COMPILE=0`` runs Flex uncompiled: its unfused reference, which holds the
+    full N x N scores per head. Only for debugging mods on small problems."""
+    return os.environ.get(COMPILE_ENV, "1") != "0"
+
+
+class Plan:
+    """Everything about a problem that does not depend on the tensors' values."""
+
+    def __init__(self, problem: Problem):
+        device = problem.device
+        self.order = TokenOrder(problem)
+        self.tables = masks.axis_tables(problem, self.order, device)
+        needs_flat = problem.has_mods
+        self.flat = mods.FlatIndices(self.order, device) if needs_flat else None
+        self.source = self.order.source.to(device)
+        self.place = self.order.place.to(device)
+        mask_mod = mods.mask_mod(problem, self.order, self.tables, self.flat)
+        self.block_mask = masks.block_mask(problem, self.order, mask_mod, device, allow_full=problem.mask_mod is None)
+
+
+def plan_for(problem: Problem) -> Plan:
+    with _lock:
+        plan = _plans.get(problem)
+        if plan is not None:
+            _plans.move_to_end(problem)
+            return plan
+    plan = Plan(problem)
+    with _lock:
+        _plans[problem] = plan
+        while len(_plans) > PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    return plan
+
+
+def clear_plans() -> None:
+    with _lock:
+        _plans.clear()
+
+
+def _flex_function():
+    global _compiled
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiling():
+        return flex_attention
+    if _compiled is None:
+        _compiled = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    return _compiled
+
+
+def _recompile_limits():
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    return config.patch(**{k: v for k, v in RECOMPILE_LIMITS.items() if hasattr(config, k)})
+
+
+def _call_flex(q, k, v, score_mod, block_mask, scale):
+    """Flex with the LSE, through whichever interface this torch has (``return_aux`` since 2.9,
+    ``return_lse`` before)."""
+    from torch.nn.attention import flex_attention as flex_module
+
+    fn = _flex_function()
+    kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    with _recompile_limits():
+        if hasattr(flex_module, "AuxRequest"):
+            out, aux = fn(q, k, v, return_aux=flex_module.AuxRequest(lse=True), **kwargs)
+            return out, aux.lse
+        return fn(q, k, v, return_lse=True, **kwargs)
+
+
+def _grid_sequence(t: torch.Tensor, problem: Problem, plan: Plan) -> torch.Tensor:
+    """[B, *spatial, heads, dim] -> [B, positions, heads, dim] in the token order."""
+    return t.reshape(t.shape[0], problem.tokens, *t.shape[-2:]).index_select(1, plan.source)
+
+
+def _key_sequence(t, extra, problem: Problem, plan: Plan) -> torch.Tensor:
+    """Keys or values: the grid in token order, the additional tokens, zero padding; [B, H, P, D]."""
+    parts = [_grid_sequence(t, problem, plan)]
+    if extra is not None:
+        parts.append(extra.to(t.dtype))
+    tail = plan.order.kv_positions - plan.order.positions - problem.extra_tokens
+    if tail:
+        parts.append(t.new_zeros(t.shape[0], tail, *t.shape[-2:]))
+    seq = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    return seq.transpose(1, 2)
+
+
+def _attend(problem: Problem, plan: Plan, inputs: AttentionInputs):
+    q = _grid_sequence(inputs.query, problem, plan).transpose(1, 2)
+    k = _key_sequence(inputs.key, inputs.additional_keys, problem, plan)
+    v = _key_sequence(inputs.value, inputs.additional_values, problem, plan)
+    score_mod = mods.score_mod(problem, plan.order, plan.tables, plan.flat, inputs.rpb)
+    out, lse = _call_flex(q, k, v, score_mod, plan.block_mask, problem.scale)
+    B, H = problem.batch, problem.heads
+    out = out.transpose(1, 2).index_select(1, plan.place).reshape(B, *problem.spatial, H, -1)
+    lse = lse.transpose(1, 2).index_select(1, plan.place).reshape(B, *problem.spatial, H)
+    return out, lse
+
+
+def forward(problem: Problem, inputs: AttentionInputs):
+    plan = plan_for(problem)
+    rpb = inputs.rpb.detach() if inputs.rpb is not None else None  # a Parameter would pin Flex's graph to it
+    with torch.no_grad():
+        out, lse = _attend(problem, plan, inputs._replace(rpb=rpb))
+    return out, lse.float()
+
+
+def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse: Optional[torch.Tensor], needs_grad):
+    plan = plan_for(problem)
+    leaves = AttentionInputs(
+        *(t.detach().requires_grad_(bool(n)) if t is not None else None for t, n in zip(inputs, needs_grad))
+    )
+    wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
+    with recording_autograd():
+        out, lse = _attend(problem, plan, leaves)
+        outputs, seeds = [out], [grad_out.to(out.dtype)]
+        if grad_lse is not None:
+            # rows with no key have lse -inf and receive no gradient (SEMANTICS.md)
+            finite = torch.isfinite(lse)
+            outputs.append(torch.where(finite, lse, torch.zeros_like(lse)))
+            seeds.append(torch.where(finite, grad_lse.to(lse.dtype), torch.zeros_like(lse)))
+    grads = torch.autograd.grad(outputs, [leaves[i] for i in wanted], seeds, allow_unused=True)
+    result = [None] * len(leaves)
+    for i, g in zip(wanted, grads):
+        result[i] = g if g is not None else torch.zeros_like(leaves[i])
+    return tuple(r.to(t.dtype) if r is not None else None for r, t in zip(result, inputs))

@@ -1,0 +1,201 @@
+"""The flex backend's own logic on a CPU: token order, lookup-table mask, BlockMask classes, mods,
+gathers and scatters, against the float64 oracle (tests/oracle.py) and brute force.
+
+torch's FlexAttention compiles only for CUDA here, so these tests run it unfused
+(``HALOATTN_FLEX_COMPILE=0``: torch's reference implementation of Flex, dense scores per head)
+and let torch's Flex differentiate on a CPU (it refuses CPU tensors that require grad, because its
+*compiled* CPU kernel has no backward; its unfused path is plain autograd). What they check is
+haloattn's side, which is the same compiled or not; tests/test_flex_gpu.py runs the compiled
+kernels on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import haloattn
+from haloattn.geometry import Axis, attends
+from haloattn.problem import build_problem
+
+import oracle
+from test_reference_oracle import make_inputs, problems
+
+pytest.importorskip("torch.nn.attention.flex_attention")
+
+from haloattn.backends.flex import masks, run, token_order  # noqa: E402
+from haloattn.backends.flex.plugin import FlexBackend  # noqa: E402
+
+
+@pytest.fixture
+def unfused_flex(monkeypatch):
+    import torch.nn.attention.flex_attention as flex_module
+
+    monkeypatch.setenv("HALOATTN_FLEX_COMPILE", "0")
+    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)
+    run.clear_plans()
+    yield
+    run.clear_plans()
+
+
+def _flex_spec(spec):
+    spec = dict(spec)
+    spec["kq_conv"] = None  # refused by the backend (test_refusals)
+    return spec
+
+
+def _leaves(tensors, kw):
+    extra = [kw.get(n) for n in ("rpb", "additional_keys", "additional_values")]
+    return [t for t in list(tensors.values()) + extra if t is not None]
+
+
+@pytest.mark.usefixtures("unfused_flex")
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.booleans())
+def test_flex_matches_oracle(spec, through_lse):
+    """Outputs, LSE and every gradient (q, k, v, rpb, additional tokens) in float32 against the
+    float64 oracle, over every pattern parameter, GQA, D_v != D, scale, softcap, rpb, mods and
+    additional tokens."""
+    spec = _flex_spec(spec)
+    tensors, kw = make_inputs(spec, torch.float32, requires_grad=True)
+    out, lse = haloattn.attention(*tensors.values(), spec["window"], return_lse=True, backend="flex", **kw)
+    ref_out, ref_lse = oracle.attention(*tensors.values(), spec["window"], **kw)
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32 and out.shape == ref_out.shape
+    assert oracle.rel_error(out, ref_out) <= oracle.TOLERANCE[torch.float32], spec
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "empty rows differ"
+    finite = torch.isfinite(ref_lse)
+    if finite.any():
+        scale = max(1.0, ref_lse[finite].abs().max().item())
+        assert (lse.double() - ref_lse)[finite].abs().max().item() <= oracle.LSE_TOLERANCE[torch.float32] * scale
+    if not finite.all():
+        assert (out.movedim(-1, 0)[:, ~finite] == 0).all()  # empty rows: output 0
+        return  # the oracle's logsumexp has no gradient on empty rows
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    go = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    gl = torch.randn(lse.shape, generator=g, dtype=torch.float64) if through_lse else None
+
+    def loss(o, l):
+        return (o.double() * go).sum() + ((l.double() * gl).sum() if gl is not None else 0)
+
+    leaves = _leaves(tensors, kw)
+    grads = torch.autograd.grad(loss(out, lse), leaves)
+    ref_grads = torch.autograd.grad(loss(ref_out, ref_lse), leaves)
+    for leaf, a, b in zip(leaves, grads, ref_grads):
+        assert a.dtype == torch.float32
+        err = oracle.rel_error(a, b)
+        # An rpb entry sums score gradients that cancel (each softmax row's sum to zero without
+        # an lse seed), so float32 rounding is larger relative to it; 1e-3 still catches any
+        # misplaced or missing bias (errors of order 1).
+        tolerance = 1e-3 if leaf is kw.get("rpb") else oracle.TOLERANCE[torch.float32]
+        assert err <= tolerance, f"gradient of a {tuple(leaf.shape)} input: rel error {err:.3g} for {spec}"
+
+
+def _random_axes(rng, rank, pattern):
+    axes = []
+    for _ in range(rank):
+        L = int(rng.integers(1, {1: 700, 2: 45, 3: 14}[rank]))
+        Dl = int(rng.integers(1, min(L, 3) + 1))
+        K = int(rng.integers(1, max(1, L // Dl) + 1))
+        S = int(rng.integers(1, K + 1)) if pattern == "neighborhood" else 1
+        shift = int(rng.integers(0, K)) if pattern == "window" else 0
+        axes.append(Axis(L, K, S, Dl, bool(rng.integers(0, 2)), shift))
+    return tuple(axes)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_block_classes_are_exact(seed):
+    """Every (query tile, key tile) block is listed empty / partial / full exactly as its pairs
+    are none / some / all attended; padding keys never sit in a full block (full blocks skip the
+    mask, so a wrong 'full' would be a silent wrong answer); the lookup-table mask equals the
+    rule pair by pair."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rank = seed % 3 + 1
+    pattern = "window" if seed % 4 == 3 else "neighborhood"
+    axes = _random_axes(rng, rank, pattern)
+    spatial = tuple(a.length for a in axes)
+    q = torch.zeros(1, *spatial, 1, 16)
+    problem = build_problem(
+        q, q, q, tuple(a.window for a in axes), stride=tuple(a.stride for a in axes),
+        dilation=tuple(a.dilation for a in axes), causal=tuple(a.causal for a in axes),
+        pattern=pattern, shift=tuple(a.shift for a in axes),
+    )
+    order = token_order.TokenOrder(problem)
+    P, Bs = order.positions, token_order.BLOCK
+    exact = torch.ones(P, P, dtype=torch.bool)
+    for axis, c in zip(problem.axes, order.coords):
+        exact &= attends(axis, pattern, c[:, None], c[None, :])
+    exact &= order.valid[None, :]  # padding is never a key
+    tables = masks.axis_tables(problem, order, "cpu")
+    lookup = torch.ones(P, P, dtype=torch.bool)
+    for t in tables:
+        code = t.code[:P].long()
+        lookup &= (t.lo[:P, None] <= code[None, :]) & (code[None, :] < t.hi[:P, None])
+    real = order.valid[:, None]  # padding queries' rows are never written
+    assert torch.equal(lookup & real, exact & real)
+    nonempty, full = masks.grid_block_classes(problem, order)
+    per_block = exact.reshape(P // Bs, Bs, P // Bs, Bs)
+    rows_real = order.valid.reshape(P // Bs, Bs)[:, :, None, None]
+    some = (per_block & rows_real).any(3).any(1)
+    every = (per_block | ~rows_real).all(3).all(1)
+    assert torch.equal(nonempty, some)
+    assert torch.equal(full, every & some)
+    padded_key_blocks = ~order.valid.reshape(P // Bs, Bs).all(1)
+    assert not full[:, padded_key_blocks].any()
+
+
+@pytest.mark.parametrize(
+    "spatial, dilation, expected",
+    [((128,), (1,), (128,)), ((64, 64), (1, 1), (8, 16)), ((16, 48, 48), (1, 1, 1), (2, 8, 8)),
+     ((96, 8), (1, 1), (16, 8)), ((40, 40), (1, 2), (16, 8)), ((1, 33, 16), (1, 1, 1), (1, 8, 16))],
+)
+def test_tile_shape_pads_least(spatial, dilation, expected):
+    """The tile is the 128-token box with the least padding, the compact preferred shape among
+    equals; the order visits every grid token exactly once."""
+    axes = tuple(Axis(L, 1, 1, d) for L, d in zip(spatial, dilation))
+    tile = token_order.choose_tile(axes)
+    assert tile == expected
+    least = min(
+        token_order.padded_positions(axes, t)
+        for t in [(a, b, c)[: len(axes)] for a in (1, 2, 4, 8, 16, 32, 64, 128) for b in (1, 2, 4, 8, 16, 32, 64, 128)
+                  for c in (1, 2, 4, 8, 16, 32, 64, 128)]
+        if math.prod(t) == 128 and len(t) == len(axes)
+    )
+    assert token_order.padded_positions(axes, tile) == least
+    q = torch.zeros(1, *spatial, 1, 8)
+    order = token_order.TokenOrder(build_problem(q, q, q, 1, dilation=dilation))
+    assert torch.equal(order.source[order.place], torch.arange(math.prod(spatial)))
+    assert order.positions % token_order.BLOCK == 0
+
+
+def test_refusals(monkeypatch):
+    monkeypatch.delenv("HALOATTN_FLEX_COMPILE", raising=False)
+    backend = FlexBackend()
+    q = torch.randn(1, 6, 2, 8, dtype=torch.float64)
+    reasons = " ".join(backend.not_supported_reasons(build_problem(q, q, q, 3, kq_conv=torch.randn(2, 1, 3))))
+    assert "kq_conv" in reasons and "float64" in reasons
+    if not torch.cuda.is_available():
+        assert "compiled FlexAttention runs fused on CUDA" in reasons
+        explanation = haloattn.explain(q.float(), q.float(), q.float(), 3, verbose=False)
+        assert explanation.chosen == "reference"
+
+
+@pytest.mark.usefixtures("unfused_flex")
+def test_plans_are_reused_and_rpb_tracks_the_call():
+    """A second call reuses the plan (no new tables, no new BlockMask); the bias is the call's own
+    tensor, not the one the plan was built with."""
+    q, k, v = (torch.randn(1, 9, 10, 2, 8) for _ in range(3))
+    rpb = torch.randn(2, 5, 5)
+    first = haloattn.attention(q, k, v, 3, rpb=rpb, backend="flex")
+    plan = run.plan_for(build_problem(q, k, v, 3, rpb=rpb))
+    other = torch.randn(2, 5, 5)
+    second = haloattn.attention(q, k, v, 3, rpb=other, backend="flex")
+    assert run.plan_for(build_problem(q, k, v, 3, rpb=rpb)) is plan
+    ref = haloattn.attention(q, k, v, 3, rpb=other, backend="reference")
+    assert oracle.rel_error(second, ref) <= 1e-5 and oracle.rel_error(first, ref) > 1e-3
