@@ -1,0 +1,129 @@
+"""Problems with score_mod / mask_mod on a GPU: the flex backend against the reference backend
+(what ran them before), with the Triton backend on the same pattern without the mod as the
+yardstick of the fused kernels.
+
+Times forward and forward+backward through ``haloattn.attention`` (gathers into Flex's token
+order and scatters back included), median of triton.testing.do_bench; effective TFLOP/s count
+attended pairs only (4 * B * H * D * pairs forward, 2.5x that for the backward), as in
+bench_neighborhood.py. The first flex call's wall time (compiling Flex's forward, or forward and
+backward) is reported too.
+
+    python benchmarks/bench_flex_mods.py [--markdown FILE] [--json FILE] [--no-reference]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from triton.testing import do_bench
+
+import haloattn
+from haloattn.geometry import attended_pairs
+from haloattn.problem import build_problem
+
+
+def alibi(score, b, h, q_idx, kv_idx):
+    return score - (h + 1) * 0.01 * (q_idx - kv_idx).abs()
+
+
+def checker(b, h, q_idx, kv_idx):
+    return ((q_idx + kv_idx) % 3) != 0
+
+
+def gated(score, b, h, q_idx, kv_idx):
+    return score * (1.0 + 0.25 * torch.tanh(score))
+
+
+# (name, spatial, window, options, heads, head_dim)
+PROBLEMS = [
+    ("2-D 64x64, 13x13, ALiBi-like score_mod", (64, 64), 13, dict(score_mod=alibi), 8, 64),
+    ("2-D 128x128, 31x31, checker mask_mod", (128, 128), 31, dict(mask_mod=checker), 16, 128),
+    ("3-D 16x32x32, 7x9x9, score_mod + rpb", (16, 32, 32), (7, 9, 9), dict(score_mod=gated, rpb=True), 8, 64),
+    ("1-D 8192, window 1023, score_mod + softcap", (8192,), 1023, dict(score_mod=alibi, softcap=30.0), 8, 64),
+]
+
+
+def make(spatial, window, options, heads, head_dim, requires_grad):
+    q, k, v = (torch.randn(1, *spatial, heads, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=requires_grad)
+               for _ in range(3))
+    kw = dict(options)
+    if kw.pop("rpb", False):
+        win = window if isinstance(window, tuple) else (window,) * len(spatial)
+        kw["rpb"] = torch.randn(heads, *(2 * w - 1 for w in win), device="cuda", requires_grad=requires_grad)
+    return q, k, v, kw
+
+
+def timed(backend, q, k, v, window, kw, backward):
+    def fwd():
+        return haloattn.attention(q, k, v, window, backend=backend, **kw)
+
+    if not backward:
+        return do_bench(fwd, warmup=5, rep=40, return_mode="median")
+    out = fwd()
+    go = torch.randn_like(out)
+    leaves = [t for t in (q, k, v, kw.get("rpb")) if t is not None]
+    return do_bench(lambda: torch.autograd.backward(fwd(), go), warmup=5, rep=40, grad_to_none=leaves,
+                    return_mode="median")
+
+
+def measure(row, with_reference):
+    name, spatial, window, options, heads, head_dim = row
+    q, k, v, kw = make(spatial, window, options, heads, head_dim, requires_grad=True)
+    problem = build_problem(q, k, v, window, **{n: x for n, x in kw.items()})
+    flops = 4 * heads * head_dim * attended_pairs(problem.axes, problem.pattern)
+    result = {"problem": name, "gflop_fwd": flops / 1e9}
+    torch.cuda.synchronize()
+    t0 = time.time()
+    haloattn.attention(q, k, v, window, backend="flex", **kw).sum().backward()
+    torch.cuda.synchronize()
+    result["flex_first_call_s"] = time.time() - t0
+    plain = {n: x for n, x in kw.items() if n not in ("score_mod", "mask_mod")}
+    runs = [("flex", kw), ("triton_without_mod", plain)] + ([("reference", kw)] if with_reference else [])
+    for label, args in runs:
+        backend = "triton" if label == "triton_without_mod" else label
+        for backward in (False, True):
+            ms = timed(backend, q, k, v, window, args, backward)
+            key = f"{label}_{'fwdbwd' if backward else 'fwd'}"
+            result[key + "_ms"] = ms
+            result[key + "_tflops"] = flops * (3.5 if backward else 1.0) / ms / 1e9
+    return result
+
+
+def markdown(rows, device):
+    lines = [f"Device: {device}; torch {torch.__version__}; bf16, B=1; effective TFLOP/s (attended pairs).", "",
+             "| problem | flex fwd ms (TFLOP/s) | flex fwd+bwd ms | reference fwd ms | reference fwd+bwd ms "
+             "| flex / reference fwd, fwd+bwd | triton without the mod fwd, fwd+bwd ms | flex first call s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ref_f, ref_b = r.get("reference_fwd_ms"), r.get("reference_fwdbwd_ms")
+        speed = f"{ref_f / r['flex_fwd_ms']:.0f}x, {ref_b / r['flex_fwdbwd_ms']:.0f}x" if ref_f else "-"
+        lines.append(
+            f"| {r['problem']} | {r['flex_fwd_ms']:.3f} ({r['flex_fwd_tflops']:.0f}) | {r['flex_fwdbwd_ms']:.3f} "
+            f"({r['flex_fwdbwd_tflops']:.0f}) | {ref_f or float('nan'):.2f} | {ref_b or float('nan'):.2f} | {speed} "
+            f"| {r['triton_without_mod_fwd_ms']:.3f}, {r['triton_without_mod_fwdbwd_ms']:.3f} | {r['flex_first_call_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown")
+    parser.add_argument("--json")
+    parser.add_argument("--no-reference", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for row in PROBLEMS:
+        rows.append(measure(row, not args.no_reference))
+        print(json.dumps(rows[-1]), flush=True)
+    text = markdown(rows, torch.cuda.get_device_name())
+    print(text)
+    if args.markdown:
+        open(args.markdown, "w").write(text)
+    if args.json:
+        json.dump(rows, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
