@@ -71,17 +71,8 @@ def _load_copy(directory: str):
     return Adapter
 
 
-def _median_ms(fn, repeat):
-    fn()  # warm up
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def _time_problem(tensors, options, repeat):
+def _runs(tensors, options):
+    """(forward, forward + backward) callables for one problem."""
     q, k, v = tensors
     extra = {n: t for n, t in options.items() if torch.is_tensor(t)}
 
@@ -94,13 +85,18 @@ def _time_problem(tensors, options, repeat):
     grad_out = torch.randn_like(v)
 
     def both():
-        opts = {**options, **grad_extra}
-        out = haloattn.attention(*leaves, backend="reference", **opts)
+        out = haloattn.attention(*leaves, backend="reference", **{**options, **grad_extra})
         out.backward(grad_out)
         for t in (*leaves, *grad_extra.values()):
             t.grad = None
 
-    return _median_ms(fwd, repeat), _median_ms(both, repeat)
+    return fwd, both
+
+
+def _ms(fn):
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def main(argv=None):
@@ -108,15 +104,18 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--compare", default=None, help="directory with another copy of the reference backend")
     parser.add_argument("--only", default=None, help="run problems whose name contains this")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args(argv)
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     current = plugin.attend
     impls = [("current", current)]
     if args.compare:
         impls.insert(0, ("compare", _load_copy(args.compare)))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, repeat {args.repeat} (median)")
-    header = "| problem | code | fwd ms | fwd GFLOP/s | fwd+bwd ms | fwd+bwd GFLOP/s |"
-    print(header)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeat} runs each "
+          "(alternating the codes), median (min)")
+    print("| problem | code | fwd ms | fwd GFLOP/s | fwd+bwd ms | fwd+bwd GFLOP/s |")
     print("|" + "---|" * 6)
     for name, tensors, options in _problems():
         if args.only and args.only not in name:
@@ -125,15 +124,23 @@ def main(argv=None):
         problem = build_problem(q, k, v, **options)
         pairs = attended_pairs(problem.axes, problem.pattern) * problem.batch * problem.heads
         flops = 2 * pairs * (problem.head_dim + problem.value_dim)
-        for label, module in impls:
-            plugin.attend = module
-            try:
-                fwd_ms, both_ms = _time_problem(tensors, options, args.repeat)
-            finally:
-                plugin.attend = current
+        runs = {label: _runs(tensors, options) for label, _ in impls}
+        times = {label: ([], []) for label, _ in impls}
+        for r in range(args.repeat + 1):  # the first round warms up
+            for label, module in impls:
+                plugin.attend = module
+                try:
+                    for fn, out in zip(runs[label], times[label]):
+                        t = _ms(fn)
+                        if r:
+                            out.append(t)
+                finally:
+                    plugin.attend = current
+        for label, _ in impls:
+            (f_med, f_min), (b_med, b_min) = ((statistics.median(t), min(t)) for t in times[label])
             print(
-                f"| {name} | {label} | {fwd_ms:.1f} | {flops / fwd_ms / 1e6:.1f} "
-                f"| {both_ms:.1f} | {3.5 * flops / both_ms / 1e6:.1f} |",
+                f"| {name} | {label} | {f_med:.1f} ({f_min:.1f}) | {flops / f_med / 1e6:.1f} "
+                f"| {b_med:.1f} ({b_min:.1f}) | {3.5 * flops / b_med / 1e6:.1f} |",
                 flush=True,
             )
 

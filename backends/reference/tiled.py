@@ -86,7 +86,13 @@ class _Block:
         device = work.q.device
         self.rows = block.rows
         self.key_flat = block.key_index.reshape(-1)
-        self.masked = ~block.keep.view(c, T, 1, P)  # broadcasts over [B, Hkv, c, T, G, P]
+        keep = block.keep.view(c, T, 1, P)  # broadcasts over [B, Hkv, c, T, G, P]
+        self.masked = ~keep
+        self.keep_f = self.neg = None
+        if not problem.has_mods:
+            # the pattern mask as factors: -inf/0 to add for the row max, 0/1 to apply after exp
+            self.keep_f = keep.to(work.dtype)
+            self.neg = torch.zeros_like(self.keep_f).masked_fill_(self.masked, -math.inf)
         self.idx = None
         if problem.has_mods:
             b = torch.arange(B, device=device).view(-1, 1, 1, 1)
@@ -150,7 +156,7 @@ class _Scores:
         allowed = _mask_mod(problem, blk, kv_idx, P)
         if allowed is not None:
             mask = mask | ~allowed
-        self.grid_mask = mask
+        self.grid_mask = mask if blk.keep_f is None else None
         self.extra = None
         if problem.extra_tokens:
             E = problem.extra_tokens
@@ -209,19 +215,34 @@ def _parts(work: Work, blocks):
         yield from block.parts(tiles, problem.has_rpb, problem.has_mods)
 
 
+def _grid_exp(blk: _Block, s: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """exp(s - shift) in place, masked pairs 0. ``shift`` >= every kept score of its row.
+
+    Without mods the pattern mask is applied after the exp, as a 0/1 factor, and the exponent
+    is clamped at 0 (kept pairs are <= 0 already, masked ones would overflow): a masked-fill
+    with -inf costs several times more on CPUs, and so does exp(-inf or underflow)."""
+    s.sub_(shift)
+    if blk.keep_f is None:
+        return s.exp_()
+    return s.clamp_max_(0).exp_().mul_(blk.keep_f)
+
+
 def forward_block(work: Work, blk: _Block):
     """Output [B, Hkv, c, T * G, Dv] and LSE [B, Hkv, c, T * G] of one block (compute dtype)."""
     qt = blk.gather_q(work)
     sc = _Scores(work, blk, qt, blk.gather_kv(work.k), for_backward=False)
-    s = _masked_fill(sc.grid[0], sc.grid_mask)
+    s = sc.grid[0]
     B, Hkv, c, T, G, P = blk.shape6
-    row_max = s.amax(dim=-1)
+    if blk.keep_f is None:
+        row_max = _masked_fill(s, sc.grid_mask).amax(dim=-1)
+    else:
+        row_max = torch.add(s, blk.neg).amax(dim=-1)
     se = None
     if sc.extra is not None:
         se = _masked_fill(sc.extra[0], sc.extra_mask)
         row_max = torch.maximum(row_max, se.amax(dim=-1))
     row_max.masked_fill_(row_max == -math.inf, 0.0)
-    s.sub_(row_max.unsqueeze(-1)).exp_()
+    s = _grid_exp(blk, s, row_max.unsqueeze(-1))
     total = s.sum(dim=-1)
     out = torch.matmul(s.view(B, Hkv, c, blk.R, P), blk.gather_kv(work.v))
     if se is not None:
@@ -296,7 +317,7 @@ def backward(problem: Problem, work: Work, blocks, out, lse, grad_out, grad_lse,
         sc = _Scores(work, blk, qt, kt, for_backward=True)
         l = _rows_of(lse_h, blk.rows).view(B, Hkv, c, blk.T, G, 1)
         dot = _rows_of(do, blk.rows).view(B, Hkv, c, R, Dv)
-        p = _masked_fill(sc.grid[0], sc.grid_mask).sub_(l).exp_()  # [B, Hkv, c, T, G, P]
+        p = _grid_exp(blk, _masked_fill(sc.grid[0], sc.grid_mask), l)  # [B, Hkv, c, T, G, P]
         pe = None
         if sc.extra is not None:
             pe = _masked_fill(sc.extra[0], sc.extra_mask).sub_(l).exp_()
