@@ -199,3 +199,40 @@ def test_plans_are_reused_and_rpb_tracks_the_call():
     assert run.plan_for(build_problem(q, k, v, 3, rpb=rpb)) is plan
     ref = haloattn.attention(q, k, v, 3, rpb=other, backend="reference")
     assert oracle.rel_error(second, ref) <= 1e-5 and oracle.rel_error(first, ref) > 1e-3
+
+
+def test_recompile_limit_is_raised_and_fails_loudly():
+    """Each problem shape compiles its own Flex graph; past torch's default limit of 8 Flex would
+    otherwise run unfused (N x N scores) without a word."""
+    import torch._dynamo
+
+    with run._recompile_limits():
+        config = torch._dynamo.config
+        assert config.recompile_limit >= 1024
+        assert config.fail_on_recompile_limit_hit is True
+
+
+def test_shared_memory_overflow_retries_smaller_tiles(monkeypatch):
+    """A config that overflows shared memory moves to the next smaller tiles, which the plan keeps;
+    any other error propagates untouched."""
+    calls = []
+
+    def fake(q, k, v, score_mod, block_mask, scale, options):
+        calls.append(options)
+        if options is None:
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: Required: 248832 Hardware limit:232448")
+        return "ran"
+
+    monkeypatch.setattr(run, "_call_flex_once", fake)
+    plan = type("P", (), {"kernel_options": None, "block_mask": None})()
+    assert run._call_flex(plan, None, None, None, None, 1.0) == "ran"
+    assert calls == [None, run.SMALLER_TILES[0]] and plan.kernel_options is run.SMALLER_TILES[0]
+    calls.clear()
+    assert run._call_flex(plan, None, None, None, None, 1.0) == "ran" and calls == [run.SMALLER_TILES[0]]
+
+    def broken(*args):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(run, "_call_flex_once", broken)
+    with pytest.raises(ValueError, match="a bug"):
+        run._call_flex(type("P", (), {"kernel_options": None, "block_mask": None})(), None, None, None, None, 1.0)

@@ -33,6 +33,16 @@ RECOMPILE_LIMITS = {
     "fail_on_recompile_limit_hit": True,
 }
 
+# Flex's default tiles can exceed a GPU's shared memory once a mod loads several lookup tables per
+# score (a 3-D rpb: six table loads per pair, pipelined in every stage); Inductor then reports
+# "out of resource". These smaller configurations are tried in turn, and the one that compiles is
+# kept for the problem. A config of the same fused kernel, never an unfused fallback.
+SMALLER_TILES = (
+    {"fwd_num_stages": 2, "bwd_num_stages": 1},
+    {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 1, "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64,
+     "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32, "bwd_num_stages": 1},
+)
+
 _lock = threading.Lock()
 _plans: "collections.OrderedDict[Problem, Plan]" = collections.OrderedDict()
 _compiled = None
@@ -57,6 +67,7 @@ class Plan:
         self.place = self.order.place.to(device)
         mask_mod = mods.mask_mod(problem, self.order, self.tables, self.flat)
         self.block_mask = masks.block_mask(problem, self.order, mask_mod, device, allow_full=problem.mask_mod is None)
+        self.kernel_options = None  # Flex's own choice until it fails to fit (SMALLER_TILES)
 
 
 def plan_for(problem: Problem) -> Plan:
@@ -96,13 +107,35 @@ def _recompile_limits():
     return config.patch(**{k: v for k, v in RECOMPILE_LIMITS.items() if hasattr(config, k)})
 
 
-def _call_flex(q, k, v, score_mod, block_mask, scale):
+def _out_of_shared_memory(exc: Exception) -> bool:
+    # Inductor: "No valid triton configs. OutOfMemoryError: out of resource: <kernel> Required: N
+    # Hardware limit: M" (shared memory is the resource a config can exceed at compile time)
+    return "out of resource" in str(exc)
+
+
+def _call_flex(plan: Plan, q, k, v, score_mod, scale):
+    """Flex's output and LSE with the plan's kernel options; on a shared-memory overflow the next
+    smaller tiles (SMALLER_TILES), remembered for the plan."""
+    choices = [plan.kernel_options] + [o for o in SMALLER_TILES if plan.kernel_options is None]
+    for i, options in enumerate(choices):
+        try:
+            result = _call_flex_once(q, k, v, score_mod, plan.block_mask, scale, options)
+        except Exception as exc:
+            if i + 1 == len(choices) or not _out_of_shared_memory(exc):
+                raise
+            continue
+        plan.kernel_options = options
+        return result
+
+
+def _call_flex_once(q, k, v, score_mod, block_mask, scale, kernel_options):
     """Flex with the LSE, through whichever interface this torch has (``return_aux`` since 2.9,
     ``return_lse`` before)."""
     from torch.nn.attention import flex_attention as flex_module
 
     fn = _flex_function()
-    kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                  kernel_options=kernel_options)
     with _recompile_limits():
         if hasattr(flex_module, "AuxRequest"):
             out, aux = fn(q, k, v, return_aux=flex_module.AuxRequest(lse=True), **kwargs)
@@ -132,7 +165,7 @@ def _attend(problem: Problem, plan: Plan, inputs: AttentionInputs):
     k = _key_sequence(inputs.key, inputs.additional_keys, problem, plan)
     v = _key_sequence(inputs.value, inputs.additional_values, problem, plan)
     score_mod = mods.score_mod(problem, plan.order, plan.tables, plan.flat, inputs.rpb)
-    out, lse = _call_flex(q, k, v, score_mod, plan.block_mask, problem.scale)
+    out, lse = _call_flex(plan, q, k, v, score_mod, problem.scale)
     B, H = problem.batch, problem.heads
     out = out.transpose(1, 2).index_select(1, plan.place).reshape(B, *problem.spatial, H, -1)
     lse = lse.transpose(1, 2).index_select(1, plan.place).reshape(B, *problem.spatial, H)
