@@ -182,8 +182,6 @@ class TileBoxes:
         self.key_index = ravel(keys, problem.spatial).expand(c, *(t.box for t in plan.axes)).reshape(c, -1)
         valid = _all(_outer([t.query_valid[i] for t, i in zip(plan.axes, ids)], trailing=False))
         self.row_valid = valid.expand(c, *(t.edge for t in plan.axes)).reshape(-1)
-        # where each row's results go: padding rows of ragged tiles to the spare row N
-        self.rows_out = torch.where(self.row_valid, self.rows, problem.tokens)
         full = [c] + [t.edge for t in plan.axes] + [t.box for t in plan.axes]
         mask = _all(_outer([t.keep[i] for t, i in zip(plan.axes, ids)], trailing=True))
         self.keep = mask.expand(full).reshape(c * self.per_tile, self.box)
@@ -208,7 +206,7 @@ class TileBoxes:
             c1 = min(c0 + tiles, self.tiles)
             r = slice(c0 * T, c1 * T)
             yield TileSlice(
-                c1 - c0, T, self.box, self.rows[r], self.rows_out[r], self.row_valid[r], self.key_index[c0:c1],
+                c1 - c0, T, self.box, self.rows[r], self.row_valid[r], self.key_index[c0:c1],
                 self.keep[r], None if relative is None else [t[r] for t in relative],
                 None if kv_index is None else kv_index[r],
             )
@@ -217,9 +215,10 @@ class TileBoxes:
 class TileSlice:
     """Consecutive tiles of a :class:`TileBoxes` (same attributes, precomputed)."""
 
-    def __init__(self, tiles, per_tile, box, rows, rows_out, row_valid, key_index, keep, relative, kv_index):
+    def __init__(self, tiles, per_tile, box, rows, row_valid, key_index, keep, relative, kv_index):
         self.tiles, self.per_tile, self.box = tiles, per_tile, box
-        self.rows, self.rows_out, self.row_valid = rows, rows_out, row_valid
+        self.rows, self.row_valid = rows, row_valid
+        self.padded = not bool(row_valid.all())  # holds padding rows of ragged tiles
         self.key_index, self.keep, self.relative, self.kv_index = key_index, keep, relative, kv_index
 
 

@@ -167,7 +167,7 @@ class _Scores:
             self.extra = self._finish(problem, blk, se, extra_idx, E, for_backward)
             allowed = _mask_mod(problem, blk, extra_idx, E)
             self.extra_mask = None if allowed is None else ~allowed
-            if not bool(blk.block.row_valid.all()):  # padding rows of ragged tiles see nothing
+            if blk.block.padded:  # padding rows of ragged tiles see nothing
                 padding = ~blk.block.row_valid.view(c, T, 1, 1)
                 self.extra_mask = padding if self.extra_mask is None else self.extra_mask | padding
 
@@ -254,19 +254,28 @@ def forward_block(work: Work, blk: _Block):
     return out, lse.view(B, Hkv, c, blk.R)
 
 
+def _write_rows(dest: torch.Tensor, block, src: torch.Tensor) -> None:
+    """dest [B, N, Hkv, G, ...] (rows = grid tokens) <- src [B, Hkv, c, T * G, ...], a block's
+    rows head-major; padding rows of ragged tiles are left out."""
+    B, N, Hkv, G = dest.shape[:4]
+    rows = block.rows
+    src = src.reshape(B, Hkv, rows.numel(), G, -1).transpose(1, 2)  # [B, n, Hkv, G, X]
+    if block.padded:
+        positions = block.row_valid.nonzero().squeeze(1)
+        src, rows = src.index_select(1, positions), rows.index_select(0, positions)
+    dest.view(B, N, Hkv, -1).index_copy_(1, rows, src.flatten(3).to(dest.dtype))
+
+
 def forward(problem: Problem, work: Work, blocks, out_dtype, lse_dtype):
     """Every block; returns out [B, N, H, Dv] (``out_dtype``) and lse [B, N, H] (``lse_dtype``)."""
     B, N, H, Hkv, G = problem.batch, problem.tokens, problem.heads, work.kv_heads, work.groups
-    out = torch.empty(B, Hkv, N + 1, G, problem.value_dim, dtype=work.dtype, device=work.q.device)
-    lse = torch.empty(B, Hkv, N + 1, G, dtype=work.dtype, device=work.q.device)
+    out = torch.empty(B, N, H, problem.value_dim, dtype=out_dtype, device=work.q.device)
+    lse = torch.empty(B, N, H, dtype=lse_dtype, device=work.q.device)
     for block in _parts(work, blocks):
         blk = _Block(work, block)
         o, l = forward_block(work, blk)
-        rows = block.rows_out  # padding rows of ragged tiles land in the spare row N
-        _put_rows(out, rows, o)
-        _put_rows(lse, rows, l)
-    out = out[:, :, :N].permute(0, 2, 1, 3, 4).reshape(B, N, H, -1).to(out_dtype)
-    lse = lse[:, :, :N].permute(0, 2, 1, 3).reshape(B, N, H).to(lse_dtype)
+        _write_rows(out.view(B, N, Hkv, G, -1), block, o)
+        _write_rows(lse.view(B, N, Hkv, G, 1), block, l)
     return out, lse
 
 
@@ -293,7 +302,8 @@ def backward(problem: Problem, work: Work, blocks, out, lse, grad_out, grad_lse,
     exact_out = out.dtype == dtype
     delta = None
     if exact_out:
-        delta = (do * _heads(out.reshape(B, N, H, -1).to(dtype), Hkv)).sum(-1)
+        delta = (grad_out.reshape(B, N, H, -1).to(dtype) * out.reshape(B, N, H, -1)).sum(-1)
+        delta = delta.view(B, N, Hkv, G).permute(0, 2, 1, 3).contiguous()  # [B, Hkv, N, G]
     minus = None
     if grad_lse is not None:
         minus = grad_lse.reshape(B, N, Hkv, G).to(dtype).permute(0, 2, 1, 3).masked_fill(~finite, 0.0).contiguous()
@@ -301,7 +311,7 @@ def backward(problem: Problem, work: Work, blocks, out, lse, grad_out, grad_lse,
 
     need_q, need_k, need_v, need_rpb, _, need_ak, need_av = (bool(x) for x in needs_grad)
     D, Dv = work.q.shape[-1], work.v.shape[-1]
-    dq = torch.zeros(B, Hkv, N + 1, G, D, dtype=dtype, device=device) if need_q else None
+    dq = torch.zeros(B, N, H, D, dtype=dtype, device=device) if need_q else None
     dk = torch.zeros_like(work.k) if need_k else None
     dv = torch.zeros_like(work.v) if need_v else None
     drpb = torch.zeros_like(work.rpb) if need_rpb and work.rpb is not None else None
@@ -356,12 +366,12 @@ def backward(problem: Problem, work: Work, blocks, out, lse, grad_out, grad_lse,
             if dak is not None:
                 dak += torch.matmul(dse.reshape(B, Hkv, c * R, E).transpose(-1, -2), qt.reshape(B, Hkv, c * R, D))
         if dq is not None:
-            _put_rows(dq, block.rows_out, dqt)
+            _write_rows(dq.view(B, N, Hkv, G, D), block, dqt)
 
     scale = problem.scale
     grads = [None] * 7
     if dq is not None:
-        grads[0] = dq[:, :, :N].permute(0, 2, 1, 3, 4).reshape(B, N, H, D).mul_(scale)
+        grads[0] = dq.mul_(scale)
     if dk is not None:
         grads[1] = dk.permute(0, 2, 1, 3)
     if dv is not None:
