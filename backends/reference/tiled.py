@@ -201,17 +201,20 @@ def _masked_fill(s: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     return s
 
 
-# Scores per compute step: blocks (bounded by attend.CHUNK_BYTES) are cut into steps of about
-# this many bytes of scores, so that a step's buffers stay in cache (and on small allocations).
+# Scores per compute step on a CPU: blocks (bounded by attend.CHUNK_BYTES) are cut into steps
+# of about this many bytes of scores, so that a step's buffers stay in cache (1 MiB measured
+# best on a 2-core EPYC: 2x faster than whole blocks). Other devices run whole blocks (fewer,
+# larger kernels).
 STEP_BYTES = 2**20
 
 
 def _parts(work: Work, blocks):
     problem = work.problem
     for block in blocks:
-        per_tile = problem.batch * problem.heads * block.per_tile * (block.box + problem.extra_tokens)
-        per_tile *= work.q.element_size()
-        tiles = max(1, STEP_BYTES // per_tile)
+        tiles = block.tiles
+        if work.q.device.type == "cpu":
+            per_tile = problem.batch * problem.heads * block.per_tile * (block.box + problem.extra_tokens)
+            tiles = max(1, STEP_BYTES // (per_tile * work.q.element_size()))
         yield from block.parts(tiles, problem.has_rpb, problem.has_mods)
 
 
