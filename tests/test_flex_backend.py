@@ -174,12 +174,16 @@ def test_tile_shape_pads_least(spatial, dilation, expected):
     assert order.positions % token_order.BLOCK == 0
 
 
+@pytest.mark.usefixtures("plain_cpu_environment")
 def test_refusals(monkeypatch):
     monkeypatch.delenv("HALOATTN_FLEX_COMPILE", raising=False)
     backend = FlexBackend()
     q = torch.randn(1, 6, 2, 8, dtype=torch.float64)
     reasons = " ".join(backend.not_supported_reasons(build_problem(q, q, q, 3, kq_conv=torch.randn(2, 1, 3))))
-    assert "kq_conv" in reasons and "float64" in reasons
+    assert "kq_conv" in reasons and "float64" in reasons and "head_dim 8 is below 16" in reasons
+    wide = torch.randn(1, 6, 2, 320)
+    assert "head_dim 320 in float32" in " ".join(backend.not_supported_reasons(build_problem(wide, wide, wide, 3)))
+    assert not any("320" in r for r in backend.not_supported_reasons(build_problem(wide.half(), wide.half(), wide.half(), 3)))
     if not torch.cuda.is_available():
         assert "compiled FlexAttention runs fused on CUDA" in reasons
         explanation = haloattn.explain(q.float(), q.float(), q.float(), 3, verbose=False)

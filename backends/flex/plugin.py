@@ -19,6 +19,11 @@ from haloattn.hookspecs import hookimpl
 from .run import COMPILE_ENV, compiling
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Probed on an H100, torch 2.11 (benchmarks/probe_flex_head_dims.py, 2026-11-25): head dims 24-512
+# (D_v 64-512) compile and match the reference in bfloat16, 24-256 in float32; 8 is refused by
+# Flex itself ("NYI: embedding dimension ... must be at least 16").
+MIN_HEAD_DIM = 16
+MAX_FLOAT32_HEAD_DIM = 256
 
 
 def _flex_import_error():
@@ -57,6 +62,16 @@ class FlexBackend(Backend):
                 f"dtype {str(problem.dtype).replace('torch.', '')}: FlexAttention's kernels take float16, "
                 "bfloat16 and float32 (the reference backend runs float64)"
             )
+        for value, what in ((problem.head_dim, "head_dim"), (problem.value_dim, "value head_dim (D_v)")):
+            if not compiling():
+                break  # limits of the compiled kernels; unfused Flex takes any size
+            if value < MIN_HEAD_DIM:
+                reasons.append(f"{what} {value} is below {MIN_HEAD_DIM}, FlexAttention's smallest")
+            if problem.dtype == torch.float32 and value > MAX_FLOAT32_HEAD_DIM:
+                reasons.append(
+                    f"{what} {value} in float32: above {MAX_FLOAT32_HEAD_DIM} Flex's kernels did not compile "
+                    "within minutes on an H100 (2026-11-25); 16-bit inputs run up to 512"
+                )
         if problem.kq_conv_shape is not None:
             reasons.append("kq_conv mixes the scores of neighbouring pairs, which a per-score Flex mod cannot see")
         return reasons
