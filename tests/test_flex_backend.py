@@ -240,3 +240,29 @@ def test_shared_memory_overflow_retries_smaller_tiles(monkeypatch):
     monkeypatch.setattr(run, "_call_flex_once", broken)
     with pytest.raises(ValueError, match="a bug"):
         run._call_flex(type("P", (), {"kernel_options": None, "block_mask": None})(), None, None, None, None, 1.0)
+
+
+def score_with_value_branch(score, b, h, q_idx, kv_idx):
+    # fine on the reference's broadcast tensors, impossible for Flex's per-score vmap
+    return score * 2 if bool((score > 0).all()) else score
+
+
+def score_with_shape(score, b, h, q_idx, kv_idx):
+    return score + torch.linspace(0, 1, q_idx.shape[1], dtype=score.dtype).view(1, -1, 1, 1)
+
+
+@pytest.mark.usefixtures("unfused_flex")
+@pytest.mark.parametrize("mod", [score_with_value_branch, score_with_shape])
+def test_mods_flex_cannot_trace_go_to_the_reference(mod):
+    """A mod written for the reference's broadcast call (value branches, shape arithmetic) is
+    refused with the probe's error, so the dispatcher picks the reference instead of failing."""
+    q, k, v = (torch.randn(1, 6, 7, 2, 16) for _ in range(3))
+    explanation = haloattn.explain(q, k, v, 3, score_mod=mod, verbose=False)
+    verdicts = {v.name: v for v in explanation.verdicts}
+    assert not verdicts["flex"].can_run and "vmapped over scalars" in " ".join(verdicts["flex"].reasons)
+    assert explanation.chosen != "flex"
+    assert FlexBackend().not_supported_reasons(build_problem(q, k, v, 3, score_mod=oracle_free_mod)) == []
+
+
+def oracle_free_mod(score, b, h, q_idx, kv_idx):
+    return score + 0.1 * h - 0.01 * (q_idx - kv_idx)

@@ -9,7 +9,8 @@ reference. Below every fused haloattn kernel in priority: without mods they are 
 
 from __future__ import annotations
 
-from typing import List
+import functools
+from typing import List, Optional
 
 import torch
 
@@ -31,6 +32,27 @@ def _flex_import_error():
         from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
     except Exception as exc:
         return f"torch {torch.__version__} has no usable FlexAttention ({type(exc).__name__}: {exc}); it needs torch >= 2.5"
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def mod_vmap_error(mod, kind: str, device: str) -> Optional[str]:
+    """Why ``mod`` cannot run the way Flex calls it (vmapped over scalars), or None.
+
+    The reference calls mods once on broadcast tensors, where Python control flow on values and
+    shape arithmetic work; Flex cannot trace those. Probing once per function (indices 0, always
+    in range) sends such mods to the reference instead of failing inside Flex's compile."""
+    from .mods import _user_result
+
+    index = torch.zeros(2, dtype=torch.int32, device=device)
+    try:
+        if kind == "score_mod":
+            torch.func.vmap(lambda s, *i: _user_result(mod(s, *i), s, s.dtype))(
+                torch.zeros(2, device=device), index, index, index, index)
+        else:
+            torch.func.vmap(lambda *i: _user_result(mod(*i), i[0], torch.bool))(index, index, index, index)
+    except Exception as exc:  # any failure is the verdict; the message goes to explain()
+        return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
     return None
 
 
@@ -72,6 +94,10 @@ class FlexBackend(Backend):
                     f"{what} {value} in float32: above {MAX_FLOAT32_HEAD_DIM} Flex's kernels did not compile "
                     "within minutes on an H100 (2026-11-25); 16-bit inputs run up to 512"
                 )
+        for mod, kind in ((problem.score_mod, "score_mod"), (problem.mask_mod, "mask_mod")):
+            error = mod_vmap_error(mod, kind, str(problem.device)) if mod is not None and not reasons else None
+            if error:
+                reasons.append(f"{kind} cannot run per score as Flex calls it (vmapped over scalars): {error}")
         if problem.kq_conv_shape is not None:
             reasons.append("kq_conv mixes the scores of neighbouring pairs, which a per-score Flex mod cannot see")
         return reasons
