@@ -139,3 +139,20 @@ def test_many_shapes_never_fall_back_to_unfused_flex():
         out = haloattn.attention(q, q, q, 5 + n, mask_mod=mask_checker, backend="flex")
         ref = haloattn.attention(q.double(), q.double(), q.double(), 5 + n, mask_mod=mask_checker, backend="reference")
         assert oracle.rel_error(out, ref) <= TOLERANCE[torch.float16]
+
+
+def test_inside_a_compiled_model():
+    """A model compiled with fullgraph=True calls the flex backend through haloattn's custom ops
+    (forward, then the backward op, which recomputes); gradients match eager calls, which keep
+    the forward's Flex graph instead."""
+    q, k, v = (torch.randn(2, 24, 20, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    rpb = torch.randn(4, 13, 9, device="cuda", requires_grad=True)
+
+    def step(fn):
+        out = fn(q, k, v, (7, 5), rpb=rpb, score_mod=score_alibi, mask_mod=mask_checker, backend="flex")
+        return torch.autograd.grad((out.float() ** 2).sum(), (q, k, v, rpb))
+
+    eager = step(haloattn.attention)
+    compiled = step(torch.compile(haloattn.attention, fullgraph=True))
+    for a, b in zip(eager, compiled):
+        assert oracle.rel_error(b, a) <= TOLERANCE[torch.bfloat16]

@@ -112,6 +112,19 @@ class FlexBackend(Backend):
 
         return run.backward(problem, inputs, grad_out, grad_lse, needs_grad)
 
+    # Eager calls keep Flex's forward graph for the backward instead of recomputing it.
+    keeps_state = True
+
+    def forward_with_state(self, problem, inputs, needs_grad, config=None):
+        from . import run
+
+        return run.forward_with_state(problem, inputs, needs_grad)
+
+    def backward_from_state(self, state, grad_out, grad_lse):
+        from . import run
+
+        return run.backward_from_state(state, grad_out, grad_lse)
+
 
 @hookimpl
 def haloattn_register_backends(registry):

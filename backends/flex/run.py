@@ -175,27 +175,65 @@ def _attend(problem: Problem, plan: Plan, inputs: AttentionInputs):
 def forward(problem: Problem, inputs: AttentionInputs):
     plan = plan_for(problem)
     rpb = inputs.rpb.detach() if inputs.rpb is not None else None  # a Parameter would pin Flex's graph to it
-    with torch.no_grad():
+    # Inside torch.compile's custom op the autograd keys are excluded; Flex's own call path goes
+    # through an autograd.Function and needs them (recording_autograd re-includes them).
+    with recording_autograd(), torch.no_grad():
         out, lse = _attend(problem, plan, inputs._replace(rpb=rpb))
     return out, lse.float()
 
 
-def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse: Optional[torch.Tensor], needs_grad):
-    plan = plan_for(problem)
-    leaves = AttentionInputs(
+class GraphState:
+    """The forward's own autograd graph, kept for the backward (eager calls): the recomputation
+    a backward would otherwise start with is one more Flex forward kernel per step."""
+
+    def __init__(self, leaves: AttentionInputs, outputs, wanted, dtypes):
+        self.leaves, self.outputs, self.wanted, self.dtypes = leaves, outputs, wanted, dtypes
+
+
+def _leaves(inputs: AttentionInputs, needs_grad) -> AttentionInputs:
+    return AttentionInputs(
         *(t.detach().requires_grad_(bool(n)) if t is not None else None for t, n in zip(inputs, needs_grad))
     )
-    wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
+
+
+def _recorded(problem: Problem, plan: Plan, leaves: AttentionInputs):
+    """(out, lse with -inf rows zeroed): rows with no key receive no gradient (SEMANTICS.md)."""
     with recording_autograd():
         out, lse = _attend(problem, plan, leaves)
-        outputs, seeds = [out], [grad_out.to(out.dtype)]
-        if grad_lse is not None:
-            # rows with no key have lse -inf and receive no gradient (SEMANTICS.md)
-            finite = torch.isfinite(lse)
-            outputs.append(torch.where(finite, lse, torch.zeros_like(lse)))
-            seeds.append(torch.where(finite, grad_lse.to(lse.dtype), torch.zeros_like(lse)))
-    grads = torch.autograd.grad(outputs, [leaves[i] for i in wanted], seeds, allow_unused=True)
+        finite = torch.isfinite(lse)
+        return out, lse, torch.where(finite, lse, torch.zeros_like(lse)), finite
+
+
+def forward_with_state(problem: Problem, inputs: AttentionInputs, needs_grad):
+    leaves = _leaves(inputs, needs_grad)
+    out, lse, lse_for_grad, finite = _recorded(problem, plan_for(problem), leaves)
+    wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
+    state = GraphState(leaves, (out, lse_for_grad, finite), wanted, [t.dtype if t is not None else None for t in inputs])
+    return out.detach(), lse.detach().float(), state
+
+
+def backward_from_state(state: GraphState, grad_out, grad_lse: Optional[torch.Tensor]):
+    out, lse, finite = state.outputs
+    return _gradients(state.leaves, state.wanted, state.dtypes, out, lse, finite, grad_out, grad_lse, retain=True)
+
+
+def _gradients(leaves, wanted, dtypes, out, lse, finite, grad_out, grad_lse, retain: bool):
+    outputs, seeds = [out], [grad_out.to(out.dtype)]
+    if grad_lse is not None:
+        outputs.append(lse)
+        seeds.append(torch.where(finite, grad_lse.to(lse.dtype), torch.zeros_like(lse)))
+    # retain: a caller's backward(retain_graph=True) may call this again with the same state
+    grads = torch.autograd.grad(outputs, [leaves[i] for i in wanted], seeds, allow_unused=True, retain_graph=retain)
     result = [None] * len(leaves)
     for i, g in zip(wanted, grads):
         result[i] = g if g is not None else torch.zeros_like(leaves[i])
-    return tuple(r.to(t.dtype) if r is not None else None for r, t in zip(result, inputs))
+    return tuple(r.to(d) if r is not None else None for r, d in zip(result, dtypes))
+
+
+def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse: Optional[torch.Tensor], needs_grad):
+    """Without a kept graph (torch.compile's custom ops): recompute the forward, differentiate."""
+    leaves = _leaves(inputs, needs_grad)
+    out, _, lse, finite = _recorded(problem, plan_for(problem), leaves)
+    wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
+    return _gradients(leaves, wanted, [t.dtype if t is not None else None for t in inputs], out, lse, finite,
+                      grad_out, grad_lse, retain=False)

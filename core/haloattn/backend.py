@@ -69,6 +69,20 @@ class Backend:
     ):
         raise NotImplementedError
 
+    # Optional: a backend that can keep its forward's own autograd graph for the backward (rather
+    # than recompute the forward) sets ``keeps_state`` and implements the two methods below. The
+    # eager path uses them when some input needs a gradient; torch.compile's custom ops, which
+    # cannot carry Python state between forward and backward, use forward/backward as always.
+    keeps_state: bool = False
+
+    def forward_with_state(self, problem: Problem, inputs: AttentionInputs, needs_grad: Sequence[bool], config: Config = None):
+        """(out, lse, state): as ``forward``, plus what ``backward_from_state`` needs."""
+        raise NotImplementedError
+
+    def backward_from_state(self, state, grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor]):
+        """One gradient per entry of :class:`AttentionInputs` from ``forward_with_state``'s state."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"<haloattn backend {self.name!r} priority {self.priority}>"
 

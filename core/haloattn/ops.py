@@ -34,8 +34,13 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, problem, backend, config, *tensors):
         inputs = AttentionInputs(*tensors)
+        needs = ctx.needs_input_grad[3:]
+        ctx.state = None
         with on_device(inputs.query.device):
-            out, lse = backend.forward(problem, inputs, config)
+            if backend.keeps_state and any(needs):
+                out, lse, ctx.state = backend.forward_with_state(problem, inputs, needs, config)
+            else:
+                out, lse = backend.forward(problem, inputs, config)
         ctx.problem, ctx.backend, ctx.config = problem, backend, config
         ctx.save_for_backward(*tensors, out, lse)
         ctx.set_materialize_grads(False)
@@ -46,6 +51,11 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         *tensors, out, lse = ctx.saved_tensors
         needs = ctx.needs_input_grad[3:]
+        if ctx.state is not None:
+            with on_device(out.device):
+                grads = ctx.backend.backward_from_state(
+                    ctx.state, grad_out if grad_out is not None else torch.zeros_like(out), grad_lse)
+            return (None, None, None, *grads)
         grads = _full_grads(
             ctx.problem, ctx.backend, ctx.config, AttentionInputs(*tensors), out, lse, grad_out, grad_lse, needs
         )
