@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import selectors
 import signal
@@ -45,7 +44,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
 import haloattn
-from haloattn.geometry import attends, key_range, unravel
+from haloattn.geometry import attends, key_range
 from haloattn.problem import build_problem
 
 # name: (spatial, window, options, head_dim)
@@ -93,147 +92,47 @@ def bench_graph(row, key, fn):
         torch.cuda.synchronize()
 
 
-# ---- FlexAttention. Tokens are permuted (NATTEN's "token permute"; not timed) so that a
-# 128-token Flex block is a box of the grid, 8x16 in 2-D, 2x8x8 in 3-D, 128 in 1-D, inside one
-# dilation group: each axis is first split into its dilation groups (coordinate y * dilation + g
-# goes to g * L/dilation + y), on which the pattern is a plain neighbourhood, so a dilated problem
-# gets full blocks as an undilated one does (tiles across groups would make every block partial).
-#
-# The mask reaches Flex as lookup tables indexed by a token's position in that order: per axis,
-# every key's code and the code range [lo, hi) every query accepts, computed outside Flex by
-# haloattn.geometry's own rule. The mask_mod is then loads and comparisons only. (The earlier
-# mask_mod closed over the index arithmetic itself, per-axis div/mod to undo the permutation and
-# the window rules with their clamps; with it, compiled create_block_mask plus Flex forward and
-# backward exceeded 200 s for four 2-D problems on an H100, torch 2.11, and create_block_mask
-# alone took 10-27 s to compile on a 2-core CPU.)
+# ---- FlexAttention, set up as haloattn's `flex` backend sets it up (backends/flex, one source of
+# truth): tokens gathered (not timed) into 128-token tiles that are boxes of the grid, 8x16 in
+# 2-D, 2x8x8 in 3-D, 128 in 1-D, each inside one dilation group, so a dilated problem gets full
+# blocks as an undilated one does; the mask_mod only looks up per-position tables (code ranges
+# from haloattn.geometry), and the BlockMask is built exactly without a compile. Here Flex is
+# called directly on the tiled tensors, so its rows time Flex's kernels alone. (A first version's
+# mask_mod redid the window arithmetic, divisions and clamps included: compiled create_block_mask
+# plus Flex forward and backward then exceeded 200 s for four 2-D problems on an H100.)
 # The mask_mod's code depends on the rank alone, so problems of one rank, N and D share Flex's
-# compiled kernels. The block mask is built with plain torch ops, no compile: a block is a box and
-# the pattern is an AND over axes, so a (query block, key block) pair is non-empty (full) exactly
-# when it is non-empty (full) on every axis, which one small per-axis table answers.
-FLEX_TILES = {1: (128,), 2: (8, 16), 3: (2, 8, 8)}
+# compiled kernels.
 
 
 def flex_layout(problem):
-    """(spatial, dilation, tile): the token order Flex gets. Each tile side must divide its axis's
-    group length L / dilation; else 128 along the last axis alone."""
-    spatial, dilation = problem.spatial, problem.dilation
-    for tile in (FLEX_TILES[problem.rank], (1,) * (problem.rank - 1) + (128,)):
-        if all(L % Dl == 0 and (L // Dl) % s == 0 for L, Dl, s in zip(spatial, dilation, tile)):
-            return spatial, dilation, tile
-    raise ValueError(f"no 128-token tiling of {spatial} with dilation {dilation}")
+    """The token order Flex gets (backends/flex/token_order.py)."""
+    from haloattn.backends.flex.token_order import TokenOrder
+
+    return TokenOrder(problem)
 
 
 def to_tiles(t, layout):
-    """[B, *spatial, H, D] -> [B, H, N, D] in the layout's order (a copy): tiles row-major over
-    (group, tile along the group) per axis, the tokens of a tile contiguous."""
-    spatial, dilation, tile = layout
-    B, H, D = t.shape[0], t.shape[-2], t.shape[-1]
-    r = len(spatial)
-    shape = [B]
-    for L, Dl, s in zip(spatial, dilation, tile):
-        shape += [L // Dl // s, s, Dl]  # coordinate (u * s + w) * Dl + g
-    t = t.reshape(*shape, H, D)
-    tiles = [d for a in range(r) for d in (3 + 3 * a, 1 + 3 * a)]  # (g, u) of each axis
-    order = [0, 3 * r + 1] + tiles + [2 + 3 * a for a in range(r)] + [3 * r + 2]
-    return t.permute(*order).reshape(B, H, -1, D)
+    """[B, *spatial, H, D] -> [B, H, positions, D] in the layout's order, contiguous as a Flex
+    user's tensors would be."""
+    gathered = t.reshape(t.shape[0], -1, *t.shape[-2:]).index_select(1, layout.source.to(t.device))
+    return gathered.transpose(1, 2).contiguous()
 
 
 def from_tiles(t, layout):
-    """Inverse of to_tiles: [B, H, N, D] -> [B, *spatial, H, D]."""
-    spatial, dilation, tile = layout
+    """Inverse of to_tiles: [B, H, positions, D] -> [B, *spatial, H, D]."""
     B, H, D = t.shape[0], t.shape[1], t.shape[-1]
-    r = len(spatial)
-    grid = [d for L, Dl, s in zip(spatial, dilation, tile) for d in (Dl, L // Dl // s)]
-    t = t.reshape(B, H, *grid, *tile, D)
-    order = [0] + [d for a in range(r) for d in (3 + 2 * a, 2 + 2 * r + a, 2 + 2 * a)] + [1, 2 + 3 * r]
-    return t.permute(*order).reshape(B, *spatial, H, D)
-
-
-def tiled_coords(layout):
-    """Per axis, the grid coordinate of the token at each position of the layout's order (from
-    to_tiles itself, so the tables cannot disagree with the tensors Flex gets)."""
-    spatial = layout[0]
-    N = math.prod(spatial)
-    flat = to_tiles(torch.arange(N).reshape(1, *spatial, 1, 1), layout).reshape(N)
-    return unravel(flat, spatial)
-
-
-def flex_mask_tables(problem, layout, device):
-    """Per axis (key code, query lo, query hi), int32 tensors indexed by position in the layout's
-    order. A key at coordinate j = y * dilation + g has code g * G + y (G: the longest dilation
-    group), and geometry.key_range's rule for a query (same group g, lo <= y < hi) becomes the
-    single test g * G + lo <= code < g * G + hi."""
-    tables = []
-    for axis, i in zip(problem.axes, tiled_coords(layout)):
-        G = axis.group_length(0)
-        group, lo, hi = key_range(axis, problem.pattern, i)
-        code = (i % axis.dilation) * G + i // axis.dilation
-        tables.append(tuple(t.to(device=device, dtype=torch.int32) for t in (code, group * G + lo, group * G + hi)))
-    return tables
-
-
-def flex_mask_mod(tables):
-    def mask_mod(b, h, q_idx, kv_idx):
-        ok = None
-        for code, lo, hi in tables:
-            c = code[kv_idx]
-            axis_ok = (lo[q_idx] <= c) & (c < hi[q_idx])
-            ok = axis_ok if ok is None else ok & axis_ok
-        return ok
-
-    return mask_mod
-
-
-def axis_block_tables(axis, pattern, size):
-    """(some, every): [n, n] booleans over this axis's tile segments (n = L / size; segment t holds
-    group g = t // (n / dilation), group coordinates y0 <= y < y0 + size), whether a query segment
-    sees some / every key of a key segment. A query of group g sees the keys of its own group with
-    lo <= y < hi, so it sees |[lo, hi) & [y0, y0 + size)| keys of a segment of group g, none of
-    another group's (counts: L x L pairs would be 1 G in 1-D)."""
-    L, Dl = axis.length, axis.dilation
-    per_group = L // Dl // size
-    t = torch.arange(L // size)
-    seg_group, seg_y0 = t // per_group, (t % per_group) * size
-    y = seg_y0[:, None] + torch.arange(size)  # [n, size]: the queries of each segment
-    group, lo, hi = key_range(axis, pattern, (y * Dl + seg_group[:, None]).reshape(-1, 1))
-    count = (torch.minimum(hi, seg_y0 + size) - torch.maximum(lo, seg_y0)).clamp(min=0)
-    count = torch.where(group == seg_group, count, 0).reshape(L // size, size, -1)
-    return (count > 0).any(1), (count == size).all(1)
-
-
-def flex_block_classes(problem, layout):
-    """(non-empty, full): [n, n] booleans over (query block, key block), blocks numbered as
-    to_tiles lays them out (row-major over the per-axis segments)."""
-    nonempty = full = torch.ones(1, 1, dtype=torch.bool)
-    for axis, size in zip(problem.axes, layout[2]):
-        some, every = axis_block_tables(axis, problem.pattern, size)
-        n = some.shape[0]
-        nonempty = (nonempty[:, None, :, None] & some[None, :, None, :]).reshape(nonempty.shape[0] * n, -1)
-        full = (full[:, None, :, None] & every[None, :, None, :]).reshape(full.shape[0] * n, -1)
-    return nonempty, full
-
-
-def flex_block_mask(problem, layout, tables, device):
-    """Flex's BlockMask: partial blocks run the mask_mod, full blocks skip it, empty ones are
-    never visited. Same layout as create_block_mask's (indices ascending, B = H = 1)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    nonempty, full = flex_block_classes(problem, layout)
-
-    def ordered(dense):
-        dense = dense.to(device=device, dtype=torch.int32)[None, None]
-        indices = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32)
-        return dense.sum(-1).to(torch.int32), indices
-
-    N = problem.tokens
-    return BlockMask.from_kv_blocks(*ordered(nonempty & ~full), *ordered(full), BLOCK_SIZE=math.prod(layout[2]),
-                                    mask_mod=flex_mask_mod(tables), seq_lengths=(N, N))
+    grid = t.transpose(1, 2).index_select(1, layout.place.to(t.device))
+    return grid.reshape(B, *layout.spatial, H, D)
 
 
 def flex_setup(problem, device):
     """(layout, block mask) for Flex; the mask_mod rides on the block mask."""
+    from haloattn.backends.flex import masks, mods
+
     layout = flex_layout(problem)
-    return layout, flex_block_mask(problem, layout, flex_mask_tables(problem, layout, device), device)
+    tables = masks.axis_tables(problem, layout, device)
+    mask_mod = mods.mask_mod(problem, layout, tables, None)
+    return layout, masks.block_mask(problem, layout, mask_mod, device, allow_full=True)
 
 
 def check_flex_mask(problem, layout, block_mask):
@@ -241,7 +140,7 @@ def check_flex_mask(problem, layout, block_mask):
     mask_mod must equal geometry.attends (AND over axes), and each block must be listed as
     partial / full / absent exactly as its pairs are some-but-not-all / all / none. Returns the
     number of mismatching pairs plus mismatching blocks (0 when the mask is right)."""
-    N, Bs = problem.tokens, block_mask.BLOCK_SIZE[0]
+    N, Bs = layout.positions, block_mask.BLOCK_SIZE[0]
     n = N // Bs
     device = block_mask.kv_indices.device
 
@@ -251,14 +150,15 @@ def check_flex_mask(problem, layout, block_mask):
             d[qb, indices[0, 0, qb, :num[0, 0, qb]].long().cpu()] = True
         return d
 
-    x = torch.arange(N).reshape(1, *problem.spatial, 1, 1)
+    x = torch.arange(problem.tokens).reshape(1, *problem.spatial, 1, 1)
     bad = int((from_tiles(to_tiles(x, layout), layout) != x).sum())  # from_tiles undoes to_tiles
     partial = dense(block_mask.kv_num_blocks, block_mask.kv_indices)
     full = dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
     # The q-major copies (the backward pass walks these) must be the transposes.
     bad += int((dense(block_mask.q_num_blocks, block_mask.q_indices) != partial.T).sum())
     bad += int((dense(block_mask.full_q_num_blocks, block_mask.full_q_indices) != full.T).sum())
-    coords = [c.to(device) for c in tiled_coords(layout)]
+    coords = [c.to(device) for c in layout.coords]
+    valid = layout.valid.to(device)  # padding positions: never keys, their query rows never written
     mask_mod = block_mask.mask_mod
     kv = torch.arange(N, device=device)
     zero = torch.zeros((), dtype=torch.long, device=device)
@@ -269,9 +169,12 @@ def check_flex_mask(problem, layout, block_mask):
         for axis, c in zip(problem.axes, coords):
             axis_ok = attends(axis, problem.pattern, c[q][:, None], c[None, :])
             exact = axis_ok if exact is None else exact & axis_ok
-        bad += int((mask_mod(zero, zero, q[:, None], kv[None, :]) != exact).sum())
-        per_block = exact.reshape(-1, Bs, n, Bs)
-        some, every = per_block.any(3).any(1).cpu(), per_block.all(3).all(1).cpu()
+        exact = exact & valid[None, :]
+        real = valid[q][:, None]
+        bad += int(((mask_mod(zero, zero, q[:, None], kv[None, :]) != exact) & real).sum())
+        per_block, real_rows = exact.reshape(-1, Bs, n, Bs), real.reshape(-1, Bs, 1, 1)
+        some = (per_block & real_rows).any(3).any(1).cpu()
+        every = (per_block | ~real_rows).all(3).all(1).cpu() & some
         rows = slice(qb0, qb0 + some.shape[0])
         bad += int((full[rows] != every).sum()) + int((partial[rows] != (some & ~every)).sum())
     return bad
@@ -341,9 +244,9 @@ def check_flex(indices, device, log=print):
         layout, block_mask = flex_setup(problem, device)
         built = time.time() - t0
         bad = check_flex_mask(problem, layout, block_mask)
-        n = problem.tokens // math.prod(layout[2])
+        n = layout.blocks
         partial, full = int(block_mask.kv_num_blocks.sum()), int(block_mask.full_kv_num_blocks.sum())
-        log(f"{name}: tile {layout[2]}, {n}x{n} blocks: {partial} partial, {full} full, {n * n - partial - full} "
+        log(f"{name}: tile {layout.tile}, {n}x{n} blocks: {partial} partial, {full} full, {n * n - partial - full} "
             f"skipped; built in {built:.2f} s, checked in {time.time() - t0 - built:.1f} s: "
             f"{'OK' if bad == 0 else f'{bad} MISMATCHES'}")
         failures += bad > 0
@@ -422,7 +325,7 @@ def flex_worker(phase, indices, tune):
         row["flex_fwdbwd_ready_s"] = time.time() - t0
         if phase == "time":
             out = haloattn.attention(q, k, v, window, backend="triton", **options)
-            row["flex_token_tile"] = list(layout[2])
+            row["flex_token_tile"] = list(layout.tile)
             row["flex_vs_triton_rel_error"] = ((from_tiles(f_out, layout).float() - out.float()).norm()
                                                / out.float().norm()).item()
             row["flex_fwd_ms"] = bench(lambda: flex(fq, fk, fv, block_mask=block_mask))

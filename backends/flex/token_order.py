@@ -94,6 +94,7 @@ class TokenOrder:
     """
 
     def __init__(self, problem: Problem, tile: Sequence[int] = None):
+        self.spatial = problem.spatial
         self.tile = tuple(tile) if tile is not None else choose_tile(problem.axes)
         self.segments: List[AxisSegments] = [AxisSegments(a, s) for a, s in zip(problem.axes, self.tile)]
         rank = problem.rank
