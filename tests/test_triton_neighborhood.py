@@ -366,3 +366,36 @@ def test_both_rescaling_rules_match_the_oracle(lazy, magnitude):
     ref, ref_lse = oracle.attention(q.double(), k.double(), v.double(), 33)
     assert oracle.rel_error(out, ref) <= 1e-5
     assert (lse.double() - ref_lse).abs().max() <= 1e-4 * max(1.0, ref_lse.abs().max().item())
+
+
+@pytest.mark.parametrize("chunk", [launch.RPB_GRADIENT_CHUNK, 1], ids=["all-heads", "head-by-head"])
+@pytest.mark.parametrize(
+    "spatial, window, options",
+    [((9, 11), (3, 5), dict(dilation=(2, 1), causal=(True, False))), ((5, 6, 7), (3, 3, 5), {}),
+     ((40,), 7, dict(stride=3)), ((10, 9), (4, 3), dict(pattern="window", shift=(2, 1)))],
+)
+def test_bias_gradient_equals_a_scatter_add(spatial, window, options, chunk, monkeypatch):
+    """The bias gradient's per-axis one-hot contractions (whole or head by head) equal a plain
+    scatter-add of every (query, slot) score gradient into its table entry."""
+    from haloattn.geometry import key_range, unravel
+
+    monkeypatch.setattr(launch, "RPB_GRADIENT_CHUNK", chunk)
+    H = 3
+    q = torch.randn(2, *spatial, H, 8)
+    wins = window if isinstance(window, tuple) else (window,)
+    rpb = torch.randn(H, *(2 * w - 1 for w in wins))
+    problem = build_problem(q, q, q, window, rpb=rpb, **options)
+    ds = torch.randn(2, H, problem.tokens, math.prod(problem.window))
+    coords = unravel(torch.arange(problem.tokens), problem.spatial)
+    entry = torch.zeros(problem.tokens, *problem.window, dtype=torch.long)
+    for a, axis in enumerate(problem.axes):
+        _, lo, _ = key_range(axis, problem.pattern, coords[a])
+        rel = (lo - coords[a] // axis.dilation + axis.window - 1)[:, None] + torch.arange(axis.window)[None, :]
+        shape = [problem.tokens] + [1] * problem.rank
+        shape[1 + a] = axis.window
+        entry = entry * (2 * axis.window - 1) + rel.clamp(0, 2 * axis.window - 2).view(shape)
+    expected = torch.zeros(H, rpb[0].numel(), dtype=torch.float64)
+    expected.index_add_(1, entry.flatten(), ds.sum(0).double().reshape(H, -1))
+    got = launch.rpb_gradient(problem, ds, rpb)
+    assert got.dtype == rpb.dtype and got.shape == rpb.shape
+    assert oracle.rel_error(got, expected.view(rpb.shape)) <= 1e-6

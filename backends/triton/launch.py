@@ -238,12 +238,24 @@ def rpb_gradient(problem: Problem, ds: torch.Tensor, rpb: torch.Tensor) -> torch
     that axis' one-hot [L, K, 2K-1] matrix: matrix products, deterministic and without atomics
     (a sort plus a float64 prefix sum over all B*H*N*prod(K) values took 17 ms of a 3-D 7x9x9
     problem's backward on an H100, 2026-11-25). Accumulated in float64."""
-    r = problem.rank
-    g = ds.sum(0).double().reshape(problem.heads, *problem.spatial, *problem.window)
-    for a, axis in enumerate(problem.axes):
-        # dims now: [H, x_a .. x_r, p_a .. p_r, r_1 .. r_(a-1)]; contract (x_a, p_a) -> r_a at the end
-        g = torch.tensordot(g, relative_one_hot(axis, problem.pattern, ds.device), dims=([1, 1 + r - a], [0, 1]))
-    return g.to(rpb.dtype).reshape(rpb.shape)
+    r, H = problem.rank, problem.heads
+    one_hots = [relative_one_hot(axis, problem.pattern, ds.device) for axis in problem.axes]
+    per_head = ds[0].numel() // H  # N * prod(K)
+    step = max(1, RPB_GRADIENT_CHUNK // (8 * per_head))  # heads per float64 copy
+    table = []
+    for h0 in range(0, H, step):
+        g = ds[:, h0:h0 + step].sum(0).double().reshape(-1, *problem.spatial, *problem.window)
+        for a, one_hot in enumerate(one_hots):
+            # dims now: [h, x_a .. x_r, p_a .. p_r, r_1 .. r_(a-1)]; contract (x_a, p_a) -> r_a at the end
+            g = torch.tensordot(g, one_hot, dims=([1, 1 + r - a], [0, 1]))
+        table.append(g)
+    return torch.cat(table).to(rpb.dtype).reshape(rpb.shape)
+
+
+# Bytes of the float64 copy of dS the bias gradient makes at a time: whole heads, at least one. The
+# dS buffer itself is float32 [B, H, N, prod(K)] (3.7 GB for the 3-D 16x48x48 7x15x15 problem
+# with 16 heads); a float64 copy of all of it would double that.
+RPB_GRADIENT_CHUNK = 256 * 2**20
 
 
 def row_delta(out: torch.Tensor, grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor]) -> torch.Tensor:
