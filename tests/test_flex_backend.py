@@ -287,3 +287,26 @@ def test_kept_graph_and_recomputed_backward_agree():
     for a, b, c in zip(first, again, compiled):
         assert oracle.rel_error(b, a) <= 1e-6  # (rpb's gradient is a scatter-add: order may vary)
         assert oracle.rel_error(c, a) <= 1e-5
+
+
+@pytest.mark.usefixtures("unfused_flex")
+def test_backward_overflow_moves_to_smaller_tiles(monkeypatch):
+    """Flex compiles its backward kernel on first use: a shared-memory overflow there (forward
+    fine) recomputes with the next smaller tiles, kept for the problem; gradients still right."""
+    q, k, v = (torch.randn(1, 6, 7, 2, 16, requires_grad=True) for _ in range(3))
+    original = run._gradients
+    failures = []
+
+    def overflow_once(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("No valid triton configs. OutOfMemoryError: out of resource: Required: 9 Hardware limit: 8")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(run, "_gradients", overflow_once)
+    out = haloattn.attention(q, k, v, 3, score_mod=oracle_free_mod, backend="flex")
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert failures and run.plan_for(build_problem(q, k, v, 3, score_mod=oracle_free_mod)).kernel_options is run.SMALLER_TILES[0]
+    ref = haloattn.attention(q, k, v, 3, score_mod=oracle_free_mod, backend="reference")
+    for a, b in zip(grads, torch.autograd.grad(ref.sum(), (q, k, v))):
+        assert oracle.rel_error(a, b) <= 1e-5

@@ -56,15 +56,13 @@ def mask_mod(problem: Problem, order: TokenOrder, tables: List[AxisTables], flat
     return pattern_mask
 
 
-def score_mod(problem: Problem, order: TokenOrder, tables: List[AxisTables], flat: Optional[FlatIndices], rpb):
-    """None when the scores need nothing beyond Flex's scale (Flex then skips the hook)."""
-    user, cap = problem.score_mod, problem.softcap
+def score_mod(problem: Problem, order: TokenOrder, tables: List[AxisTables], flat: Optional[FlatIndices], rpb,
+              cap: Optional[torch.Tensor]):
+    """None when the scores need nothing beyond Flex's scale (Flex then skips the hook). ``cap``:
+    the softcap as a 0-dim tensor on the device (see run.Plan)."""
+    user = problem.score_mod
     if rpb is None and user is None and cap is None:
         return None
-    if cap is not None:
-        # a 0-dim tensor, not a Python float: torch's unfused Flex traces mods with dynamic
-        # shapes, where a captured float becomes a symbol it cannot return (torch 2.13)
-        cap = torch.tensor(cap, dtype=torch.float32, device=problem.device)
     grid_positions = order.positions
     offsets = [axis.window - 1 for axis in problem.axes]
     limits = [2 * axis.window - 2 for axis in problem.axes]

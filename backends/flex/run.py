@@ -2,9 +2,10 @@
 scatter back.
 
 Per problem a plan (token order, lookup tables, BlockMask) is built once and kept; a call then
-costs two gathers, Flex's kernels and one scatter. The backward recomputes the forward under
-autograd and differentiates it: Flex's own backward kernel runs on Flex's own saved tensors, and
-the gathers/scatters and the bias lookup get their gradients from autograd (rpb included).
+costs two gathers, Flex's kernels and one scatter. Gradients come from autograd through that
+forward: Flex's own backward kernel runs on Flex's own saved tensors, and the gathers/scatters and
+the bias lookup get theirs (rpb included). Eager calls record the forward and keep it for the
+backward (``forward_with_state``); torch.compile's custom ops recompute it (``backward``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Plan:
         mask_mod = mods.mask_mod(problem, self.order, self.tables, self.flat)
         self.block_mask = masks.block_mask(problem, self.order, mask_mod, device, allow_full=problem.mask_mod is None)
         self.kernel_options = None  # Flex's own choice until it fails to fit (SMALLER_TILES)
+        # a 0-dim tensor, not a Python float: torch's unfused Flex traces mods with dynamic shapes,
+        # where a captured float becomes a symbol it cannot return (torch 2.13)
+        self.softcap = None if problem.softcap is None else torch.tensor(problem.softcap, device=device)
 
 
 def plan_for(problem: Problem) -> Plan:
@@ -113,16 +117,24 @@ def _out_of_shared_memory(exc: Exception) -> bool:
     return "out of resource" in str(exc)
 
 
+def _smaller_tiles(options):
+    """The config after ``options`` in (Flex's own, *SMALLER_TILES), or None after the last."""
+    sequence = [None, *SMALLER_TILES]
+    i = sequence.index(options)
+    return sequence[i + 1] if i + 1 < len(sequence) else None
+
+
 def _call_flex(plan: Plan, q, k, v, score_mod, scale):
     """Flex's output and LSE with the plan's kernel options; on a shared-memory overflow the next
     smaller tiles (SMALLER_TILES), remembered for the plan."""
-    choices = [plan.kernel_options] + [o for o in SMALLER_TILES if plan.kernel_options is None]
-    for i, options in enumerate(choices):
+    options = plan.kernel_options
+    while True:
         try:
             result = _call_flex_once(q, k, v, score_mod, plan.block_mask, scale, options)
         except Exception as exc:
-            if i + 1 == len(choices) or not _out_of_shared_memory(exc):
+            if not _out_of_shared_memory(exc) or _smaller_tiles(options) is None:
                 raise
+            options = _smaller_tiles(options)
             continue
         plan.kernel_options = options
         return result
@@ -164,7 +176,7 @@ def _attend(problem: Problem, plan: Plan, inputs: AttentionInputs):
     q = _grid_sequence(inputs.query, problem, plan).transpose(1, 2)
     k = _key_sequence(inputs.key, inputs.additional_keys, problem, plan)
     v = _key_sequence(inputs.value, inputs.additional_values, problem, plan)
-    score_mod = mods.score_mod(problem, plan.order, plan.tables, plan.flat, inputs.rpb)
+    score_mod = mods.score_mod(problem, plan.order, plan.tables, plan.flat, inputs.rpb, plan.softcap)
     out, lse = _call_flex(plan, q, k, v, score_mod, problem.scale)
     B, H = problem.batch, problem.heads
     out = out.transpose(1, 2).index_select(1, plan.place).reshape(B, *problem.spatial, H, -1)
@@ -186,8 +198,9 @@ class GraphState:
     """The forward's own autograd graph, kept for the backward (eager calls): the recomputation
     a backward would otherwise start with is one more Flex forward kernel per step."""
 
-    def __init__(self, leaves: AttentionInputs, outputs, wanted, dtypes):
-        self.leaves, self.outputs, self.wanted, self.dtypes = leaves, outputs, wanted, dtypes
+    def __init__(self, problem, inputs, needs_grad, leaves: AttentionInputs, outputs):
+        self.problem, self.inputs, self.needs_grad = problem, inputs, needs_grad
+        self.leaves, self.outputs = leaves, outputs
 
 
 def _leaves(inputs: AttentionInputs, needs_grad) -> AttentionInputs:
@@ -197,7 +210,8 @@ def _leaves(inputs: AttentionInputs, needs_grad) -> AttentionInputs:
 
 
 def _recorded(problem: Problem, plan: Plan, leaves: AttentionInputs):
-    """(out, lse with -inf rows zeroed): rows with no key receive no gradient (SEMANTICS.md)."""
+    """(out, lse, lse with -inf rows zeroed, finite rows): rows with no key receive no gradient
+    (SEMANTICS.md)."""
     with recording_autograd():
         out, lse = _attend(problem, plan, leaves)
         finite = torch.isfinite(lse)
@@ -207,33 +221,49 @@ def _recorded(problem: Problem, plan: Plan, leaves: AttentionInputs):
 def forward_with_state(problem: Problem, inputs: AttentionInputs, needs_grad):
     leaves = _leaves(inputs, needs_grad)
     out, lse, lse_for_grad, finite = _recorded(problem, plan_for(problem), leaves)
-    wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
-    state = GraphState(leaves, (out, lse_for_grad, finite), wanted, [t.dtype if t is not None else None for t in inputs])
+    state = GraphState(problem, inputs, needs_grad, leaves, (out, lse_for_grad, finite))
     return out.detach(), lse.detach().float(), state
 
 
 def backward_from_state(state: GraphState, grad_out, grad_lse: Optional[torch.Tensor]):
     out, lse, finite = state.outputs
-    return _gradients(state.leaves, state.wanted, state.dtypes, out, lse, finite, grad_out, grad_lse, retain=True)
+    try:
+        # retain: a caller's backward(retain_graph=True) may call this again with the same state
+        return _gradients(state.inputs, state.leaves, out, lse, finite, grad_out, grad_lse, retain=True)
+    except Exception as exc:
+        # Flex compiles its backward kernel on first use; if that config overflows shared memory,
+        # recompute with the next smaller tiles (the forward's fitted, the backward's did not)
+        plan = plan_for(state.problem)
+        if not _out_of_shared_memory(exc) or _smaller_tiles(plan.kernel_options) is None:
+            raise
+        plan.kernel_options = _smaller_tiles(plan.kernel_options)
+        return backward(state.problem, state.inputs, grad_out, grad_lse, state.needs_grad)
 
 
-def _gradients(leaves, wanted, dtypes, out, lse, finite, grad_out, grad_lse, retain: bool):
+def _gradients(inputs, leaves, out, lse, finite, grad_out, grad_lse, retain: bool):
     outputs, seeds = [out], [grad_out.to(out.dtype)]
     if grad_lse is not None:
         outputs.append(lse)
         seeds.append(torch.where(finite, grad_lse.to(lse.dtype), torch.zeros_like(lse)))
-    # retain: a caller's backward(retain_graph=True) may call this again with the same state
+    wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
     grads = torch.autograd.grad(outputs, [leaves[i] for i in wanted], seeds, allow_unused=True, retain_graph=retain)
     result = [None] * len(leaves)
     for i, g in zip(wanted, grads):
-        result[i] = g if g is not None else torch.zeros_like(leaves[i])
-    return tuple(r.to(d) if r is not None else None for r, d in zip(result, dtypes))
+        result[i] = (g if g is not None else torch.zeros_like(leaves[i])).to(inputs[i].dtype)
+    return tuple(result)
 
 
 def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse: Optional[torch.Tensor], needs_grad):
-    """Without a kept graph (torch.compile's custom ops): recompute the forward, differentiate."""
-    leaves = _leaves(inputs, needs_grad)
-    out, _, lse, finite = _recorded(problem, plan_for(problem), leaves)
-    wanted = [i for i, t in enumerate(leaves) if t is not None and t.requires_grad]
-    return _gradients(leaves, wanted, [t.dtype if t is not None else None for t in inputs], out, lse, finite,
-                      grad_out, grad_lse, retain=False)
+    """Recompute the forward under autograd and differentiate it (torch.compile's custom ops,
+    which cannot keep the forward's graph), moving to smaller tiles if a backward config
+    overflows shared memory."""
+    plan = plan_for(problem)
+    while True:
+        leaves = _leaves(inputs, needs_grad)
+        out, _, lse, finite = _recorded(problem, plan, leaves)
+        try:
+            return _gradients(inputs, leaves, out, lse, finite, grad_out, grad_lse, retain=False)
+        except Exception as exc:
+            if not _out_of_shared_memory(exc) or _smaller_tiles(plan.kernel_options) is None:
+                raise
+            plan.kernel_options = _smaller_tiles(plan.kernel_options)
