@@ -32,7 +32,7 @@ class FlatIndices:
         self.key = torch.cat([order.source, extras, tail]).to(device)
 
 
-def _user_result(value, like: torch.Tensor, dtype) -> torch.Tensor:
+def mod_result_tensor(value, like: torch.Tensor, dtype) -> torch.Tensor:
     """Mods may return Python numbers/bools (the reference accepts them); Flex needs tensors."""
     return value if torch.is_tensor(value) else torch.full_like(like, value, dtype=dtype)
 
@@ -50,7 +50,7 @@ def mask_mod(problem: Problem, order: TokenOrder, tables: List[AxisTables], flat
         if order.extra_tokens:
             ok = ok | ((kv_idx >= grid_positions) & (kv_idx < extra_end))
         if user is not None:
-            ok = ok & _user_result(user(b, h, flat.query[q_idx], flat.key[kv_idx]), q_idx, torch.bool).bool()
+            ok = ok & mod_result_tensor(user(b, h, flat.query[q_idx], flat.key[kv_idx]), q_idx, torch.bool).bool()
         return ok
 
     return pattern_mask
@@ -73,7 +73,7 @@ def score_mod(problem: Problem, order: TokenOrder, tables: List[AxisTables], fla
             bias = rpb[(h, *index)]
             score = score + torch.where(kv_idx < grid_positions, bias, torch.zeros_like(bias))
         if user is not None:
-            score = _user_result(user(score, b, h, flat.query[q_idx], flat.key[kv_idx]), score, score.dtype)
+            score = mod_result_tensor(user(score, b, h, flat.query[q_idx], flat.key[kv_idx]), score, score.dtype)
         if cap is not None:
             score = cap * torch.tanh(score / cap)
         return score

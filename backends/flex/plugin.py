@@ -42,15 +42,15 @@ def mod_vmap_error(mod, kind: str, device: str) -> Optional[str]:
     The reference calls mods once on broadcast tensors, where Python control flow on values and
     shape arithmetic work; Flex cannot trace those. Probing once per function (indices 0, always
     in range) sends such mods to the reference instead of failing inside Flex's compile."""
-    from .mods import _user_result
+    from .mods import mod_result_tensor
 
     index = torch.zeros(2, dtype=torch.int32, device=device)
     try:
         if kind == "score_mod":
-            torch.func.vmap(lambda s, *i: _user_result(mod(s, *i), s, s.dtype))(
+            torch.func.vmap(lambda s, *i: mod_result_tensor(mod(s, *i), s, s.dtype))(
                 torch.zeros(2, device=device), index, index, index, index)
         else:
-            torch.func.vmap(lambda *i: _user_result(mod(*i), i[0], torch.bool))(index, index, index, index)
+            torch.func.vmap(lambda *i: mod_result_tensor(mod(*i), i[0], torch.bool))(index, index, index, index)
     except Exception as exc:  # any failure is the verdict; the message goes to explain()
         return " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
     return None
