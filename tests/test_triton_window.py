@@ -154,7 +154,7 @@ def test_reasons_are_precise(monkeypatch):
     ]
     assert _reasons(pattern="window", dtype=torch.float64) == ["float64 runs on the reference backend"]
     assert _reasons(pattern="window", score_mod=lambda s, b, h, q, k: s) == [
-        "score_mod is not supported (backend flex runs it on CUDA, else the reference)"
+        "score_mod is not supported (the flex backend runs it on CUDA, the reference backend elsewhere)"
     ]
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     (reason,) = _reasons(pattern="window")

@@ -84,9 +84,9 @@ class TritonBackend(Backend):
             if value > MAX_HEAD_DIM:
                 reasons.append(f"{what} {value} exceeds {MAX_HEAD_DIM}")
         if problem.score_mod is not None:
-            reasons.append("score_mod is not supported (an arbitrary Python function per score: backend flex runs it on CUDA, else the reference)")
+            reasons.append("score_mod is not supported (an arbitrary Python function per score: the flex backend runs it on CUDA, the reference backend elsewhere)")
         if problem.mask_mod is not None:
-            reasons.append("mask_mod is not supported (an arbitrary Python function per pair: backend flex runs it on CUDA, else the reference)")
+            reasons.append("mask_mod is not supported (an arbitrary Python function per pair: the flex backend runs it on CUDA, the reference backend elsewhere)")
         if problem.kq_conv_shape is not None:
             reasons.append("kq_conv (key-query convolution) is not supported by this kernel")
         return reasons

@@ -75,7 +75,7 @@ class TritonWindowBackend(Backend):
             (problem.kq_conv_shape is not None, "kq_conv"),
         ):
             if flag:
-                reasons.append(f"{name} is not supported (backend flex runs it on CUDA, else the reference)")
+                reasons.append(f"{name} is not supported (the flex backend runs it on CUDA, the reference backend elsewhere)")
         return reasons
 
     def forward(self, problem, inputs, config=None):
