@@ -124,20 +124,23 @@ def _smaller_tiles(options):
     return sequence[i + 1] if i + 1 < len(sequence) else None
 
 
-def _call_flex(plan: Plan, q, k, v, score_mod, scale):
-    """Flex's output and LSE with the plan's kernel options; on a shared-memory overflow the next
-    smaller tiles (SMALLER_TILES), remembered for the plan."""
-    options = plan.kernel_options
+def _fitting_shared_memory(plan: Plan, attempt):
+    """``attempt()``; while it fails because the plan's config overflows shared memory, move the
+    plan to the next smaller tiles (SMALLER_TILES, kept for the problem) and try again."""
     while True:
         try:
-            result = _call_flex_once(q, k, v, score_mod, plan.block_mask, scale, options)
+            return attempt()
         except Exception as exc:
-            if not _out_of_shared_memory(exc) or _smaller_tiles(options) is None:
+            smaller = _smaller_tiles(plan.kernel_options)
+            if not _out_of_shared_memory(exc) or smaller is None:
                 raise
-            options = _smaller_tiles(options)
-            continue
-        plan.kernel_options = options
-        return result
+            plan.kernel_options = smaller
+
+
+def _call_flex(plan: Plan, q, k, v, score_mod, scale):
+    """Flex's output and LSE with the plan's kernel options (smaller ones on an overflow)."""
+    return _fitting_shared_memory(
+        plan, lambda: _call_flex_once(q, k, v, score_mod, plan.block_mask, scale, plan.kernel_options))
 
 
 def _call_flex_once(q, k, v, score_mod, block_mask, scale, kernel_options):
@@ -258,12 +261,10 @@ def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse: Opti
     which cannot keep the forward's graph), moving to smaller tiles if a backward config
     overflows shared memory."""
     plan = plan_for(problem)
-    while True:
+
+    def attempt():
         leaves = _leaves(inputs, needs_grad)
         out, _, lse, finite = _recorded(problem, plan, leaves)
-        try:
-            return _gradients(inputs, leaves, out, lse, finite, grad_out, grad_lse, retain=False)
-        except Exception as exc:
-            if not _out_of_shared_memory(exc) or _smaller_tiles(plan.kernel_options) is None:
-                raise
-            plan.kernel_options = _smaller_tiles(plan.kernel_options)
+        return _gradients(inputs, leaves, out, lse, finite, grad_out, grad_lse, retain=False)
+
+    return _fitting_shared_memory(plan, attempt)

@@ -222,7 +222,7 @@ def lse_dtype(problem: Problem) -> torch.dtype:
 def _no_autocast(device):
     """The compute dtype is ours to choose (16-bit inputs compute in float32), autocast or not."""
     device_type = torch.device(device).type
-    if device_type not in ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "maia", "ipu", "privateuseone"):
+    if not torch.amp.is_autocast_available(device_type):
         return contextlib.nullcontext()
     return torch.autocast(device_type, enabled=False)
 

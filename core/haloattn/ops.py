@@ -23,11 +23,14 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _seed(grad_out, out):
+    """The output's gradient; autograd passes None when only the lse was used."""
+    return grad_out if grad_out is not None else torch.zeros_like(out)
+
+
 def _full_grads(problem, backend, config, inputs, out, lse, grad_out, grad_lse, needs):
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
     with on_device(out.device):
-        return backend.backward(problem, inputs, out, lse, grad_out, grad_lse, needs, config)
+        return backend.backward(problem, inputs, out, lse, _seed(grad_out, out), grad_lse, needs, config)
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -53,8 +56,7 @@ class AttentionFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad[3:]
         if ctx.state is not None:
             with on_device(out.device):
-                grads = ctx.backend.backward_from_state(
-                    ctx.state, grad_out if grad_out is not None else torch.zeros_like(out), grad_lse)
+                grads = ctx.backend.backward_from_state(ctx.state, _seed(grad_out, out), grad_lse)
             return (None, None, None, *grads)
         grads = _full_grads(
             ctx.problem, ctx.backend, ctx.config, AttentionInputs(*tensors), out, lse, grad_out, grad_lse, needs
