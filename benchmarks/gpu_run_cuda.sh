@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the compiled cuda backend: build haloattn_cuda._C for sm_90a, GPU tests
-# against the oracle (and, if any fails, compute-sanitizer on one small forward + backward), then
+# against the oracle (after a short forced-Hopper smoke run, so a hung kernel costs a minute; if
+# anything fails, compute-sanitizer on one small forward + backward), then
 # a timing against triton and dense cuDNN on bench_neighborhood's problems.
 # Usage (GPU machine, repo root, nvidia-cutlass importable): bash benchmarks/gpu_run_cuda.sh
 # Knobs: TEST_TIMEOUT, SKIP_TESTS=1, TESTS (pytest selection), BENCH_PROBLEMS (e.g. 1,5,8),
@@ -35,6 +36,24 @@ torch.cuda.synchronize()
 print('sanitizer run finished')
 " 2>&1 | tail -30 | tee "$OUT/sanitizer.log"
 }
+
+# A few forced-Hopper calls under a short timeout first: a kernel that hangs (a barrier never
+# completing) then costs a minute, not every test's timeout.
+if ! timeout ${SMOKE_TIMEOUT:-90} python3 -c "
+import os, torch, haloattn
+os.environ['HALOATTN_CUDA_FORWARD'] = 'hopper'
+for spatial, window, opts in [((70,), 9, {}), ((12, 13), (5, 3), dict(dilation=(2, 1))), ((5, 6, 7), 3, dict(causal=(True, False, False))),
+                              ((64, 64), 31, {})]:
+    q, k, v = (torch.randn(1, *spatial, 2, 128, device='cuda', dtype=torch.bfloat16) for _ in range(3))
+    out = haloattn.attention(q, k, v, window, backend='cuda', **opts)
+    ref = haloattn.attention(q.float(), k.float(), v.float(), window, backend='reference', **opts)
+    torch.cuda.synchronize()
+    print(spatial, window, opts, 'max abs diff', (out.float() - ref).abs().max().item())
+" 2>&1 | tee "$OUT/smoke.log"; then
+  echo "smoke run failed or timed out"
+  sanitize
+  exit 1
+fi
 
 if [ -z "$SKIP_TESTS" ]; then
   if ! timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --timeout 100 --tb=short -rf \

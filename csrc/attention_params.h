@@ -59,7 +59,9 @@ struct AttentionParams {
 // Host entry points (defined in the .cu files). Each returns an empty string on success, else
 // the CUDA error or the unsupported parameter, which bindings.cpp raises as a Python exception.
 std::string forward(const AttentionParams& params);
-std::string forward_sm90(const AttentionParams& params);  // the Hopper kernel, no checks
+// The Hopper kernel, after forward's checks: sets `refusal` (and launches nothing) where it
+// cannot take the call (a layout or dilation its tensor-map copies cannot read).
+std::string forward_sm90(const AttentionParams& params, std::string& refusal);
 std::string backward(const AttentionParams& params);
 // Number of CUDA devices, or -1 with the runtime's error in `error`.
 int device_count(std::string& error);

@@ -225,7 +225,13 @@ std::string forward(const AttentionParams& p) {
   const bool hopper = hopper_kernel_runs_on(p.device) && p.scale > 0.f;
   if (p.forward_kernel == ForwardKernel::kHopper && !hopper)
     return "forward_kernel='hopper' needs an sm_90 device, a build with sm_90a in HALOATTN_CUDA_ARCHS and scale > 0";
-  if (hopper && p.forward_kernel != ForwardKernel::kPortable) return forward_sm90(p);
+  if (hopper && p.forward_kernel != ForwardKernel::kPortable) {
+    std::string refusal;
+    const std::string error = forward_sm90(p, refusal);
+    if (refusal.empty()) return error;
+    // auto: the portable kernel reads any layout the checks above accept.
+    if (p.forward_kernel == ForwardKernel::kHopper) return "forward_kernel='hopper' cannot take this call: " + refusal;
+  }
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
     return launch_forward<typename decltype(dtype_tag)::type, decltype(dim_tag)::value>(p);
   });

@@ -2,10 +2,8 @@
 // one per consumer warpgroup, that share the copies of one key box (their union's), so each key
 // crosses from L2 once per 128 queries instead of once per 64.
 //
-// The pair is split along its first axis longer than one token, so each half is a contiguous run
-// of the pair's rows in flat order, and each half's own key box is a contiguous run of the union
-// box in flat order too (the halves differ only along the split axis, and every axis before it
-// has extent 1): a warpgroup walks exactly the 64-key chunks that overlap its run.
+// The pair is split along its first axis longer than one token, so each half is a box of its own
+// whose rows are a contiguous run of the pair's rows in flat order (one copy loads it).
 #pragma once
 
 #include "row_windows.cuh"
@@ -55,28 +53,6 @@ __host__ __device__ inline TileHalf tile_half(const TileWork& pair, const TileSh
     h.work.empty = pair.empty || h.work.extent[a] <= 0;
   }
   return h;
-}
-
-// Flat position of box-relative coordinates x in a box of `extent`.
-__host__ __device__ inline int ravel3(const int (&x)[kMaxRank], const int (&extent)[kMaxRank]) {
-  return (x[0] * extent[1] + x[1]) * extent[2] + x[2];
-}
-
-// The run [lo, hi) of the union box's flat positions that a half's own key box occupies.
-struct FlatRun {
-  int lo, hi;
-};
-
-__host__ __device__ inline FlatRun own_key_run(const AttentionParams& p, const TileHalf& h, const int (&union_lo)[kMaxRank],
-                                               const int (&union_extent)[kMaxRank]) {
-  if (h.work.empty) return {0, 0};
-  int lo[kMaxRank], extent[kMaxRank], first[kMaxRank], last[kMaxRank];
-  key_box(p, h.work, lo, extent);
-  for (int a = 0; a < kMaxRank; ++a) {
-    first[a] = lo[a] - union_lo[a];
-    last[a] = first[a] + extent[a] - 1;
-  }
-  return {ravel3(first, union_extent), ravel3(last, union_extent) + 1};
 }
 
 }  // namespace haloattn

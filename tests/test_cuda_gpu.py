@@ -209,6 +209,46 @@ def test_non_contiguous_inputs():
 
 
 @requires_cuda_backend
+@pytest.mark.parametrize("kernel", ["auto", "hopper"])
+def test_layouts_the_hopper_copies_cannot_read(kernel, monkeypatch):
+    """The Hopper kernel copies tiles with TMA tensor maps: heads must be adjacent ([..., H, D]
+    with head stride D) and a tile times its dilation must fit a copy box. Elsewhere auto runs
+    the portable kernel (checked against the reference) and a forced Hopper kernel says why."""
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", kernel)
+    gen = torch.Generator().manual_seed(4)
+    wide = torch.randn(1, 10, 12, 2, 128, generator=gen).to(torch.bfloat16).cuda()
+    q = wide[..., :64]  # head stride 128 for head_dim 64
+    k, v = (torch.randn(1, 10, 12, 2, 64, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
+    line = torch.randn(1, 300, 2, 64, generator=gen).to(torch.bfloat16).cuda()
+    cases = [((q, k, v), 5, {}, "heads are not adjacent"), ((line, line, line), 9, {"dilation": 5}, "copy box")]
+    for inputs, window, options, reason in cases:
+        if kernel == "hopper":
+            with pytest.raises(RuntimeError, match=reason):
+                haloattn.attention(*inputs, window, backend="cuda", **options)
+            continue
+        out = haloattn.attention(*inputs, window, backend="cuda", **options)
+        ref = haloattn.attention(*(t.float() for t in inputs), window, backend="reference", **options)
+        assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.bfloat16]
+
+
+@requires_cuda_backend
+@pytest.mark.parametrize(
+    "spatial,window,options",
+    [
+        ((3, 40, 40), (3, 9, 9), {}),  # 3-D, several key tiles along every axis
+        ((8, 24, 24), (5, 7, 7), {"causal": (True, False, False), "dilation": (1, 2, 1)}),
+        ((96, 96), (17, 33), {"stride": (1, 3)}),
+        ((2048,), 301, {"dilation": 2}),
+    ],
+)
+def test_hopper_key_tiles_against_reference(spatial, window, options, monkeypatch):
+    # Pairs whose key tiles leave gaps in a half's walk (tiles of the other half between runs),
+    # masked and unmasked tiles, the tile grid anchored before the grid's start.
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "hopper")
+    check_problem(spatial, window, heads=2, kv_heads=1, head_dim=128, against="reference", **options)
+
+
+@requires_cuda_backend
 def test_compiles_with_fullgraph():
     gen = torch.Generator().manual_seed(2)
     q, k, v = (t.detach() for t in _inputs((12, 12), 2, 2, 64, torch.float16, 1, gen))

@@ -8,21 +8,18 @@
 //                 where tile_shares_one_window, every query attends the whole box (no mask);
 //   dK/dV:       every key is in exactly one tile, and the tile's query box holds every query
 //                 that attends it;
-//   pair tiles:   (the Hopper forward) each token is in exactly one half of one pair, a half's
-//                 rows lie in its own box, its key box is one contiguous run of the union box's
-//                 flat positions, and that run holds every key its queries attend; the kernel's
-//                 box-relative test (holds) agrees with `attends` on every key of the run, and
-//                 every 64-key chunk it leaves unmasked (spans_inside the common window) is
-//                 attended whole by every row of the half;
-//   box walks:    a BoxCursor (box_cursor.cuh) advanced in the steps the Hopper kernel takes
-//                 lands where unravelling the flat position does, and is past the box exactly
-//                 when the position is.
+//   pair tiles:   (the Hopper forward, key_tiles.cuh) each token is in exactly one half of one
+//                 pair and a half's rows lie in its own box; the key tiling is 64 tokens of
+//                 power-of-two extents that fit a copy box; every key a row attends lies in a key
+//                 tile the half computes; on every such tile the row's bit mask (row_mask, at the
+//                 kernel's rank and at rank 3) agrees with `attends` key by key, and tiles the
+//                 half leaves unmasked are attended whole by every row; run_length splits the
+//                 tiles inside the half's range into the runs a row-major walk meets.
 // Prints "ok" or the first mismatch, one line per problem.
 #include <cstdio>
 #include <vector>
 
-#include "box_cursor.cuh"
-#include "box_windows.cuh"
+#include "key_tiles.cuh"
 #include "pair_tiles.cuh"
 #include "row_windows.cuh"
 
@@ -46,23 +43,6 @@ void token_coords(const AttentionParams& p, int flat, int (&c)[kMaxRank]) {
   unravel3(flat, extent, c);
 }
 
-bool cursor_walks_match(const int (&extent)[kMaxRank]) {
-  const int box = extent[0] * extent[1] * extent[2];
-  for (int step : {1, 8, 16, 64, 128}) {
-    for (int start = 0; start < 2 * step && start <= box; ++start) {
-      BoxCursor c = box_cursor(start, extent);
-      for (int flat = start; flat < box + 2 * step; flat += step, advance(c, step, extent)) {
-        if ((c.x[0] >= extent[0]) != (flat >= box)) return false;
-        if (flat >= box) break;
-        int x[kMaxRank];
-        unravel3(flat, extent, x);
-        if (x[0] != c.x[0] || x[1] != c.x[1] || x[2] != c.x[2]) return false;
-      }
-    }
-  }
-  return true;
-}
-
 // Walks one direction: `forward` = query tiles over key boxes, else key tiles over query boxes.
 const char* check(const AttentionParams& p, bool forward) {
   const TileShape shape = choose_tile(p);
@@ -75,7 +55,6 @@ const char* check(const AttentionParams& p, bool forward) {
     int lo[kMaxRank], extent[kMaxRank];
     if (forward) key_box(p, w, lo, extent); else query_box(p, w, lo, extent);
     const int box = extent[0] * extent[1] * extent[2];
-    if (forward && cta < 4 && !cursor_walks_match(extent)) return "a box cursor walk disagrees with unravelling";
     for (int row = 0; row < kTileTokens; ++row) {
       int x[kMaxRank];
       if (!tile_row_coords(w, shape, row, x)) continue;
@@ -131,23 +110,61 @@ int attended_count(const AttentionParams& p, const int (&own)[kMaxRank]) {
   return expected;
 }
 
+// The grid's rank once leading unit axes are dropped, as the Hopper kernel instantiates it.
+int effective_rank(const AttentionParams& p) {
+  int rank = kMaxRank;
+  for (int a = 0; a < kMaxRank - 1 && p.axis[a].length == 1; ++a) --rank;
+  return rank;
+}
+
+uint64_t row_mask_at_rank(int rank, const RowWindow& w, const int (&origin)[kMaxRank], const KeyTiling& kt,
+                          const uint64_t* below) {
+  return rank == 1 ? row_mask<1>(w, origin, kt, below) : rank == 2 ? row_mask<2>(w, origin, kt, below)
+                                                                   : row_mask<3>(w, origin, kt, below);
+}
+
 const char* check_pairs(const AttentionParams& p) {
   const TileShape shape = choose_pair_tile(p);
   if (shape.n[0] * shape.n[1] * shape.n[2] > 2 * kTileTokens) return "a pair tile holds more than 128 tokens";
+  KeyTiling kt;
+  if (!choose_key_tiling(p, shape, kt)) {
+    // Only a dilation too wide for a copy box may leave no tiling.
+    for (int a = 0; a < kMaxRank; ++a)
+      if (p.axis[a].dilation > 4) return "ok";
+    return "no key tiling for a problem a copy box can read";
+  }
+  int product = 1;
+  for (int a = 0; a < kMaxRank; ++a) {
+    if ((kt.n[a] & (kt.n[a] - 1)) != 0) return "a key tile extent is not a power of two";
+    if (kt.n[a] * p.axis[a].dilation > 256) return "a key tile exceeds a copy box";
+    product *= kt.n[a];
+  }
+  if (product != kKeyTileTokens) return "a key tile does not hold 64 tokens";
+  uint64_t below[kMaxRank * kMaskEntries];
+  for (int i = 0; i < kMaxRank * kMaskEntries; ++i) below[i] = prefix_mask(kt, i / kMaskEntries, i % kMaskEntries);
+  const int rank = effective_rank(p);
   std::vector<int> seen(grid_tokens(p), 0);
   for (int cta = 0; cta < count_tiles(p, shape, 1); ++cta) {
-    const TileWork w = locate_tile(p, shape, 1, cta);
+    AttentionParams one_head = p;
+    one_head.heads = one_head.kv_heads = 1;
+    const PairTiles t = pair_tiles(one_head, shape, kt, cta);
+    const TileWork& w = t.work;
     if (w.empty) continue;
-    int union_lo[kMaxRank], union_extent[kMaxRank];
-    key_box(p, w, union_lo, union_extent);
     for (int half = 0; half < 2; ++half) {
       const TileHalf h = tile_half(w, shape, half);
       if (h.rows > kTileTokens) return "a half holds more than 64 rows";
-      const FlatRun run = own_key_run(p, h, union_lo, union_extent);
-      if (!h.work.empty) {
-        int lo[kMaxRank], extent[kMaxRank];
-        key_box(p, h.work, lo, extent);
-        if (run.hi - run.lo != extent[0] * extent[1] * extent[2]) return "a half's key box is not one run of the union box";
+      const HalfTiles v = half_tiles(p, t, h, kt);
+      for (int a = 0; a < kMaxRank; ++a)
+        if (v.first[a] < 0 || v.end[a] > t.tiles[a] || (!h.work.empty && v.first[a] >= v.end[a]))
+          return "a half's key tiles leave the pair's tile grid";
+      // The kernel's walk: runs of consecutive tiles inside the half's range, each exactly as
+      // long as run_length says.
+      TileCursor walk{{0, 0, 0}};
+      for (int chunk = 0, run_left = 0; chunk < t.chunks; ++chunk, step_tile(walk, t.tiles)) {
+        const bool inside = tile_in(walk, v.first, v.end);
+        if (run_left == 0 && inside) run_left = run_length(walk, v, t.tiles);
+        if (inside != (run_left > 0)) return "run_length disagrees with the tiles inside the half's range";
+        if (run_left > 0) --run_left;
       }
       for (int r = 0; r < h.rows; ++r) {
         int x[kMaxRank];
@@ -159,35 +176,26 @@ const char* check_pairs(const AttentionParams& p) {
         }
         seen[token_index(p, w, x)] += 1;
         const RowWindow window = query_window(p, w, x, true);
-        const BoxWindow relative = box_window(window, union_lo);
         int found = 0;
-        for (int flat = run.lo; flat < run.hi; ++flat) {
-          int y[kMaxRank];
-          if (!box_coords(flat, union_lo, union_extent, y)) continue;
-          const bool in = attends(window, y);
-          found += in;
-          const int4 key = make_int4(y[0] - union_lo[0], y[1] - union_lo[1], y[2] - union_lo[2], 0);
-          if (holds<3>(relative, key) != in) return "the box-relative window test disagrees with attends";
-        }
-        if (found != attended_count(p, own)) return "a half's key run misses keys";
-        // Chunks the kernel leaves unmasked hold only keys this row attends.
-        const BoxWindow common = box_window(common_window(p, h.work), union_lo);
-        const int box = union_extent[0] * union_extent[1] * union_extent[2];
-        auto chunk_coord = [&](int flat) {
-          int c[kMaxRank];
-          if (flat >= box) return make_int4(kPastBox, kPastBox, kPastBox, 0);
-          unravel3(flat, union_extent, c);
-          return make_int4(c[0], c[1], c[2], 0);
-        };
-        for (int first = run.lo / 64 * 64; first < run.hi; first += 64) {
-          if (first < run.lo || first + 64 > run.hi) continue;  // partly outside the run: masked
-          if (!spans_inside(chunk_coord(first), chunk_coord(first + 63), common, union_extent)) continue;
-          for (int flat = first; flat < first + 64; ++flat) {
-            int y[kMaxRank];
-            box_coords(flat, union_lo, union_extent, y);
-            if (!attends(window, y)) return "an unmasked chunk holds a key a row does not attend";
-          }
-        }
+        TileCursor c{{v.first[0], v.first[1], v.first[2]}};
+        for (c.i[0] = v.first[0]; c.i[0] < v.end[0]; ++c.i[0])
+          for (c.i[1] = v.first[1]; c.i[1] < v.end[1]; ++c.i[1])
+            for (c.i[2] = v.first[2]; c.i[2] < v.end[2]; ++c.i[2]) {
+              int origin[kMaxRank];
+              for (int a = 0; a < kMaxRank; ++a) origin[a] = t.start[a] + c.i[a] * kt.n[a];
+              const uint64_t mask = row_mask_at_rank(rank, window, origin, kt, below);
+              if (mask != row_mask<3>(window, origin, kt, below)) return "a row mask depends on the rank it is built at";
+              const bool unmasked = tile_in(c, v.full_lo, v.full_hi);
+              for (int j = 0; j < kKeyTileTokens; ++j) {
+                const int y[kMaxRank] = {origin[0] + j / (kt.n[1] * kt.n[2]), origin[1] + j / kt.n[2] % kt.n[1],
+                                         origin[2] + j % kt.n[2]};
+                const bool in = attends(window, y);
+                found += in;
+                if (((mask >> j) & 1) != static_cast<uint64_t>(in)) return "a tile's row mask disagrees with attends";
+                if (unmasked && !in) return "an unmasked tile holds a key a row does not attend";
+              }
+            }
+        if (found != attended_count(p, own)) return "a half's key tiles miss keys its rows attend";
       }
     }
   }

@@ -1,0 +1,185 @@
+// How the Hopper forward kernel walks a pair tile's keys: in spatial key tiles of 64 tokens
+// (e.g. 8x8 in 2-D, 2x4x8 in 3-D), each one copied by a single TMA instruction, laid over the
+// pair's union key box. The tile grid is anchored at the first half's common window (the keys
+// every one of its queries attends), so the tiles inside that window need no mask at all; the
+// others are masked per row with a 64-bit mask built from per-axis prefix masks (two shared
+// loads and an and-not per axis), one bit test per score.
+#pragma once
+
+#include <cstdint>
+
+#include "pair_tiles.cuh"
+#include "row_windows.cuh"
+
+namespace haloattn {
+
+constexpr int kKeyTileTokens = 64;
+
+// Key tile extents per axis: powers of two whose product is kKeyTileTokens (leading unit axes 1).
+struct KeyTiling {
+  int n[kMaxRank];
+};
+
+// The key tiles over one pair tile's union key box, in group coordinates.
+struct PairTiles {
+  TileWork work;          // the pair
+  int start[kMaxRank];    // low corner of the first key tile along each axis (may precede the box)
+  int tiles[kMaxRank];    // key tiles along each axis
+  int chunks;             // tiles[0] * tiles[1] * tiles[2]: the pair's ring entries
+};
+
+__host__ __device__ inline PairTiles pair_tiles(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt,
+                                                int64_t pair) {
+  PairTiles t;
+  t.work = locate_tile(p, shape, p.heads, static_cast<int>(pair));
+  t.chunks = 0;
+  if (t.work.empty) return t;
+  int lo[kMaxRank], extent[kMaxRank];
+  key_box(p, t.work, lo, extent);
+  const RowWindow common = common_window(p, tile_half(t.work, shape, 0).work);
+  t.chunks = 1;
+  for (int a = 0; a < kMaxRank; ++a) {
+    const int n = kt.n[a];
+    // key_range is monotone, so the common window starts inside the box (lo <= anchor).
+    const int anchor = common.hi[a] > common.lo[a] ? common.lo[a] : lo[a];
+    t.start[a] = anchor - (anchor - lo[a] + n - 1) / n * n;
+    t.tiles[a] = (lo[a] + extent[a] - t.start[a] + n - 1) / n;
+    t.chunks *= t.tiles[a];
+  }
+  return t;
+}
+
+// One consumer's view of a pair's key tiles: per axis, the tiles [first, end) that meet its own
+// key box (the rest it only releases) and the tiles [full_lo, full_hi) inside its common window.
+struct HalfTiles {
+  int first[kMaxRank], end[kMaxRank];
+  int full_lo[kMaxRank], full_hi[kMaxRank];
+};
+
+__host__ __device__ inline HalfTiles half_tiles(const AttentionParams& p, const PairTiles& t, const TileHalf& h,
+                                                const KeyTiling& kt) {
+  HalfTiles v;
+  int lo[kMaxRank], extent[kMaxRank];
+  key_box(p, h.work, lo, extent);
+  const RowWindow common = common_window(p, h.work);
+  for (int a = 0; a < kMaxRank; ++a) {
+    const int n = kt.n[a];
+    if (h.work.empty) {
+      v.first[a] = v.end[a] = v.full_lo[a] = v.full_hi[a] = 0;
+      continue;
+    }
+    // Every offset below is >= 0: the tiles start at or before the union box, which holds both.
+    v.first[a] = (lo[a] - t.start[a]) / n;
+    v.end[a] = (lo[a] + extent[a] - 1 - t.start[a]) / n + 1;
+    if (common.hi[a] > common.lo[a]) {
+      v.full_lo[a] = (common.lo[a] - t.start[a] + n - 1) / n;
+      v.full_hi[a] = (common.hi[a] - t.start[a]) / n;
+    } else {
+      v.full_lo[a] = v.full_hi[a] = 0;
+    }
+  }
+  return v;
+}
+
+// A key tile's index along each axis, walked in row-major order without divisions.
+struct TileCursor {
+  int i[kMaxRank];
+};
+
+__host__ __device__ inline void step_tile(TileCursor& c, const int (&tiles)[kMaxRank]) {
+  if (++c.i[2] < tiles[2]) return;
+  c.i[2] = 0;
+  if (++c.i[1] < tiles[1]) return;
+  c.i[1] = 0;
+  ++c.i[0];
+}
+
+// Whether the tile at cursor c lies in [lo, hi) along every axis.
+__host__ __device__ inline bool tile_in(const TileCursor& c, const int (&lo)[kMaxRank], const int (&hi)[kMaxRank]) {
+  bool in = true;
+#pragma unroll
+  for (int a = 0; a < kMaxRank; ++a) in = in && c.i[a] >= lo[a] && c.i[a] < hi[a];
+  return in;
+}
+
+// How many tiles, in row-major order from c (inside [first, end)), stay inside [first, end): the
+// rest of c's row along the last axis, continued over whole rows and slabs while the half's
+// range spans the grid along the faster axes.
+__host__ __device__ inline int run_length(const TileCursor& c, const HalfTiles& v, const int (&tiles)[kMaxRank]) {
+  int length = v.end[2] - c.i[2];
+  if (v.first[2] != 0 || v.end[2] != tiles[2]) return length;
+  length += (v.end[1] - c.i[1] - 1) * tiles[2];
+  if (v.first[1] != 0 || v.end[1] != tiles[1]) return length;
+  return length + (v.end[0] - c.i[0] - 1) * tiles[1] * tiles[2];
+}
+
+// Prefix masks of a key tile: bit j of below[a][k] is set when the tile's token j (row-major over
+// the tile's extents) has axis-a offset < k. kMaskEntries entries per axis cover k = 0..64.
+constexpr int kMaskEntries = kKeyTileTokens + 1;
+
+__host__ __device__ inline uint64_t prefix_mask(const KeyTiling& kt, int axis, int k) {
+  uint64_t m = 0;
+  for (int j = 0; j < kKeyTileTokens; ++j) {
+    const int offset[kMaxRank] = {j / (kt.n[1] * kt.n[2]), j / kt.n[2] % kt.n[1], j % kt.n[2]};
+    if (offset[axis] < k) m |= uint64_t{1} << j;
+  }
+  return m;
+}
+
+// The keys of the tile with low corner `origin` that a row with window w attends, as a bit mask
+// over the tile's tokens: per axis the window clipped to the tile selects a run of offsets, the
+// difference of two prefix masks. Only the RANK trailing axes are tested (the others hold every
+// key). An empty window (rows past the grid) gives 0.
+template <int RANK>
+__host__ __device__ __forceinline__ uint64_t row_mask(const RowWindow& w, const int (&origin)[kMaxRank],
+                                                      const KeyTiling& kt, const uint64_t* below) {
+  uint64_t m = ~uint64_t{0};
+#pragma unroll
+  for (int a = kMaxRank - RANK; a < kMaxRank; ++a) {
+    const int lo = min(max(w.lo[a] - origin[a], 0), kt.n[a]);
+    const int hi = min(max(w.hi[a] - origin[a], 0), kt.n[a]);
+    m &= below[a * kMaskEntries + hi] & ~below[a * kMaskEntries + lo];
+  }
+  return m;
+}
+
+// The key tile shape for a problem: the power-of-two extents (product 64) whose tiles cover the
+// key boxes of a pair tile in the middle of the grid with the fewest tiles a consumer computes,
+// then with the most tiles that skip the mask. Axes of one token keep extent 1 (unless all are),
+// and each extent times its dilation stays <= 256 (a TMA box dimension: the copy engine steps
+// over the other dilation groups). False when no shape fits (a 1-D dilation above 4).
+inline bool choose_key_tiling(const AttentionParams& p, const TileShape& shape, KeyTiling& best) {
+  int64_t middle = 0;
+  for (int a = 0; a < kMaxRank; ++a) middle = middle * tiles_along(p.axis[a], shape, a) + tiles_along(p.axis[a], shape, a) / 2;
+  bool one_token = true;  // every dilation group is one token: any tile covers it
+  for (int a = 0; a < kMaxRank; ++a) one_token = one_token && max_group_length(p.axis[a]) == 1;
+  int64_t best_cost = -1;
+  for (int e0 = 0; e0 <= 6; ++e0) {
+    for (int e1 = 0; e0 + e1 <= 6; ++e1) {
+      const KeyTiling kt{{1 << e0, 1 << e1, 1 << (6 - e0 - e1)}};
+      bool fits = true;
+      for (int a = 0; a < kMaxRank; ++a)
+        fits = fits && (kt.n[a] == 1 || one_token || max_group_length(p.axis[a]) > 1) &&
+               kt.n[a] * p.axis[a].dilation <= 256;
+      if (!fits) continue;
+      const PairTiles t = pair_tiles(p, shape, kt, middle);
+      int64_t computed = 0, masked = 0;
+      for (int half = 0; half < 2; ++half) {
+        const HalfTiles v = half_tiles(p, t, tile_half(t.work, shape, half), kt);
+        int64_t own = 1, full = 1;
+        for (int a = 0; a < kMaxRank; ++a) {
+          own *= v.end[a] - v.first[a];
+          full *= max(min(v.full_hi[a], v.end[a]) - max(v.full_lo[a], v.first[a]), 0);
+        }
+        computed += own;
+        masked += own - full;
+      }
+      // A masked tile costs about a third more than a clean one (the mask and its branch).
+      const int64_t cost = 3 * computed + masked;
+      if (best_cost < 0 || cost < best_cost) best = kt, best_cost = cost;
+    }
+  }
+  return best_cost >= 0;
+}
+
+}  // namespace haloattn
