@@ -45,12 +45,13 @@ constexpr int kWarpgroup = 128;  // threads
 constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 
 // Registers per thread after the role split (setmaxnreg): the producer is one thread issuing
-// copies, the consumers hold S, O, two P buffers and their rows' windows. The split only moves
+// copies (its few spills of pair geometry cost nothing the ring does not hide), the consumers
+// hold Q's fragments, S, O, two P buffers and their rows' windows. The split only moves
 // the registers the CTA was launched with (kLaunchRegisters per thread, the __launch_bounds__
 // cap): asking for more would block setmaxnreg.inc forever.
 constexpr int kLaunchRegisters = 168;
-constexpr int kProducerRegisters = 56;
-constexpr int kConsumerRegisters = 224;
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
 static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers * kWarpgroup <=
                   kLaunchRegisters * kThreads, "the register split exceeds the launch allocation");
 
@@ -205,17 +206,26 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // maxima in raw score units
     const int buffer = pair_count & 1;
-    const T* sQ_half = sQ + (buffer * kConsumers + half) * L::kQElems;
-    Barrier::wait(&q_full[buffer], (pair_count >> 1) & 1);
+    // The half's queries move to registers once (A fragments of S = Q K^T), so the scores'
+    // wgmma reads only K from shared memory: with 64-key tiles, re-reading Q for every tile
+    // would be a third of the consumers' shared-memory traffic. The buffer is free right after.
+    uint32_t q[D / 16][4];
+    {
+      const T* sQ_half = sQ + (buffer * kConsumers + half) * L::kQElems;
+      Barrier::wait(&q_full[buffer], (pair_count >> 1) & 1);
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const TileCoord at = a_source(lane, 16 * warp, 16 * ks);
+        ldmatrix_x4(q[ks], sQ_half + swizzled_element<kHalfRows>(at.row, at.col / 8));
+      }
+      Barrier::arrive(&q_empty[buffer]);
+    }
 
     // S = Q K^T of a chunk, issued (not waited for).
     auto issue_scores = [&](float (&s)[kSRegs], int stage) {
       const T* sK_now = sK + stage * L::kTileElems;
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(sQ_half, ks), k_major_descriptor<T, kChunk>(sK_now, ks), s,
-                          ks > 0);
-      }
+      for (int ks = 0; ks < D / 16; ++ks) mma_rs_k<T, kChunk>(q[ks], k_major_descriptor<T, kChunk>(sK_now, ks), s, ks > 0);
       cute::warpgroup_commit_batch();
     };
     // O += P V of a chunk, issued (not waited for).
@@ -380,7 +390,6 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
       Barrier::arrive(&empty[prev_stage]);
       next_tile();
     }
-    Barrier::arrive(&q_empty[buffer]);
     chunk_count += tiles.chunks;
     ++pair_count;
 

@@ -67,6 +67,13 @@ template <> struct SmemSmemAtom<__nv_bfloat16, 64> {
 template <> struct SmemSmemAtom<__half, 64> {
   using type = gmma::MMA_64x64x16_F32F16F16_SS<gmma::Major::K, gmma::Major::K>;
 };
+template <typename T, int N> struct RegSmemKAtom;   // m64nNk16, A in registers, B K-major
+template <> struct RegSmemKAtom<__nv_bfloat16, 64> {
+  using type = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::K>;
+};
+template <> struct RegSmemKAtom<__half, 64> {
+  using type = gmma::MMA_64x64x16_F32F16F16_RS<gmma::Major::K, gmma::Major::K>;
+};
 template <> struct RegSmemAtom<__nv_bfloat16, 64> {
   using type = gmma::MMA_64x64x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
 };
@@ -91,6 +98,12 @@ __device__ __forceinline__ void reg_smem(const uint32_t (&a)[4], uint64_t b, flo
   Atom::fma(a[0], a[1], a[2], a[3], b, d[I]..., gmma::ScaleOut::One);
 }
 
+template <typename Atom, int N, size_t... I>
+__device__ __forceinline__ void reg_smem_k(const uint32_t (&a)[4], uint64_t b, float (&d)[N], bool accumulate,
+                                           std::index_sequence<I...>) {
+  Atom::fma(a[0], a[1], a[2], a[3], b, d[I]..., accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero);
+}
+
 // d (64 x N) = or += A B for one k-step; the caller fences, commits and waits.
 template <typename T, int N>
 __device__ __forceinline__ void mma_ss(uint64_t a, uint64_t b, float (&d)[N / 2], bool accumulate) {
@@ -100,6 +113,13 @@ __device__ __forceinline__ void mma_ss(uint64_t a, uint64_t b, float (&d)[N / 2]
 template <typename T, int N>
 __device__ __forceinline__ void mma_rs(const uint32_t (&a)[4], uint64_t b, float (&d)[N / 2]) {
   reg_smem<typename RegSmemAtom<T, N>::type>(a, b, d, std::make_index_sequence<N / 2>{});
+}
+
+// d (64 x N) = or += A B for one k-step, A from registers, B K-major in smem (S = Q K^T with Q
+// held in registers).
+template <typename T, int N>
+__device__ __forceinline__ void mma_rs_k(const uint32_t (&a)[4], uint64_t b, float (&d)[N / 2], bool accumulate) {
+  reg_smem_k<typename RegSmemKAtom<T, N>::type>(a, b, d, accumulate, std::make_index_sequence<N / 2>{});
 }
 
 // Keeps the compiler from moving register reads or writes of an accumulator across the
