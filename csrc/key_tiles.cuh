@@ -120,8 +120,9 @@ constexpr int kMaskEntries = kKeyTileTokens + 1;
 __host__ __device__ inline uint64_t prefix_mask(const KeyTiling& kt, int axis, int k) {
   uint64_t m = 0;
   for (int j = 0; j < kKeyTileTokens; ++j) {
-    const int offset[kMaxRank] = {j / (kt.n[1] * kt.n[2]), j / kt.n[2] % kt.n[1], j % kt.n[2]};
-    if (offset[axis] < k) m |= uint64_t{1} << j;
+    // (Selected, not indexed: a run-time index would put the offsets in local memory.)
+    const int offset = axis == 0 ? j / (kt.n[1] * kt.n[2]) : axis == 1 ? j / kt.n[2] % kt.n[1] : j % kt.n[2];
+    if (offset < k) m |= uint64_t{1} << j;
   }
   return m;
 }
