@@ -100,7 +100,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("device"), py::arg("stream"),
         py::arg("forward_kernel") = 0,
         "Fused forward: writes out [B, *spatial, H, D] and the float32 LSE [B, *spatial, H] (contiguous). "
-        "forward_kernel: 0 auto (the Hopper wgmma kernel on sm_90 for scale > 0, else the portable one), "
+        "forward_kernel: 0 auto (the Hopper wgmma kernel on sm_90 for scale > 0 where its TMA copies can read the "
+        "layout, else the portable one), "
         "1 portable, 2 hopper.");
 
   m.def("backward",

@@ -19,8 +19,8 @@ PATTERN_CODE = {"neighborhood": 0, "window": 1}
 
 
 # HALOATTN_CUDA_FORWARD picks the forward kernel: auto (the Hopper wgmma kernel on sm_90 devices
-# when scale > 0, else the portable mma.sync one), or forces portable / hopper (benchmarks and
-# tests compare them).
+# when scale > 0 and its TMA copies can read the layout, else the portable mma.sync one), or
+# forces portable / hopper (benchmarks and tests compare them).
 FORWARD_KERNEL_CODE = {"auto": 0, "portable": 1, "hopper": 2}
 
 
