@@ -6,20 +6,15 @@
 // and prints one line per problem. Driven by benchmarks/hopper_work.py.
 #include <cstdio>
 
+#include "../../tests/cuda_host/problem_input.h"
 #include "key_tiles.cuh"
 #include "pair_tiles.cuh"
 
 using namespace haloattn;
 
 int main() {
-  int pattern;
-  while (std::scanf("%d", &pattern) == 1) {
-    AttentionParams p;
-    p.pattern = static_cast<Pattern>(pattern);
-    for (int a = 0; a < kMaxRank; ++a) {
-      AxisParams& x = p.axis[a];
-      std::scanf("%d %d %d %d %d %d", &x.length, &x.window, &x.stride, &x.dilation, &x.causal, &x.shift);
-    }
+  AttentionParams p;
+  while (read_problem(p)) {
     const TileShape shape = choose_pair_tile(p);
     KeyTiling kt;
     if (!choose_key_tiling(p, shape, kt)) {

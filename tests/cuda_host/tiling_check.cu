@@ -21,6 +21,7 @@
 
 #include "key_tiles.cuh"
 #include "pair_tiles.cuh"
+#include "problem_input.h"
 #include "row_windows.cuh"
 
 using namespace haloattn;
@@ -207,14 +208,8 @@ const char* check_pairs(const AttentionParams& p) {
 }  // namespace
 
 int main() {
-  int pattern;
-  while (std::scanf("%d", &pattern) == 1) {
-    AttentionParams p;
-    p.pattern = static_cast<Pattern>(pattern);
-    for (int a = 0; a < kMaxRank; ++a) {
-      AxisParams& x = p.axis[a];
-      std::scanf("%d %d %d %d %d %d", &x.length, &x.window, &x.stride, &x.dilation, &x.causal, &x.shift);
-    }
+  AttentionParams p;
+  while (read_problem(p)) {
     const char* verdict = "ok";
     for (const char* v : {check(p, true), check(p, false), check_pairs(p)})
       if (verdict[0] == 'o' && verdict[1] == 'k') verdict = v;
