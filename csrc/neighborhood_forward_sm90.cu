@@ -101,9 +101,10 @@ __device__ inline void copy_box(const CUtensorMap* map, uint64_t* bar, void* dst
   const int c2 = token_coordinate(p, w, 2, x[2]), c1 = token_coordinate(p, w, 1, x[1]), c0 = token_coordinate(p, w, 0, x[0]);
 #pragma unroll
   for (int panel = 0; panel < D / kPanelCols; ++panel) {
-    // Panels are kPanelCols-element columns of a [rows][64] block each (swizzled_element).
+    // Panels are kPanelCols-element columns of a [rows][64] block each (swizzled_element) of
+    // 16-bit elements.
     cute::SM90_TMA_LOAD_5D::copy(map, bar, cache_hint,
-                                 static_cast<unsigned char*>(dst) + panel * rows * kPanelCols * 2,
+                                 static_cast<unsigned char*>(dst) + panel * rows * kPanelCols * sizeof(uint16_t),
                                  head * D + panel * kPanelCols, c2, c1, c0, w.batch);
   }
 }
@@ -117,6 +118,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The shape of tile_half's halves (the query map's box): the pair halved along its first axis
+// longer than one token.
 __host__ __device__ inline TileShape half_shape(const TileShape& pair) {
   TileShape h = pair;
   for (int a = 0; a < kMaxRank; ++a) {
@@ -145,7 +148,7 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
     if (w.empty) continue;
     const int kv_head = w.head / (p.heads / p.kv_heads);
     const int buffer = pair_count & 1;
-    // The consumers release a query buffer after the pair that used it, two pairs back.
+    // The consumers release a query buffer (two pairs back) once its queries are in registers.
     if (pair_count >= 2) Barrier::wait(&q_empty[buffer], ((pair_count >> 1) - 1) & 1);
     const TileHalf second = tile_half(w, shape, 1);
     const int halves = second.work.empty ? 1 : 2;
@@ -218,6 +221,8 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         const TileCoord at = a_source(lane, 16 * warp, 16 * ks);
         ldmatrix_x4(q[ks], sQ_half + swizzled_element<kHalfRows>(at.row, at.col / 8));
       }
+      // These reads (generic proxy) come before the copy engine's next writes (async proxy).
+      cutlass::arch::fence_view_async_shared();
       Barrier::arrive(&q_empty[buffer]);
     }
 
