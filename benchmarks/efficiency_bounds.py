@@ -11,6 +11,10 @@ Two ceilings bound it:
 * memory: q, k, v read once and out written once (bf16), at the device's copy bandwidth. When
   that time exceeds the attended FLOPs at cuDNN's rate, efficiency cannot exceed their ratio.
 
+It also reports the share of a query tile's key-tile steps that need no per-score mask, with key
+tiles aligned to the key box (as the triton kernel walks them) and anchored at the tile's common
+window (as the cuda Hopper kernel does), for the same number of tiles or one more per axis.
+
     python benchmarks/efficiency_bounds.py [--dense-tflops 630] [--bandwidth-tbs 3.0]
 """
 
@@ -48,6 +52,32 @@ def computed_pairs(problem, q_tile, kv_tile) -> int:
     return total * problem.batch
 
 
+def unmasked_share(problem, q_tile, kv_tile, anchored: bool) -> float:
+    """Share of the (query tile, key tile) steps a box-tiled forward visits whose key tile lies
+    inside every query's window of the tile (the steps that need no per-score mask). Key tiles
+    start at the union box's low end (``anchored=False``, the triton kernel) or are shifted so
+    that one starts where the tile's common window does (``anchored=True``, the cuda Hopper
+    kernel's key_tiles.cuh), covering the same box. Per axis and query tile the counts are
+    independent, so the shares multiply over axes."""
+    share = 1.0
+    for axis, tq, tk in zip(problem.axes, q_tile, kv_tile):
+        visited = inside = 0
+        for group in range(axis.dilation):
+            length = axis.group_length(group)
+            for start in range(0, length, tq):
+                last = min(start + tq, length) - 1
+                _, lo, common_hi = key_range(axis, problem.pattern, start * axis.dilation + group)
+                _, common_lo, hi = key_range(axis, problem.pattern, last * axis.dilation + group)
+                first = lo
+                if anchored and common_hi > common_lo:
+                    first = common_lo - -(-(common_lo - lo) // tk) * tk
+                tiles = -(-(hi - first) // tk)
+                visited += tiles
+                inside += sum(common_lo <= first + j * tk and first + (j + 1) * tk <= common_hi for j in range(tiles))
+        share *= inside / visited
+    return share
+
+
 def best_box(problem):
     """The 64- or 128-query box (with key tiles of 64 tokens) that computes the fewest pairs."""
     ext = tiles.group_extents(problem)
@@ -66,8 +96,9 @@ def main():
     parser.add_argument("--dense-tflops", type=float, default=630.0, help="dense cuDNN forward rate (H100: 610-680)")
     parser.add_argument("--bandwidth-tbs", type=float, default=3.0, help="device copy bandwidth (H100 HBM3: ~3.0)")
     args = parser.parse_args()
-    print("| problem | default tiles | computed / attended | best box | computed / attended | memory-bound ceiling |")
-    print("|---|---|---|---|---|---|")
+    print("| problem | default tiles | computed / attended | best box | computed / attended | memory-bound ceiling "
+          "| unmasked steps, box-aligned / anchored key tiles |")
+    print("|---|---|---|---|---|---|---|")
     for name, spatial, window, options, D in PROBLEMS:
         q = torch.empty(BATCH, *spatial, HEADS, D, dtype=torch.bfloat16, device="meta")
         problem = build_problem(q, q, q, window, **options)
@@ -78,8 +109,10 @@ def main():
         flops_s = 4 * BATCH * HEADS * D * attended / (args.dense_tflops * 1e12)
         bytes_s = 4 * BATCH * HEADS * D * problem.tokens * 2 / (args.bandwidth_tbs * 1e12)
         memory = min(1.0, flops_s / bytes_s)
+        aligned = unmasked_share(problem, fwd["q"], fwd["kv"], anchored=False)
+        anchored = unmasked_share(problem, fwd["q"], fwd["kv"], anchored=True)
         print(f"| {name} | {fwd['q']} / {fwd['kv']} | {waste:.2f} | {best_q} / {best_kv} | "
-              f"{best_pairs / attended:.2f} | {memory:.2f} |")
+              f"{best_pairs / attended:.2f} | {memory:.2f} | {aligned:.2f} / {anchored:.2f} |")
 
 
 if __name__ == "__main__":
