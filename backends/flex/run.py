@@ -124,17 +124,24 @@ def _smaller_tiles(options):
     return sequence[i + 1] if i + 1 < len(sequence) else None
 
 
+def _shrink_tiles(plan: Plan, exc: Exception) -> bool:
+    """After ``exc``: when it is a shared-memory overflow and smaller tiles are left, move the
+    plan to them (kept for the problem) and say so; else False (the caller re-raises)."""
+    smaller = _smaller_tiles(plan.kernel_options)
+    if not _out_of_shared_memory(exc) or smaller is None:
+        return False
+    plan.kernel_options = smaller
+    return True
+
+
 def _fitting_shared_memory(plan: Plan, attempt):
-    """``attempt()``; while it fails because the plan's config overflows shared memory, move the
-    plan to the next smaller tiles (SMALLER_TILES, kept for the problem) and try again."""
+    """``attempt()``, retried with smaller tiles while it overflows shared memory."""
     while True:
         try:
             return attempt()
         except Exception as exc:
-            smaller = _smaller_tiles(plan.kernel_options)
-            if not _out_of_shared_memory(exc) or smaller is None:
+            if not _shrink_tiles(plan, exc):
                 raise
-            plan.kernel_options = smaller
 
 
 def _call_flex(plan: Plan, q, k, v, score_mod, scale):
@@ -236,10 +243,8 @@ def backward_from_state(state: GraphState, grad_out, grad_lse: Optional[torch.Te
     except Exception as exc:
         # Flex compiles its backward kernel on first use; if that config overflows shared memory,
         # recompute with the next smaller tiles (the forward's fitted, the backward's did not)
-        plan = plan_for(state.problem)
-        if not _out_of_shared_memory(exc) or _smaller_tiles(plan.kernel_options) is None:
+        if not _shrink_tiles(plan_for(state.problem), exc):
             raise
-        plan.kernel_options = _smaller_tiles(plan.kernel_options)
         return backward(state.problem, state.inputs, grad_out, grad_lse, state.needs_grad)
 
 

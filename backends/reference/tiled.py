@@ -42,15 +42,11 @@ def _rows_of(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t.reshape(B * Hkv, N, -1).index_select(1, index).view(B, Hkv, index.numel(), *t.shape[3:])
 
 
-def _put_rows(t: torch.Tensor, index: torch.Tensor, src: torch.Tensor, add: bool = False) -> None:
-    """t[:, :, index] = src (or +=), t contiguous [B, Hkv, N, ...], src [B, Hkv, ...] holding
-    ``len(index)`` rows; on a 3-D view, as :func:`_rows_of`."""
+def _add_rows(t: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
+    """t[:, :, index] += src, t contiguous [B, Hkv, N, ...], src [B, Hkv, ...] holding
+    ``len(index)`` rows (repeated indices accumulate); on a 3-D view, as :func:`_rows_of`."""
     B, Hkv, N = t.shape[:3]
-    flat, rows = t.view(B * Hkv, N, -1), src.reshape(B * Hkv, index.numel(), -1)
-    if add:
-        flat.index_add_(1, index, rows)
-    else:
-        flat.index_copy_(1, index, rows)
+    t.view(B * Hkv, N, -1).index_add_(1, index, src.reshape(B * Hkv, index.numel(), -1))
 
 
 class Work:
@@ -347,7 +343,7 @@ def backward(problem: Problem, work: Work, blocks, out, lse, grad_out, grad_lse,
         ds = torch.matmul(dot, vt.transpose(-1, -2)).view(blk.shape6)
         ds.sub_(dl).mul_(p)
         if dv is not None:
-            _put_rows(dv, blk.key_flat, torch.matmul(p.view(B, Hkv, c, R, P).transpose(-1, -2), dot), add=True)
+            _add_rows(dv, blk.key_flat, torch.matmul(p.view(B, Hkv, c, R, P).transpose(-1, -2), dot))
         ds = _score_grad(sc.grid, ds)
         if drpb is not None:
             per_head = ds.sum(0).permute(0, 3, 1, 2, 4).reshape(H, -1)  # [H, n * P]
@@ -355,7 +351,7 @@ def backward(problem: Problem, work: Work, blocks, out, lse, grad_out, grad_lse,
         ds = ds.reshape(B, Hkv, c, R, P)
         dqt = torch.matmul(ds, kt) if dq is not None else None
         if dk is not None:
-            _put_rows(dk, blk.key_flat, torch.matmul(ds.transpose(-1, -2), qt), add=True)
+            _add_rows(dk, blk.key_flat, torch.matmul(ds.transpose(-1, -2), qt))
         # additional tokens
         if pe is not None:
             E = pe.shape[-1]
