@@ -5,6 +5,7 @@ with dense cuDNN SDPA over the same tokens timed in the same run for the forward
 column. Each variant's result is checked against the default config's.
 
     python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--atomic-only]
+        [--walk-only]
         [--json FILE]
 
 ``--compile-only`` runs each variant once without timing, so several processes (one per problem)
@@ -86,7 +87,37 @@ def atomic_configs(configs, problem):
             dict(configs[0], dkdv=dict(dkdv, atomic_dq=True, tma_dq=False)), dict(configs[0], dkdv=wide)]
 
 
-def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False):
+WALK_KNOBS = ("anchor", "axis_masks")
+
+
+def with_walk(config, anchor, axis_masks):
+    return {name: dict(cfg, anchor=anchor, axis_masks=axis_masks) for name, cfg in config.items()}
+
+
+def unmasked_era_default(problem):
+    """The default config as it was before anchored walks: tiles chosen by computed pairs alone
+    (no mask cost), walked from the range's low end with one mask over all axes."""
+    saved = tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS
+    tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS = 0.0, False, False
+    for cache in (tiles._best_forward, tiles.default_config):
+        cache.cache_clear()
+    try:
+        return tiles.default_config(problem)
+    finally:
+        tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS = saved
+        for cache in (tiles._best_forward, tiles.default_config):
+            cache.cache_clear()
+
+
+def walk_configs(configs, problem):
+    """The default, its tiles walked the old way (from the low end, one mask) and anchored with
+    one mask, and the previous default (old tile choice, old walk)."""
+    base = configs[0]
+    return [base, with_walk(base, False, False), with_walk(base, True, False), unmasked_era_default(problem)]
+
+
+def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False,
+          walk_only=False):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
@@ -97,6 +128,8 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
         forward_configs, backward = rescale_configs(configs), False
     if atomic_only:
         forward_configs, configs = configs[:1], atomic_configs(configs, problem)
+    if walk_only:
+        forward_configs = configs = walk_configs(configs, problem)
     out, lse = launch.forward(problem, inputs, configs[0])
     result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
               "forward": time_variants(forward_configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
@@ -117,7 +150,8 @@ def label(config):
     parts = []
     for name, c in config.items():
         parts.append(f"{name}: q {c['q']} kv {c['kv']} w{c['warps']} s{c['stages']}{' tma' if c.get('tma') else ''}"
-                     f"{' lazy' if c.get('lazy_rescale') else ''}{' atomic-dq' if c.get('atomic_dq') else ''}{' (element-wise)' if c.get('tma_dq') is False else ''}")
+                     f"{' lazy' if c.get('lazy_rescale') else ''}{' anchored' if c.get('anchor') else ''}"
+                     f"{' axis-masks' if c.get('axis_masks') else ''}{' atomic-dq' if c.get('atomic_dq') else ''}{' (element-wise)' if c.get('tma_dq') is False else ''}")
     return "; ".join(parts)
 
 
@@ -145,6 +179,9 @@ def main():
                         help="forward only: the default against the other rescaling rule (lazy or every tile)")
     parser.add_argument("--atomic-only", action="store_true",
                         help="backward only: the default against the opt-in atomic-dQ backward")
+    parser.add_argument("--walk-only", action="store_true",
+                        help="the default against its tiles walked without anchoring / per-axis masks, and the "
+                             "previous default (tiles chosen without counting masks)")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.atomic_only:  # the atomic-dQ backward runs only where non-determinism is allowed
@@ -152,7 +189,7 @@ def main():
     results = []
     for index in (int(i) for i in args.only.split(",")):
         results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only,
-                             args.atomic_only))
+                             args.atomic_only, args.walk_only))
         if args.compile_only:
             continue
         report(results[-1])

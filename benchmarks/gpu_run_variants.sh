@@ -3,7 +3,7 @@
 # through tensor descriptors) side by side: install, compile every variant in parallel (one
 # process per problem fills the Triton cache), GPU tests of both tile-load paths, then one timing
 # process. Usage (on the GPU machine, repo root):
-#   PROBLEMS=1,2,5,8 VARIANT_ARGS=--tma-only bash benchmarks/gpu_run_variants.sh
+#   PROBLEMS=1,2,5,8 VARIANT_ARGS=--tma-only [TEST_ARGS=tests/test_triton_gpu.py] bash benchmarks/gpu_run_variants.sh
 # Writes device.txt, variant_tests.log, variants.log and variants.json under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -20,8 +20,9 @@ for i in ${PROBLEMS//,/ }; do
   python3 benchmarks/bench_kernel_variants.py --only "$i" --compile-only $VARIANT_ARGS > "/tmp/compile_$i.log" 2>&1 &
 done
 if [ -z "$SKIP_TESTS" ]; then
+  # TEST_ARGS: which GPU tests (default: both tile-load paths); e.g. TEST_ARGS=tests/test_triton_gpu.py
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf \
-    tests/test_triton_gpu.py -k "per_load_path or bitwise" > "$OUT/variant_tests.log" 2>&1
+    ${TEST_ARGS:-tests/test_triton_gpu.py -k "per_load_path or bitwise"} > "$OUT/variant_tests.log" 2>&1
   echo "tests: exit $? after $(( $(date +%s) - began )) s"; tail -3 "$OUT/variant_tests.log"
 fi
 wait

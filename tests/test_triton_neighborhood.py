@@ -345,8 +345,8 @@ def test_cost_model_counts_a_dilation_group_like_an_undilated_axis(length, windo
     from haloattn.geometry import Axis
 
     for q_tile, kv_tile in ((8, 8), (16, 8), (4, 16)):
-        dilated = tiles._axis_key_tiles(Axis(2 * length, window, stride, 2, causal), "neighborhood", q_tile, kv_tile)
-        plain = tiles._axis_key_tiles(Axis(length, window, stride, 1, causal), "neighborhood", q_tile, kv_tile)
+        dilated = tiles._axis_steps(Axis(2 * length, window, stride, 2, causal), "neighborhood", q_tile, kv_tile)
+        plain = tiles._axis_steps(Axis(length, window, stride, 1, causal), "neighborhood", q_tile, kv_tile)
         assert dilated == plain
 
 
@@ -399,3 +399,112 @@ def test_bias_gradient_equals_a_scatter_add(spatial, window, options, chunk, mon
     got = launch.rpb_gradient(problem, ds, rpb)
     assert got.dtype == rpb.dtype and got.shape == rpb.shape
     assert oracle.rel_error(got, expected.view(rpb.shape)) <= 1e-6
+
+
+WALKS = {"box-aligned, one mask": dict(anchor=False, axis_masks=False),
+         "anchored, one mask": dict(anchor=True, axis_masks=False),
+         "anchored, masks per crossed axis": dict(anchor=True, axis_masks=True)}
+
+
+def _anchored_walks(problem, q_tile, kv_tile):
+    """(walks that start below coordinate 0, walks the anchor moved) over every query tile of
+    group 0 on every axis, by the host twin of the kernels' tile_start."""
+    from haloattn.geometry import key_range
+
+    below = moved = 0
+    for axis, tq, tk in zip(problem.axes, q_tile, kv_tile):
+        for start in range(0, axis.group_length(0), tq):
+            last = min(start + tq, axis.group_length(0)) - 1
+            _, lo, common_hi = key_range(axis, problem.pattern, start * axis.dilation)
+            _, common_lo, hi = key_range(axis, problem.pattern, last * axis.dilation)
+            first = tiles.walk_start(lo, hi, common_lo, common_hi, tk, True)
+            below += first < 0
+            moved += first != lo
+    return below, moved
+
+
+@pytest.mark.parametrize("walk", list(WALKS), ids=["aligned", "anchored", "axis-masks"])
+@pytest.mark.parametrize(
+    "spatial,window,q_tile,kv_tile,options",
+    [
+        ((37,), 11, [8], [4], dict(causal=False)),
+        ((30,), 9, [4], [4], dict(stride=3, causal=True)),
+        ((13, 22), (11, 7), [4, 4], [4, 4], dict(dilation=(1, 2), causal=(False, True), rpb=True, softcap=5.0)),
+        ((5, 9, 10), (3, 7, 7), [2, 2, 4], [1, 4, 4], dict(causal=(True, False, False), rpb=True)),
+        ((12, 10), (8, 5), [4, 4], [4, 4], dict(pattern="window", shift=(3, 0), rpb=True)),
+    ],
+    ids=["1d", "1d-stride-causal", "2d-dilated-causal", "3d-causal-time", "2d-window-shift"],
+)
+def test_every_tile_walk_matches_the_oracle(spatial, window, q_tile, kv_tile, options, walk):
+    """Forward, LSE and every gradient (rpb included) with the streamed tiles walked from the low
+    end of their range or anchored at the common range (starting below coordinate 0, so the
+    loads must drop those rows), masked all at once or per crossed axis: the same as the oracle.
+    Small tiles make the anchor move on every neighbourhood problem (asserted, so the test cannot
+    pass without exercising it); a window of the "window" pattern is one tile-aligned box, so
+    there the walk never moves, and that case checks that nothing else changes."""
+    gen = torch.Generator().manual_seed(len(spatial) + len(walk))
+    options = dict(options)
+    heads = 2
+    wins = window if isinstance(window, tuple) else (window,)
+    q, k, v = (torch.randn(1, *spatial, heads, 16, generator=gen) for _ in range(3))
+    rpb = torch.randn(heads, *(2 * w - 1 for w in wins), generator=gen) * 0.5 if options.pop("rpb", False) else None
+    problem = build_problem(q, k, v, window, rpb=rpb, **options)
+    below, moved = _anchored_walks(problem, q_tile, kv_tile)
+    if problem.pattern == "neighborhood":
+        assert moved > 0 and (below > 0 or any(problem.causal))
+    knobs = dict(WALKS[walk], warps=4, stages=2)
+    config = {"fwd": dict(q=q_tile, kv=kv_tile, **knobs), "dq": dict(q=q_tile, kv=kv_tile, **knobs),
+              "dkdv": dict(q=kv_tile, kv=q_tile, **knobs)}
+    inputs = AttentionInputs(q, k, v, rpb=rpb)
+    out, lse = launch.forward(problem, inputs, config)
+    grad = torch.randn(out.shape, generator=gen)
+    needs = (True, True, True, rpb is not None, False, False, False)
+    grads = launch.backward(problem, inputs, out, lse, grad, None, needs, config)
+
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v) + ((rpb,) if rpb is not None else ())]
+    ref, ref_lse = oracle.attention(*leaves[:3], window, rpb=leaves[3] if rpb is not None else None, **options)
+    ref_grads = torch.autograd.grad(ref, leaves, grad.double())
+    assert oracle.rel_error(out, ref) <= 1e-5
+    assert (lse.double() - ref_lse).abs().max() <= 1e-4
+    for got, expected in zip(grads, ref_grads):
+        assert oracle.rel_error(got, expected) <= 1e-5
+
+
+def test_anchored_descriptor_loads_equal_pointer_loads():
+    """Tiles starting below coordinate 0 read through tensor descriptors (out-of-bounds rows come
+    back as zeros) give bit for bit what the masked pointer loads give."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 13, 22, 2, 32, generator=gen).bfloat16() for _ in range(3))
+    problem = build_problem(q, k, v, (11, 7), dilation=(1, 2))
+    assert _anchored_walks(problem, [4, 4], [4, 4])[0] > 0
+    inputs = AttentionInputs(q, k, v)
+    grad = torch.randn(q.shape, generator=gen).bfloat16()
+    needs = (True, True, True, False, False, False, False)
+    results = []
+    for tma in (False, True):
+        knobs = dict(warps=4, stages=2, tma=tma, anchor=True, axis_masks=True)
+        config = {"fwd": dict(q=[4, 4], kv=[4, 4], **knobs), "dq": dict(q=[4, 4], kv=[4, 4], **knobs),
+                  "dkdv": dict(q=[4, 4], kv=[4, 4], **knobs)}
+        out, lse = launch.forward(problem, inputs, config)
+        results.append((out, lse) + launch.backward(problem, inputs, out, lse, grad, None, needs, config)[:3])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_anchoring_never_adds_steps():
+    """The host twin of the kernels' walk: on random axes and tiles, the anchored walk visits as
+    many tiles as the walk from the range's low end, covers the same range, and has at least as
+    many tiles inside the common range."""
+    from haloattn.geometry import Axis
+
+    rng = torch.Generator().manual_seed(2)
+    for _ in range(300):
+        length, window = (int(x) for x in torch.randint(2, 70, (2,), generator=rng))
+        window = min(window, length)
+        stride = int(torch.randint(1, window + 1, (1,), generator=rng))
+        causal = bool(torch.randint(0, 2, (1,), generator=rng))
+        axis = Axis(length, window, stride, 1, causal)
+        for q_tile, kv_tile in ((4, 4), (8, 4), (2, 8), (16, 16)):
+            aligned = tiles._axis_steps(axis, "neighborhood", q_tile, kv_tile, False)
+            anchored = tiles._axis_steps(axis, "neighborhood", q_tile, kv_tile, True)
+            assert anchored[0] == aligned[0] and anchored[1] >= aligned[1], (axis, q_tile, kv_tile)

@@ -19,8 +19,8 @@ import triton.language as tl
 
 from .descriptors import add_to_box, group_descriptor, kv_descriptors, load_box, load_token_tile
 from .forward_kernel import query_tile
-from .index_math import key_range, next3, query_range, split3
-from .scores import LOG2E, finish_scores, mma, relative_bias, within
+from .index_math import crosses, key_range, next3, query_range, split3, tile_start
+from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
 
 
 @triton.jit
@@ -51,6 +51,7 @@ def dq_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, RPB_GRAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
+    ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -88,9 +89,12 @@ def dq_kernel(
     all_lo0, uhi0 = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
     all_lo1, uhi1 = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
     all_lo2, uhi2 = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
-    nk1 = tl.cdiv(uhi1 - ulo1, TN1)
-    nk2 = tl.cdiv(uhi2 - ulo2, TN2)
-    n_tiles = tl.cdiv(uhi0 - ulo0, TN0) * nk1 * nk2
+    st0 = tile_start(ulo0, uhi0, all_lo0, all_hi0, TN0, ANCHOR)
+    st1 = tile_start(ulo1, uhi1, all_lo1, all_hi1, TN1, ANCHOR)
+    st2 = tile_start(ulo2, uhi2, all_lo2, all_hi2, TN2, ANCHOR)
+    nk1 = tl.cdiv(uhi1 - st1, TN1)
+    nk2 = tl.cdiv(uhi2 - st2, TN2)
+    n_tiles = tl.cdiv(uhi0 - st0, TN0) * nk1 * nk2
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + bh[0] * skb + kvh.to(tl.int64) * skh
@@ -104,7 +108,7 @@ def dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for _tile in range(0, n_tiles):
-        ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
+        ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
                              Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
@@ -117,10 +121,9 @@ def dq_kernel(
             bias = 0.0
         s, t = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
         p = tl.math.exp2(s - lse2[:, None])
-        partial = ((ys0 < all_lo0) | (ys0 + TN0 > all_hi0) | (ys1 < all_lo1) | (ys1 + TN1 > all_hi1)
-                   | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
-        if partial:
-            p = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK), p, 0.0)
+        p = mask_pairs(p, 0.0, lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2,
+                       crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
+                       crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
         dp = mma(do, tl.trans(vt), None, PRECISION)
         ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
         dq = mma(ds.to(kt.dtype), kt, dq, PRECISION)
@@ -173,6 +176,7 @@ def dkdv_kernel(
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr, TMA_DQ: tl.constexpr,
+    ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -199,15 +203,19 @@ def dkdv_kernel(
     yl0 = tl.minimum(ys0 + TN0 - 1, Lg0 - 1)
     yl1 = tl.minimum(ys1 + TN1 - 1, Lg1 - 1)
     yl2 = tl.minimum(ys2 + TN2 - 1, Lg2 - 1)
-    qlo0, _ = query_range(ys0, Lg0, K0, S0, SH0, C0, WINDOW)
-    qlo1, _ = query_range(ys1, Lg1, K1, S1, SH1, C1, WINDOW)
-    qlo2, _ = query_range(ys2, Lg2, K2, S2, SH2, C2, WINDOW)
-    _, qhi0 = query_range(yl0, Lg0, K0, S0, SH0, C0, WINDOW)
-    _, qhi1 = query_range(yl1, Lg1, K1, S1, SH1, C1, WINDOW)
-    _, qhi2 = query_range(yl2, Lg2, K2, S2, SH2, C2, WINDOW)
-    nq1 = tl.cdiv(qhi1 - qlo1, TM1)
-    nq2 = tl.cdiv(qhi2 - qlo2, TM2)
-    nq0 = tl.cdiv(qhi0 - qlo0, TM0)
+    # ... and the queries that see every key of it (common_*), where the walk is anchored.
+    qlo0, common_hi0 = query_range(ys0, Lg0, K0, S0, SH0, C0, WINDOW)
+    qlo1, common_hi1 = query_range(ys1, Lg1, K1, S1, SH1, C1, WINDOW)
+    qlo2, common_hi2 = query_range(ys2, Lg2, K2, S2, SH2, C2, WINDOW)
+    common_lo0, qhi0 = query_range(yl0, Lg0, K0, S0, SH0, C0, WINDOW)
+    common_lo1, qhi1 = query_range(yl1, Lg1, K1, S1, SH1, C1, WINDOW)
+    common_lo2, qhi2 = query_range(yl2, Lg2, K2, S2, SH2, C2, WINDOW)
+    qst0 = tile_start(qlo0, qhi0, common_lo0, common_hi0, TM0, ANCHOR)
+    qst1 = tile_start(qlo1, qhi1, common_lo1, common_hi1, TM1, ANCHOR)
+    qst2 = tile_start(qlo2, qhi2, common_lo2, common_hi2, TM2, ANCHOR)
+    nq1 = tl.cdiv(qhi1 - qst1, TM1)
+    nq2 = tl.cdiv(qhi2 - qst2, TM2)
+    nq0 = tl.cdiv(qhi0 - qst0, TM0)
     nq = nq0 * nq1 * nq2
 
     m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
@@ -231,9 +239,10 @@ def dkdv_kernel(
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for _step in range(0, G * nq):
         h = kvh * G + group_head
-        xs0, xs1, xs2 = qlo0 + j0 * TM0, qlo1 + j1 * TM1, qlo2 + j2 * TM2
+        xs0, xs1, xs2 = qst0 + j0 * TM0, qst1 + j1 * TM1, qst2 + j2 * TM2
         x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
-        q_ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
+        # An anchored walk may start below coordinate 0; such rows are not read and add nothing.
+        q_ok = (x0 >= 0) & (x0 < Lg0) & (x1 >= 0) & (x1 < Lg1) & (x2 >= 0) & (x2 < Lg2)
         i0, i1, i2 = g0 + D0 * x0, g1 + D1 * x1, g2 + D2 * x2
         if LARGE:
             i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
@@ -266,13 +275,15 @@ def dkdv_kernel(
         all_lo0, _ = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
         all_lo1, _ = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
         all_lo2, _ = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
-        partial = ((ys0 < all_lo0) | (ys0 + TN0 > all_hi0) | (ys1 < all_lo1) | (ys1 + TN1 > all_hi1)
-                   | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
-        if partial:
+        cross0 = crosses(ys0, TN0, all_lo0, all_hi0)
+        cross1 = crosses(ys1, TN1, all_lo1, all_hi1)
+        cross2 = crosses(ys2, TN2, all_lo2, all_hi2)
+        if cross0 | cross1 | cross2:
             lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
             lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
             lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
-            pT = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, False, RANK), pT, 0.0)
+            pT = mask_pairs(pT, 0.0, lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, cross0, cross1, cross2,
+                            False, RANK, AXIS_MASKS)
         dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)

@@ -61,11 +61,13 @@ def load_token_tile(desc, base, s0, s1, s2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g
                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """``[ROWS, BLOCK_D]`` tile of the tokens at group coordinates (y0, y1, y2) (the box starting at
     (ys0, ys1, ys2)) of dilation group (g0, g1, g2): one descriptor copy with TMA, else a masked
-    pointer gather from ``base`` through the strides; rows outside the grid are zeros either way."""
+    pointer gather from ``base`` through the strides; rows outside the grid (on either side) are zeros
+    either way."""
     if TMA:
         tile = load_box(desc, 0, ys0, ys1, ys2, RANK, ROWS, BLOCK_D)
     else:
-        ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
+        # Anchored walks (index_math.tile_start) may start a tile below coordinate 0.
+        ok = (y0 >= 0) & (y0 < Lg0) & (y1 >= 0) & (y1 < Lg1) & (y2 >= 0) & (y2 < Lg2)
         t0, t1, t2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
         if LARGE:
             t0, t1, t2 = t0.to(tl.int64), t1.to(tl.int64), t2.to(tl.int64)

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from .descriptors import kv_descriptors, load_token_tile
-from .index_math import group_length, key_range, next3, split3
-from .scores import LN2, finish_scores, mma, relative_bias, within
+from .index_math import crosses, group_length, key_range, next3, split3, tile_start
+from .scores import LN2, finish_scores, mask_pairs, mma, relative_bias
 
 
 @triton.jit
@@ -84,7 +84,7 @@ def forward_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -118,9 +118,12 @@ def forward_kernel(
     all_lo0, uhi0 = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
     all_lo1, uhi1 = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
     all_lo2, uhi2 = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
-    nk1 = tl.cdiv(uhi1 - ulo1, TN1)
-    nk2 = tl.cdiv(uhi2 - ulo2, TN2)
-    n_tiles = tl.cdiv(uhi0 - ulo0, TN0) * nk1 * nk2
+    st0 = tile_start(ulo0, uhi0, all_lo0, all_hi0, TN0, ANCHOR)
+    st1 = tile_start(ulo1, uhi1, all_lo1, all_hi1, TN1, ANCHOR)
+    st2 = tile_start(ulo2, uhi2, all_lo2, all_hi2, TN2, ANCHOR)
+    nk1 = tl.cdiv(uhi1 - st1, TN1)
+    nk2 = tl.cdiv(uhi2 - st2, TN2)
+    n_tiles = tl.cdiv(uhi0 - st0, TN0) * nk1 * nk2
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
@@ -134,7 +137,7 @@ def forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for _tile in range(0, n_tiles):
-        ys0, ys1, ys2 = ulo0 + j0 * TN0, ulo1 + j1 * TN1, ulo2 + j2 * TN2
+        ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
                              Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
@@ -144,10 +147,9 @@ def forward_kernel(
         else:
             bias = 0.0
         s, _ = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
-        partial = ((ys0 < all_lo0) | (ys0 + TN0 > all_hi0) | (ys1 < all_lo1) | (ys1 + TN1 > all_hi1)
-                   | (ys2 < all_lo2) | (ys2 + TN2 > all_hi2))
-        if partial:
-            s = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK), s, float("-inf"))
+        s = mask_pairs(s, float("-inf"), lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2,
+                       crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
+                       crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
         m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, LAZY_RESCALE)
         p = tl.math.exp2(s - finite(m_i)[:, None])
         l_i += tl.sum(p, 1)

@@ -56,6 +56,32 @@ def query_range(y, Lg, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
 
 
 @triton.jit
+def tile_start(lo, hi, common_lo, common_hi, T, ANCHOR: tl.constexpr):
+    """Where the walk over ``[lo, hi)`` in ``T``-wide tiles starts on one axis.
+
+    ``[common_lo, common_hi)`` is the part every row of the program sees (the intersection of its
+    ranges; ``lo <= common_lo`` by monotonicity). Tiles inside it need no per-pair mask on this
+    axis. Walking from ``lo`` puts a tile boundary wherever ``lo`` falls; with ``ANCHOR`` the grid
+    is shifted back (by less than ``T``) so that a tile starts at ``common_lo``, which fits
+    ``(common_hi - common_lo) // T`` whole tiles inside instead of possibly one fewer. The shift
+    is taken only where the common part holds a whole tile and the walk keeps its tile count, so
+    it never adds a step. The first tile may then start below 0: loads mask those rows."""
+    start = lo
+    if ANCHOR:
+        anchored = lo - (T - (common_lo - lo) % T) % T
+        same_steps = tl.cdiv(hi - anchored, T) == tl.cdiv(hi - lo, T)
+        start = tl.where((common_hi - common_lo >= T) & same_steps, anchored, lo)
+    return start
+
+
+@triton.jit
+def crosses(start, T, common_lo, common_hi):
+    """Whether the tile ``[start, start + T)`` reaches outside the common part on this axis (its
+    pairs then need this axis' mask)."""
+    return (start < common_lo) | (start + T > common_hi)
+
+
+@triton.jit
 def split3(t, E1, E2):
     """Row-major coordinates of ``t`` in a box whose two fastest extents are ``E1``, ``E2``."""
     return t // (E1 * E2), (t // E2) % E1, t % E2

@@ -161,6 +161,12 @@ def _tile_constexprs(q: List[int], kv: List[int], rank: int) -> dict:
     return dict(TM0=q3[0], TM1=q3[1], TM2=q3[2], TN0=kv3[0], TN1=kv3[1], TN2=kv3[2])
 
 
+def _walk_constexprs(cfg: dict) -> dict:
+    """How a kernel walks its streamed tiles: anchored at the common range, masks per crossed
+    axis (tiles.default_config; older stored configs without the keys get the defaults)."""
+    return dict(ANCHOR=cfg.get("anchor", tiles.ANCHOR_TILES), AXIS_MASKS=cfg.get("axis_masks", tiles.AXIS_MASKS))
+
+
 def _rpb_strides(rpb: Optional[torch.Tensor], rank: int) -> list:
     if rpb is None:
         return [0, 0, 0, 0]
@@ -215,7 +221,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
         TMA=use_descriptors(cfg.get("tma", False), large, k, v), LAZY_RESCALE=cfg.get("lazy_rescale", False),
-        num_warps=cfg["warps"], num_stages=cfg["stages"],
+        **_walk_constexprs(cfg), num_warps=cfg["warps"], num_stages=cfg["stages"],
     ))
 
 
@@ -354,7 +360,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
-            TMA=use_descriptors(cfg.get("tma", False), large, k, v),
+            TMA=use_descriptors(cfg.get("tma", False), large, k, v), **_walk_constexprs(cfg),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
         )), names))
 
@@ -373,7 +379,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             HAS_RPB=rpb is not None, TMA=use_descriptors(cfg.get("tma", False), large, q, do),
             ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
-            num_warps=cfg["warps"], num_stages=cfg["stages"],
+            **_walk_constexprs(cfg), num_warps=cfg["warps"], num_stages=cfg["stages"],
         )), names))
 
     if need_ak or need_av or (atomic and need_q and ak is not None):

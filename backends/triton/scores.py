@@ -90,3 +90,27 @@ def within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, ROWS_ARE_QUERIES: tl.conste
     if RANK >= 3:
         seen = seen & _axis_within(lo0, hi0, y0, ROWS_ARE_QUERIES)
     return seen
+
+
+
+@triton.jit
+def mask_pairs(s, fill, lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, cross0, cross1, cross2,
+               ROWS_ARE_QUERIES: tl.constexpr, RANK: tl.constexpr, AXIS_MASKS: tl.constexpr):
+    """``s`` with ``fill`` at the pairs outside the window, for a key tile that crosses the
+    program's common range on the axes flagged ``cross*`` (scalars; ``index_math.crosses``).
+    On the other axes every pair is inside, so with ``AXIS_MASKS`` only the crossed axes are
+    tested: most partial tiles of a 2-D or 3-D window cross one axis, and then pay one axis'
+    compares per score instead of every axis'. Without it, any crossing tests all axes at once."""
+    if AXIS_MASKS:
+        if cross2:
+            s = tl.where(_axis_within(lo2, hi2, y2, ROWS_ARE_QUERIES), s, fill)
+        if RANK >= 2:
+            if cross1:
+                s = tl.where(_axis_within(lo1, hi1, y1, ROWS_ARE_QUERIES), s, fill)
+        if RANK >= 3:
+            if cross0:
+                s = tl.where(_axis_within(lo0, hi0, y0, ROWS_ARE_QUERIES), s, fill)
+    else:
+        if cross0 | cross1 | cross2:
+            s = tl.where(within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, ROWS_ARE_QUERIES, RANK), s, fill)
+    return s

@@ -7,9 +7,11 @@ Configs are fitted to the problem (``normalise``) at launch, so a stored config 
 
 The heuristic picks the forward/dQ tile shapes by a cost model: the key tiles a query tile
 visits (exact, from the window rule: the union of the tile's neighbourhoods rounded up to whole
-key tiles) divided by the relative speed of that block size, measured on an H100 (bf16, D=128,
-benchmarks/RESULTS.md). Small windows favour small query tiles (less union overhead), large
-windows the larger, faster blocks.
+key tiles, walked as the kernels walk them) divided by the relative speed of that block size,
+measured on an H100 (bf16, D=128, benchmarks/RESULTS.md), plus the per-axis masks the key tiles
+that cross a tile's common range pay. Small windows favour small query tiles (less union
+overhead), large windows the larger, faster blocks; key tiles that fit inside the common range
+on more axes need fewer masks.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ FORWARD_BLOCKS = {
 # 128-byte rows win there). The backward's streamed tiles stay on pointer loads: descriptors
 # measured 0.88-1.01x there (1.06x at D=64 only).
 DESCRIPTOR_MIN_HEAD_DIM = 65
+# Streamed tiles are walked anchored at the program's common range (index_math.tile_start: more
+# tiles need no mask, never more steps), and a partial tile is masked only on the axes it crosses.
+ANCHOR_TILES = True
+AXIS_MASKS = True
+# A step's extra cost per axis on which its key tile crosses the common range (that axis' two
+# compares and a select per score), relative to a step without a mask.
+MASKED_AXIS_COST = 0.2
 # The forward moves its running row maxima only when a tile raises one by more than 2^8
 # (forward_kernel.online_softmax_rescale), skipping most accumulator rescales.
 LAZY_RESCALE = False
@@ -88,18 +97,45 @@ def fit(shape: Sequence[int], extents: Sequence[int], tokens: int) -> List[int]:
     return tile
 
 
+def walk_start(lo: int, hi: int, common_lo: int, common_hi: int, tile: int, anchor: bool) -> int:
+    """Host twin of the kernels' ``index_math.tile_start``: where the walk over ``[lo, hi)`` in
+    ``tile``-wide tiles starts, anchored at ``common_lo`` where that keeps the step count and the
+    common range holds a whole tile."""
+    if anchor and common_hi - common_lo >= tile:
+        anchored = lo - (-(common_lo - lo)) % tile
+        if -(-(hi - anchored) // tile) == -(-(hi - lo) // tile):
+            return anchored
+    return lo
+
+
 @lru_cache(maxsize=4096)
-def _axis_key_tiles(axis: Axis, pattern: str, q_tile: int, kv_tile: int) -> int:
-    """Key tiles visited on one axis, summed over the query tiles of group 0 on that axis
-    (``key_range`` takes grid coordinates: group 0's coordinate ``x`` is token ``x * dilation``)."""
+def _axis_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool = ANCHOR_TILES) -> Tuple[int, int]:
+    """Key-tile steps on one axis, summed over the query tiles of group 0 on that axis
+    (``key_range`` takes grid coordinates: group 0's coordinate ``x`` is token ``x * dilation``),
+    and how many of them lie inside the tile's common range (no mask on this axis)."""
     group_len = axis.group_length(0)
-    total = 0
+    visited = inside = 0
     for start in range(0, group_len, q_tile):
         last = min(start + q_tile, group_len) - 1
-        lo = key_range(axis, pattern, start * axis.dilation)[1]
-        hi = key_range(axis, pattern, last * axis.dilation)[2]
-        total += -(-(hi - lo) // kv_tile)
-    return total
+        _, lo, common_hi = key_range(axis, pattern, start * axis.dilation)
+        _, common_lo, hi = key_range(axis, pattern, last * axis.dilation)
+        first = walk_start(lo, hi, common_lo, common_hi, kv_tile, anchor)
+        steps = -(-(hi - first) // kv_tile)
+        visited += steps
+        inside += sum(common_lo <= first + j * kv_tile and first + (j + 1) * kv_tile <= common_hi
+                      for j in range(steps))
+    return visited, inside
+
+
+def forward_cost(problem: Problem, q: Sequence[int], kv: Sequence[int], speed: float) -> float:
+    """Relative time of the forward with these tiles: computed pairs over the block size's speed,
+    plus MASKED_AXIS_COST of a step for every axis a step's key tile crosses (it pays that axis'
+    compares). Per axis the query tiles' steps are independent, so the step counts multiply and
+    a step crosses axis ``a`` with probability ``1 - inside_a / visited_a``."""
+    per_axis = [_axis_steps(a, problem.pattern, t, u, ANCHOR_TILES) for a, t, u in zip(problem.axes, q, kv)]
+    steps = math.prod(visited for visited, _ in per_axis)
+    crossings = sum(1 - inside / visited for visited, inside in per_axis)
+    return steps * (1 + MASKED_AXIS_COST * crossings) * math.prod(q) * math.prod(kv) / speed
 
 
 def _shapes(rank: int, tokens: int, extents: Sequence[int]) -> List[Tuple[int, ...]]:
@@ -132,8 +168,7 @@ def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...],
     for (bm, bn), (warps, stages, speed) in FORWARD_BLOCKS[descriptors].items():
         for q in _shapes(problem.rank, bm, ext):
             for kv in _shapes(problem.rank, bn, ext):
-                pairs = math.prod(_axis_key_tiles(a, problem.pattern, t, u) for a, t, u in zip(problem.axes, q, kv))
-                cost = pairs * math.prod(q) * math.prod(kv) / speed
+                cost = forward_cost(problem, q, kv, speed)
                 if best is None or cost < best[0]:
                     best = (cost, q, kv, warps, stages)
     return best[1:]
@@ -177,8 +212,9 @@ def default_config(problem: Problem) -> Dict:
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
+    walk = {"anchor": ANCHOR_TILES, "axis_masks": AXIS_MASKS}
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
-           "lazy_rescale": LAZY_RESCALE}
+           "lazy_rescale": LAZY_RESCALE, **walk}
     # The backward streams 64-token tiles past a resident tile of the forward's query-tile shape.
     # 64 resident tokens with 4 warps were fastest or within 2 % on all ten benchmark problems
     # (H100 sweep of 2026-11-23: 1.04-1.64x faster than 128 with 8 warps, fewer wasted pairs on
@@ -187,7 +223,7 @@ def default_config(problem: Problem) -> Dict:
     small = max(problem.head_dim, problem.value_dim) <= 128
     resident = fit(q, ext, 64 if small else 128)
     stream = fit(kv, ext, 64)
-    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": False}
+    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": False, **walk}
     dq = {"q": resident, "kv": stream, **knobs}
     dkdv = {"q": stream, "kv": resident, **knobs}
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
