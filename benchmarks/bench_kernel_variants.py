@@ -5,7 +5,7 @@ with dense cuDNN SDPA over the same tokens timed in the same run for the forward
 column. Each variant's result is checked against the default config's.
 
     python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--atomic-only]
-        [--walk-only]
+        [--walk-only] [--rounds 5]
         [--json FILE]
 
 ``--compile-only`` runs each variant once without timing, so several processes (one per problem)
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -41,10 +42,12 @@ def relative_difference(a, b):
     return max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(a, b) if y is not None)
 
 
-def time_variants(configs, part, run, reference, flops=None, dense=None, compile_only=False):
+def time_variants(configs, part, run, reference, flops=None, dense=None, compile_only=False, rounds=1):
     """One row per distinct ``part`` of ``configs``: median ms, and the difference from ``reference``
-    (with ``compile_only``, each variant runs once: it fills the Triton cache for a later run)."""
-    rows, seen = [], set()
+    (with ``compile_only``, each variant runs once: it fills the Triton cache for a later run).
+    With several ``rounds`` the variants are timed in turn, round after round, and each keeps the
+    median of its rounds: clock drift during the run then falls on every variant alike."""
+    rows, seen, runs = [], set(), []
     for cfg in configs:
         key = json.dumps({name: cfg[name] for name in part}, sort_keys=True)
         if key in seen:
@@ -52,14 +55,22 @@ def time_variants(configs, part, run, reference, flops=None, dense=None, compile
         seen.add(key)
         try:
             difference = relative_difference(run(cfg), reference)
-            ms = float("nan") if compile_only else bench(lambda cfg=cfg: run(cfg))
         except Exception as exc:  # a variant that does not compile is a row, not the end of the run
             rows.append({"config": json.loads(key), "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
             continue
-        row = {"config": json.loads(key), "ms": ms, "rel_diff": difference, "default": len(rows) == 0}
+        rows.append({"config": json.loads(key), "rel_diff": difference, "default": not runs})
+        runs.append((rows[-1], lambda cfg=cfg: run(cfg)))
+    times = {id(row): [] for row, _ in runs}
+    for _ in range(0 if compile_only else rounds):
+        for row, fn in runs:
+            times[id(row)].append(bench(fn))
+    for row, _ in runs:
+        ms = statistics.median(times[id(row)]) if times[id(row)] else float("nan")
+        row["ms"] = ms
+        if len(times[id(row)]) > 1:
+            row["ms_rounds"] = times[id(row)]
         if flops:
             row["efficiency"] = flops / ms / 1e9 / dense
-        rows.append(row)
     timed = [r for r in rows if "ms" in r]
     base = next((r["ms"] for r in timed if r["default"]), None)
     for r in timed:
@@ -117,7 +128,7 @@ def walk_configs(configs, problem):
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False,
-          walk_only=False):
+          walk_only=False, rounds=1):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
@@ -133,7 +144,7 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
     out, lse = launch.forward(problem, inputs, configs[0])
     result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
               "forward": time_variants(forward_configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
-                                       (out, lse), flops, dense, compile_only)}
+                                       (out, lse), flops, dense, compile_only, rounds)}
     if backward:
         go = torch.randn_like(out)
         needs = (True, True, True, False, False, False, False)
@@ -142,7 +153,7 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
             return launch.backward(problem, inputs, out, lse, go, None, needs, cfg)[:3]
 
         result["backward"] = time_variants(configs, ["dq", "dkdv"], run, run(configs[0]),
-                                           compile_only=compile_only)
+                                           compile_only=compile_only, rounds=rounds)
     return result
 
 
@@ -182,6 +193,7 @@ def main():
     parser.add_argument("--walk-only", action="store_true",
                         help="the default against its tiles walked without anchoring / per-axis masks, and the "
                              "previous default (tiles chosen without counting masks)")
+    parser.add_argument("--rounds", type=int, default=1, help="time the variants in turn this many times")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.atomic_only:  # the atomic-dQ backward runs only where non-determinism is allowed
@@ -189,7 +201,7 @@ def main():
     results = []
     for index in (int(i) for i in args.only.split(",")):
         results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only,
-                             args.atomic_only, args.walk_only))
+                             args.atomic_only, args.walk_only, args.rounds))
         if args.compile_only:
             continue
         report(results[-1])

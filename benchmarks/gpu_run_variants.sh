@@ -21,7 +21,7 @@ for i in ${PROBLEMS//,/ }; do
 done
 if [ -z "$SKIP_TESTS" ]; then
   # TEST_ARGS: which GPU tests (default: both tile-load paths); e.g. TEST_ARGS=tests/test_triton_gpu.py
-  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf \
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -n ${TEST_WORKERS:-4} -p no:cacheprovider -rf ${TEST_VERBOSE:+-v} \
     ${TEST_ARGS:-tests/test_triton_gpu.py -k "per_load_path or bitwise"} > "$OUT/variant_tests.log" 2>&1
   echo "tests: exit $? after $(( $(date +%s) - began )) s"; tail -3 "$OUT/variant_tests.log"
 fi
