@@ -108,23 +108,24 @@ def with_walk(config, anchor, axis_masks):
 def unmasked_era_default(problem):
     """The default config as it was before anchored walks: tiles chosen by computed pairs alone
     (no mask cost), walked from the range's low end with one mask over all axes."""
-    saved = tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS
-    tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS = 0.0, False, False
+    saved = tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS_MAX_HEAD_DIM
+    tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS_MAX_HEAD_DIM = 0.0, False, 0
     for cache in (tiles._best_forward, tiles.default_config):
         cache.cache_clear()
     try:
         return tiles.default_config(problem)
     finally:
-        tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS = saved
+        tiles.MASKED_AXIS_COST, tiles.ANCHOR_TILES, tiles.AXIS_MASKS_MAX_HEAD_DIM = saved
         for cache in (tiles._best_forward, tiles.default_config):
             cache.cache_clear()
 
 
 def walk_configs(configs, problem):
-    """The default, its tiles walked the old way (from the low end, one mask) and anchored with
-    one mask, and the previous default (old tile choice, old walk)."""
+    """The default, its tiles walked every way (from the low end or anchored, one mask or masks
+    per crossed axis), and the previous default (old tile choice, old walk)."""
     base = configs[0]
-    return [base, with_walk(base, False, False), with_walk(base, True, False), unmasked_era_default(problem)]
+    walks = [with_walk(base, anchor, axis_masks) for anchor in (True, False) for axis_masks in (True, False)]
+    return [base] + walks + [unmasked_era_default(problem)]
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False,

@@ -162,9 +162,9 @@ def _tile_constexprs(q: List[int], kv: List[int], rank: int) -> dict:
 
 
 def _walk_constexprs(cfg: dict) -> dict:
-    """How a kernel walks its streamed tiles: anchored at the common range, masks per crossed
-    axis (tiles.default_config; older stored configs without the keys get the defaults)."""
-    return dict(ANCHOR=cfg.get("anchor", tiles.ANCHOR_TILES), AXIS_MASKS=cfg.get("axis_masks", tiles.AXIS_MASKS))
+    """How a kernel walks its streamed tiles (anchored at the common range or not, masks per
+    crossed axis or one for all); ``tiles.normalise`` fills both in."""
+    return dict(ANCHOR=cfg["anchor"], AXIS_MASKS=cfg["axis_masks"])
 
 
 def _rpb_strides(rpb: Optional[torch.Tensor], rank: int) -> list:

@@ -47,9 +47,14 @@ FORWARD_BLOCKS = {
 # measured 0.88-1.01x there (1.06x at D=64 only).
 DESCRIPTOR_MIN_HEAD_DIM = 65
 # Streamed tiles are walked anchored at the program's common range (index_math.tile_start: more
-# tiles need no mask, never more steps), and a partial tile is masked only on the axes it crosses.
+# tiles need no mask, never more steps): on the H100 the forward and the backward were as fast or
+# up to 1.09x faster on the ten benchmark problems (RESULTS.md, "Anchored walks").
 ANCHOR_TILES = True
-AXIS_MASKS = True
+# The forward masks a partial tile only on the axes it crosses where head dims are at most this:
+# there (D = 64, 128) it was 1.00-1.14x the one-mask forward but for two problems at 0.96-0.97.
+# The backward keeps one mask: per-axis masks measured 0.95-1.05x there, and their branches cost
+# the dQ kernel a float32 score tile of shared memory (D = 256 then no longer fit on the H100).
+AXIS_MASKS_MAX_HEAD_DIM = 128
 # A step's extra cost per axis on which its key tile crosses the common range (that axis' two
 # compares and a select per score), relative to a step without a mask.
 MASKED_AXIS_COST = 0.2
@@ -212,9 +217,9 @@ def default_config(problem: Problem) -> Dict:
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
-    walk = {"anchor": ANCHOR_TILES, "axis_masks": AXIS_MASKS}
+    axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
-           "lazy_rescale": LAZY_RESCALE, **walk}
+           "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks}
     # The backward streams 64-token tiles past a resident tile of the forward's query-tile shape.
     # 64 resident tokens with 4 warps were fastest or within 2 % on all ten benchmark problems
     # (H100 sweep of 2026-11-23: 1.04-1.64x faster than 128 with 8 warps, fewer wasted pairs on
@@ -223,7 +228,7 @@ def default_config(problem: Problem) -> Dict:
     small = max(problem.head_dim, problem.value_dim) <= 128
     resident = fit(q, ext, 64 if small else 128)
     stream = fit(kv, ext, 64)
-    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": False, **walk}
+    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": False, "anchor": ANCHOR_TILES, "axis_masks": False}
     dq = {"q": resident, "kv": stream, **knobs}
     dkdv = {"q": stream, "kv": resident, **knobs}
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
@@ -231,7 +236,7 @@ def default_config(problem: Problem) -> Dict:
 
 def candidate_configs(problem: Problem) -> List[Dict]:
     """The tuning space: the default plus other block sizes, warps and stages per kernel, and the
-    default forward with the other rescaling rule."""
+    default forward with the other rescaling rule and the other way of masking."""
     base = default_config(problem)
     ext = group_extents(problem)
     q_shape, kv_shape = base["fwd"]["q"], base["fwd"]["kv"]
@@ -243,6 +248,7 @@ def candidate_configs(problem: Problem) -> List[Dict]:
             if fwd != base["fwd"]:
                 out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
     out.append(dict(base, fwd=dict(base["fwd"], lazy_rescale=not base["fwd"]["lazy_rescale"])))
+    out.append(dict(base, fwd=dict(base["fwd"], axis_masks=not base["fwd"]["axis_masks"])))
     # Backward: resident tiles of 64 tokens (4 warps) and 128 (8 warps), streamed tiles of 64 or
     # 32 tokens, 2 or 3 stages, pointer or descriptor loads.
     stream64, stream32 = fit(kv_shape, ext, 64), fit(kv_shape, ext, 32)
