@@ -12,8 +12,10 @@ Two ceilings bound it:
   that time exceeds the attended FLOPs at cuDNN's rate, efficiency cannot exceed their ratio.
 
 It also reports the share of a query tile's key-tile steps that need no per-score mask, with key
-tiles aligned to the key box (as the triton kernel walks them) and anchored at the tile's common
-window (as the cuda Hopper kernel does), for the same number of tiles or one more per axis.
+tiles aligned to the key box (as the triton kernel walked them until 2026-11-25) and anchored at
+the tile's common window (as the cuda Hopper kernel does), for the same number of tiles or one
+more per axis. The triton kernels now anchor only where that adds no step
+(``tiles.walk_start``), so on the 2-D problems they get the anchored share.
 
     python benchmarks/efficiency_bounds.py [--dense-tflops 630] [--bandwidth-tbs 3.0]
 """
@@ -55,7 +57,7 @@ def computed_pairs(problem, q_tile, kv_tile) -> int:
 def unmasked_share(problem, q_tile, kv_tile, anchored: bool) -> float:
     """Share of the (query tile, key tile) steps a box-tiled forward visits whose key tile lies
     inside every query's window of the tile (the steps that need no per-score mask). Key tiles
-    start at the union box's low end (``anchored=False``, the triton kernel) or are shifted so
+    start at the union box's low end (``anchored=False``, the triton kernel's former walk) or are shifted so
     that one starts where the tile's common window does (``anchored=True``, the cuda Hopper
     kernel's key_tiles.cuh), covering the same box. Per axis and query tile the counts are
     independent, so the shares multiply over axes."""

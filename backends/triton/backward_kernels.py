@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .descriptors import add_to_box, group_descriptor, kv_descriptors, load_box, load_token_tile
 from .forward_kernel import query_tile
-from .index_math import crosses, key_range, next3, query_range, split3, tile_start
+from .index_math import crosses, key_range, key_walk, next3, query_walk, split3
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
 
 
@@ -80,21 +80,10 @@ def dq_kernel(
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
     lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
-    xl0 = tl.minimum(xs0 + TM0 - 1, Lg0 - 1)
-    xl1 = tl.minimum(xs1 + TM1 - 1, Lg1 - 1)
-    xl2 = tl.minimum(xs2 + TM2 - 1, Lg2 - 1)
-    ulo0, all_hi0 = key_range(xs0, Lg0, K0, S0, SH0, C0, WINDOW)
-    ulo1, all_hi1 = key_range(xs1, Lg1, K1, S1, SH1, C1, WINDOW)
-    ulo2, all_hi2 = key_range(xs2, Lg2, K2, S2, SH2, C2, WINDOW)
-    all_lo0, uhi0 = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
-    all_lo1, uhi1 = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
-    all_lo2, uhi2 = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
-    st0 = tile_start(ulo0, uhi0, all_lo0, all_hi0, TN0, ANCHOR)
-    st1 = tile_start(ulo1, uhi1, all_lo1, all_hi1, TN1, ANCHOR)
-    st2 = tile_start(ulo2, uhi2, all_lo2, all_hi2, TN2, ANCHOR)
-    nk1 = tl.cdiv(uhi1 - st1, TN1)
-    nk2 = tl.cdiv(uhi2 - st2, TN2)
-    n_tiles = tl.cdiv(uhi0 - st0, TN0) * nk1 * nk2
+    st0, nk0, all_lo0, all_hi0 = key_walk(xs0, Lg0, K0, S0, SH0, C0, WINDOW, TM0, TN0, ANCHOR)
+    st1, nk1, all_lo1, all_hi1 = key_walk(xs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, ANCHOR)
+    st2, nk2, all_lo2, all_hi2 = key_walk(xs2, Lg2, K2, S2, SH2, C2, WINDOW, TM2, TN2, ANCHOR)
+    n_tiles = nk0 * nk1 * nk2
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + bh[0] * skb + kvh.to(tl.int64) * skh
@@ -199,23 +188,11 @@ def dkdv_kernel(
     vt = tl.load(V + (b64 * svb + kvh64 * svh + k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
                  mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
 
-    # Queries that see any key of the tile (inverse rule, monotone: first and last key suffice).
-    yl0 = tl.minimum(ys0 + TN0 - 1, Lg0 - 1)
-    yl1 = tl.minimum(ys1 + TN1 - 1, Lg1 - 1)
-    yl2 = tl.minimum(ys2 + TN2 - 1, Lg2 - 1)
-    # ... and the queries that see every key of it (common_*), where the walk is anchored.
-    qlo0, common_hi0 = query_range(ys0, Lg0, K0, S0, SH0, C0, WINDOW)
-    qlo1, common_hi1 = query_range(ys1, Lg1, K1, S1, SH1, C1, WINDOW)
-    qlo2, common_hi2 = query_range(ys2, Lg2, K2, S2, SH2, C2, WINDOW)
-    common_lo0, qhi0 = query_range(yl0, Lg0, K0, S0, SH0, C0, WINDOW)
-    common_lo1, qhi1 = query_range(yl1, Lg1, K1, S1, SH1, C1, WINDOW)
-    common_lo2, qhi2 = query_range(yl2, Lg2, K2, S2, SH2, C2, WINDOW)
-    qst0 = tile_start(qlo0, qhi0, common_lo0, common_hi0, TM0, ANCHOR)
-    qst1 = tile_start(qlo1, qhi1, common_lo1, common_hi1, TM1, ANCHOR)
-    qst2 = tile_start(qlo2, qhi2, common_lo2, common_hi2, TM2, ANCHOR)
-    nq1 = tl.cdiv(qhi1 - qst1, TM1)
-    nq2 = tl.cdiv(qhi2 - qst2, TM2)
-    nq0 = tl.cdiv(qhi0 - qst0, TM0)
+    # The walk over the query tiles that see any key of the tile (inverse rule, monotone: first
+    # and last key suffice), anchored where the queries that see all of them begin.
+    qst0, nq0 = query_walk(ys0, Lg0, K0, S0, SH0, C0, WINDOW, TN0, TM0, ANCHOR)
+    qst1, nq1 = query_walk(ys1, Lg1, K1, S1, SH1, C1, WINDOW, TN1, TM1, ANCHOR)
+    qst2, nq2 = query_walk(ys2, Lg2, K2, S2, SH2, C2, WINDOW, TN2, TM2, ANCHOR)
     nq = nq0 * nq1 * nq2
 
     m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
@@ -266,15 +243,10 @@ def dkdv_kernel(
             bias = 0.0
         sT, tT = finish_scores(qkT, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
         pT = tl.math.exp2(sT - lse2[None, :])
-        xl0 = tl.minimum(xs0 + TM0 - 1, Lg0 - 1)
-        xl1 = tl.minimum(xs1 + TM1 - 1, Lg1 - 1)
-        xl2 = tl.minimum(xs2 + TM2 - 1, Lg2 - 1)
-        _, all_hi0 = key_range(xs0, Lg0, K0, S0, SH0, C0, WINDOW)
-        _, all_hi1 = key_range(xs1, Lg1, K1, S1, SH1, C1, WINDOW)
-        _, all_hi2 = key_range(xs2, Lg2, K2, S2, SH2, C2, WINDOW)
-        all_lo0, _ = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
-        all_lo1, _ = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
-        all_lo2, _ = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
+        # The keys every query of this query tile sees (the walk over them is not used here).
+        _, _, all_lo0, all_hi0 = key_walk(xs0, Lg0, K0, S0, SH0, C0, WINDOW, TM0, TN0, False)
+        _, _, all_lo1, all_hi1 = key_walk(xs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, False)
+        _, _, all_lo2, all_hi2 = key_walk(xs2, Lg2, K2, S2, SH2, C2, WINDOW, TM2, TN2, False)
         cross0 = crosses(ys0, TN0, all_lo0, all_hi0)
         cross1 = crosses(ys1, TN1, all_lo1, all_hi1)
         cross2 = crosses(ys2, TN2, all_lo2, all_hi2)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .descriptors import kv_descriptors, load_token_tile
-from .index_math import crosses, group_length, key_range, next3, split3, tile_start
+from .index_math import crosses, group_length, key_range, key_walk, next3, split3
 from .scores import LN2, finish_scores, mask_pairs, mma, relative_bias
 
 
@@ -108,22 +108,11 @@ def forward_kernel(
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
     lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
-    # Union of the tile's key ranges, and the intersection (keys every query of the tile sees).
-    xl0 = tl.minimum(xs0 + TM0 - 1, Lg0 - 1)
-    xl1 = tl.minimum(xs1 + TM1 - 1, Lg1 - 1)
-    xl2 = tl.minimum(xs2 + TM2 - 1, Lg2 - 1)
-    ulo0, all_hi0 = key_range(xs0, Lg0, K0, S0, SH0, C0, WINDOW)
-    ulo1, all_hi1 = key_range(xs1, Lg1, K1, S1, SH1, C1, WINDOW)
-    ulo2, all_hi2 = key_range(xs2, Lg2, K2, S2, SH2, C2, WINDOW)
-    all_lo0, uhi0 = key_range(xl0, Lg0, K0, S0, SH0, C0, WINDOW)
-    all_lo1, uhi1 = key_range(xl1, Lg1, K1, S1, SH1, C1, WINDOW)
-    all_lo2, uhi2 = key_range(xl2, Lg2, K2, S2, SH2, C2, WINDOW)
-    st0 = tile_start(ulo0, uhi0, all_lo0, all_hi0, TN0, ANCHOR)
-    st1 = tile_start(ulo1, uhi1, all_lo1, all_hi1, TN1, ANCHOR)
-    st2 = tile_start(ulo2, uhi2, all_lo2, all_hi2, TN2, ANCHOR)
-    nk1 = tl.cdiv(uhi1 - st1, TN1)
-    nk2 = tl.cdiv(uhi2 - st2, TN2)
-    n_tiles = tl.cdiv(uhi0 - st0, TN0) * nk1 * nk2
+    # The walk over the union of the tile's key ranges, and their intersection (all_lo, all_hi).
+    st0, nk0, all_lo0, all_hi0 = key_walk(xs0, Lg0, K0, S0, SH0, C0, WINDOW, TM0, TN0, ANCHOR)
+    st1, nk1, all_lo1, all_hi1 = key_walk(xs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, ANCHOR)
+    st2, nk2, all_lo2, all_hi2 = key_walk(xs2, Lg2, K2, S2, SH2, C2, WINDOW, TM2, TN2, ANCHOR)
+    n_tiles = nk0 * nk1 * nk2
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh

@@ -75,6 +75,29 @@ def tile_start(lo, hi, common_lo, common_hi, T, ANCHOR: tl.constexpr):
 
 
 @triton.jit
+def key_walk(xs, Lg, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, TM, TN, ANCHOR: tl.constexpr):
+    """One axis of a query tile ``[xs, xs + TM)`` (clipped to the grid): where its walk over
+    ``TN``-wide key tiles starts, how many tiles it visits, and the keys every query of it sees
+    ``[common_lo, common_hi)`` (by monotonicity: the last query's low end, the first one's high)."""
+    xl = tl.minimum(xs + TM - 1, Lg - 1)
+    lo, common_hi = key_range(xs, Lg, K, S, shift, CAUSAL, WINDOW)
+    common_lo, hi = key_range(xl, Lg, K, S, shift, CAUSAL, WINDOW)
+    start = tile_start(lo, hi, common_lo, common_hi, TN, ANCHOR)
+    return start, tl.cdiv(hi - start, TN), common_lo, common_hi
+
+
+@triton.jit
+def query_walk(ys, Lg, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, TN, TM, ANCHOR: tl.constexpr):
+    """``key_walk`` by the inverse rule: the walk over ``TM``-wide query tiles that see any key of
+    ``[ys, ys + TN)``, anchored where the queries that see every key of it begin."""
+    yl = tl.minimum(ys + TN - 1, Lg - 1)
+    lo, common_hi = query_range(ys, Lg, K, S, shift, CAUSAL, WINDOW)
+    common_lo, hi = query_range(yl, Lg, K, S, shift, CAUSAL, WINDOW)
+    start = tile_start(lo, hi, common_lo, common_hi, TM, ANCHOR)
+    return start, tl.cdiv(hi - start, TM)
+
+
+@triton.jit
 def crosses(start, T, common_lo, common_hi):
     """Whether the tile ``[start, start + T)`` reaches outside the common part on this axis (its
     pairs then need this axis' mask)."""

@@ -52,8 +52,8 @@ DESCRIPTOR_MIN_HEAD_DIM = 65
 ANCHOR_TILES = True
 # The forward masks a partial tile only on the axes it crosses where head dims are at most this:
 # there (D = 64, 128) it was 1.00-1.14x the one-mask forward but for two problems at 0.96-0.97.
-# The backward keeps one mask: per-axis masks measured 0.95-1.05x there, and their branches cost
-# the dQ kernel a float32 score tile of shared memory (D = 256 then no longer fit on the H100).
+# The backward keeps one mask: per-axis masks measured 0.95-1.02x there, and their branches cost
+# the dK/dV kernel 40 KiB more shared memory at D = 256 (246272 bytes: more than the H100 has).
 AXIS_MASKS_MAX_HEAD_DIM = 128
 # A step's extra cost per axis on which its key tile crosses the common range (that axis' two
 # compares and a select per score), relative to a step without a mask.
