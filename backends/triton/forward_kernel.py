@@ -5,7 +5,8 @@ serves ranks 1-3. The query tile is a box of TM0 x TM1 x TM2 group coordinates i
 dilation group per axis (token ``g + Dl * x``: dilation is a strided address, never a copy). The
 keys any query of the tile sees form a box (the ranges are monotone), which the program walks in
 TN0 x TN1 x TN2 key tiles; only tiles not seen in full by every query of the tile pay for the
-per-pair mask. Tensors are read in place through their strides ([B, *spatial, H, D]).
+per-pair mask, and only on the axes where they are not (the walk is anchored so that as many
+tiles as possible lie inside: index_math.key_walk). Tensors are read in place through their strides ([B, *spatial, H, D]).
 """
 
 import triton

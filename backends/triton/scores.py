@@ -92,7 +92,6 @@ def within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, ROWS_ARE_QUERIES: tl.conste
     return seen
 
 
-
 @triton.jit
 def mask_pairs(s, fill, lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, cross0, cross1, cross2,
                ROWS_ARE_QUERIES: tl.constexpr, RANK: tl.constexpr, AXIS_MASKS: tl.constexpr):
