@@ -98,9 +98,6 @@ def atomic_configs(configs, problem):
             dict(configs[0], dkdv=dict(dkdv, atomic_dq=True, tma_dq=False)), dict(configs[0], dkdv=wide)]
 
 
-WALK_KNOBS = ("anchor", "axis_masks")
-
-
 def with_walk(config, anchor, axis_masks):
     return {name: dict(cfg, anchor=anchor, axis_masks=axis_masks) for name, cfg in config.items()}
 

@@ -73,9 +73,9 @@ def unmasked_share(problem, q_tile, kv_tile, anchored: bool) -> float:
                 first = lo
                 if anchored and common_hi > common_lo:
                     first = common_lo - -(-(common_lo - lo) // tk) * tk
-                tiles = -(-(hi - first) // tk)
-                visited += tiles
-                inside += sum(common_lo <= first + j * tk and first + (j + 1) * tk <= common_hi for j in range(tiles))
+                steps = -(-(hi - first) // tk)
+                visited += steps
+                inside += tiles.tiles_inside(first, steps, tk, common_lo, common_hi)
         share *= inside / visited
     return share
 

@@ -345,8 +345,8 @@ def test_cost_model_counts_a_dilation_group_like_an_undilated_axis(length, windo
     from haloattn.geometry import Axis
 
     for q_tile, kv_tile in ((8, 8), (16, 8), (4, 16)):
-        dilated = tiles._axis_steps(Axis(2 * length, window, stride, 2, causal), "neighborhood", q_tile, kv_tile)
-        plain = tiles._axis_steps(Axis(length, window, stride, 1, causal), "neighborhood", q_tile, kv_tile)
+        dilated = tiles._axis_steps(Axis(2 * length, window, stride, 2, causal), "neighborhood", q_tile, kv_tile, True)
+        plain = tiles._axis_steps(Axis(length, window, stride, 1, causal), "neighborhood", q_tile, kv_tile, True)
         assert dilated == plain
 
 

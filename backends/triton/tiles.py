@@ -113,8 +113,13 @@ def walk_start(lo: int, hi: int, common_lo: int, common_hi: int, tile: int, anch
     return lo
 
 
+def tiles_inside(first: int, steps: int, tile: int, common_lo: int, common_hi: int) -> int:
+    """How many of the ``steps`` tiles from ``first`` lie inside ``[common_lo, common_hi)``."""
+    return sum(common_lo <= first + j * tile and first + (j + 1) * tile <= common_hi for j in range(steps))
+
+
 @lru_cache(maxsize=4096)
-def _axis_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool = ANCHOR_TILES) -> Tuple[int, int]:
+def _axis_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool) -> Tuple[int, int]:
     """Key-tile steps on one axis, summed over the query tiles of group 0 on that axis
     (``key_range`` takes grid coordinates: group 0's coordinate ``x`` is token ``x * dilation``),
     and how many of them lie inside the tile's common range (no mask on this axis)."""
@@ -127,8 +132,7 @@ def _axis_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: boo
         first = walk_start(lo, hi, common_lo, common_hi, kv_tile, anchor)
         steps = -(-(hi - first) // kv_tile)
         visited += steps
-        inside += sum(common_lo <= first + j * kv_tile and first + (j + 1) * kv_tile <= common_hi
-                      for j in range(steps))
+        inside += tiles_inside(first, steps, kv_tile, common_lo, common_hi)
     return visited, inside
 
 
