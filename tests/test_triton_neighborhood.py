@@ -513,3 +513,23 @@ def test_anchoring_never_adds_steps():
             aligned = tiles._axis_steps(axis, "neighborhood", q_tile, kv_tile, False)
             anchored = tiles._axis_steps(axis, "neighborhood", q_tile, kv_tile, True)
             assert anchored[0] == aligned[0] and anchored[1] >= aligned[1], (axis, q_tile, kv_tile)
+
+
+def test_tile_choice_counts_the_masks_of_crossing_tiles(monkeypatch):
+    """With masks priced (MASKED_AXIS_COST > 0) the chooser takes key tiles that cross the common
+    window on fewer axes per step than the tiles it takes on computed pairs alone, for a 3-D window
+    whose 16-token axes no 16-wide tile fits (7x15x15, the benchmark's 3-D problem)."""
+    q = torch.empty(1, 16, 48, 48, 2, 128, device="meta", dtype=torch.bfloat16)
+    problem = build_problem(q, q, q, (7, 15, 15))
+
+    def crossings_per_step(q_tile, kv_tile):
+        per_axis = [tiles._axis_steps(a, problem.pattern, t, u, True) for a, t, u in zip(problem.axes, q_tile, kv_tile)]
+        return sum(1 - inside / visited for visited, inside in per_axis)
+
+    chosen = {}
+    for cost in (0.0, 0.2):
+        monkeypatch.setattr(tiles, "MASKED_AXIS_COST", cost)
+        tiles._best_forward.cache_clear()
+        chosen[cost] = tiles._best_forward(problem, False)[:2]
+    tiles._best_forward.cache_clear()
+    assert crossings_per_step(*chosen[0.2]) < crossings_per_step(*chosen[0.0]) - 0.2, chosen
