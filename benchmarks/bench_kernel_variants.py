@@ -5,8 +5,12 @@ with dense cuDNN SDPA over the same tokens timed in the same run for the forward
 column. Each variant's result is checked against the default config's.
 
     python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--atomic-only]
-        [--walk-only] [--rounds 5]
+        [--walk-only] [--backward-loads-only] [--extra] [--rounds 5]
         [--json FILE]
+
+``--extra`` appends problems shaped like the models people run (small windows, small head
+dims, a causal sliding window) to the issue's ten, as indices 10 and up, so a default chosen on
+the benchmark problems is checked on shapes it was not chosen on.
 
 ``--compile-only`` runs each variant once without timing, so several processes (one per problem)
 can fill the Triton cache in parallel before one timing run.
@@ -26,6 +30,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench, make_inputs  # noqa: E402
+
+# Not the issue's problems: NAT/DiNAT-like 2-D stages (7x7 and 13x13 windows, head dims 32 and
+# 64, one dilated), a video-like 3-D window and a causal sliding window over a long sequence.
+EXTRA_PROBLEMS = [
+    ("2-D 56x56, 7x7, D=32", (56, 56), 7, {}, 32),
+    ("2-D 64x64, 13x13 dilation 2, D=64", (64, 64), 13, {"dilation": 2}, 64),
+    ("3-D 8x32x32, 3x7x7, D=64", (8, 32, 32), (3, 7, 7), {}, 64),
+    ("1-D 16384, causal window 1024, D=128", (16384,), 1024, {"causal": True}, 128),
+]
 
 from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import launch, tiles  # noqa: E402
@@ -98,6 +111,14 @@ def atomic_configs(configs, problem):
             dict(configs[0], dkdv=dict(dkdv, atomic_dq=True, tma_dq=False)), dict(configs[0], dkdv=wide)]
 
 
+def backward_load_configs(configs):
+    """The default and the default with the backward's streamed tiles read the other way
+    (tensor descriptors or pointer loads)."""
+    base = configs[0]
+    flipped = {name: dict(cfg, tma=not cfg.get("tma", False)) for name, cfg in base.items() if name != "fwd"}
+    return [base, dict(base, **flipped)]
+
+
 def with_walk(config, anchor, axis_masks):
     return {name: dict(cfg, anchor=anchor, axis_masks=axis_masks) for name, cfg in config.items()}
 
@@ -126,7 +147,7 @@ def walk_configs(configs, problem):
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False,
-          walk_only=False, rounds=1):
+          walk_only=False, rounds=1, backward_loads_only=False):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
@@ -139,6 +160,8 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
         forward_configs, configs = configs[:1], atomic_configs(configs, problem)
     if walk_only:
         forward_configs = configs = walk_configs(configs, problem)
+    if backward_loads_only:
+        forward_configs, configs = configs[:1], backward_load_configs(configs)
     out, lse = launch.forward(problem, inputs, configs[0])
     result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
               "forward": time_variants(forward_configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
@@ -191,15 +214,20 @@ def main():
     parser.add_argument("--walk-only", action="store_true",
                         help="the default against its tiles walked without anchoring / per-axis masks, and the "
                              "previous default (tiles chosen without counting masks)")
+    parser.add_argument("--backward-loads-only", action="store_true",
+                        help="the default against its backward with the streamed tiles read the other way")
+    parser.add_argument("--extra", action="store_true", help="also problems 10 and up: EXTRA_PROBLEMS")
     parser.add_argument("--rounds", type=int, default=1, help="time the variants in turn this many times")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.extra:
+        PROBLEMS.extend(EXTRA_PROBLEMS)  # make_inputs reads this same list
     if args.atomic_only:  # the atomic-dQ backward runs only where non-determinism is allowed
         os.environ[tiles.DETERMINISTIC_ENV] = "0"
     results = []
     for index in (int(i) for i in args.only.split(",")):
         results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only,
-                             args.atomic_only, args.walk_only, args.rounds))
+                             args.atomic_only, args.walk_only, args.rounds, args.backward_loads_only))
         if args.compile_only:
             continue
         report(results[-1])

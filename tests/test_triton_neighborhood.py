@@ -243,6 +243,21 @@ def forget_configs():
     _forget_configs()
 
 
+@pytest.mark.parametrize("value_dim,extra,block", [(16, 0, 16), (32, 0, 32), (16, 3, 64), (32, 1, 64), (128, 1, 128)])
+def test_value_tiles_of_problems_with_additional_tokens_are_at_least_64_wide(value_dim, extra, block):
+    """Triton 3.6 miscompiles the additional-token loop on Hopper for value tiles of 16 or 32
+    columns (test_triton_gpu.py::test_additional_tokens_with_narrow_values): every kernel of such a
+    problem gets 64-column value tiles, and its shared-memory estimate counts them."""
+    q = torch.empty(1, 8, 8, 2, 128, dtype=torch.bfloat16)
+    v = torch.empty(1, 8, 8, 2, value_dim, dtype=torch.bfloat16)
+    more = {}
+    if extra:
+        more = dict(additional_keys=torch.empty(1, extra, 2, 128, dtype=torch.bfloat16),
+                    additional_values=torch.empty(1, extra, 2, value_dim, dtype=torch.bfloat16))
+    problem = build_problem(q, q, v, 5, **more)
+    assert tiles.value_block(problem) == block
+
+
 @pytest.mark.parametrize("optin_kib,capability", [(99, (8, 6)), (163, (8, 0)), (227, (9, 0))],
                          ids=["ada-ampere-consumer", "a100", "hopper"])
 def test_configs_fit_the_shared_memory_of_the_device(monkeypatch, forget_configs, optin_kib, capability):
@@ -260,6 +275,10 @@ def test_configs_fit_the_shared_memory_of_the_device(monkeypatch, forget_configs
         # Tiles measured with TMA loads only where there is a copy engine (Hopper and newer).
         expect_tma = item == 2 and head_dim > 64 and capability >= (9, 0)
         assert tiles.default_config(problem)["fwd"]["tma"] == expect_tma, (capability, head_dim, dtype)
+        # The backward's streamed tiles: descriptors for head dims 64-128 (measured there).
+        expect_bwd_tma = item == 2 and 64 <= head_dim <= 128 and capability >= (9, 0)
+        for kernel in ("dq", "dkdv"):
+            assert tiles.default_config(problem)[kernel]["tma"] == expect_bwd_tma, (capability, head_dim, kernel)
         for config in [tiles.default_config(problem)] + tiles.candidate_configs(problem):
             for kernel, cfg in config.items():
                 size = tiles._shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"],

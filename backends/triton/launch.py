@@ -217,7 +217,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         problem.scale, problem.softcap or 1.0,
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
-        BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim),
+        BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
         TMA=use_descriptors(cfg.get("tma", False), large, k, v), LAZY_RESCALE=cfg.get("lazy_rescale", False),
@@ -344,7 +344,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     large = needs_int64(q, k, v, do, tensors["out"])
     softcap = problem.softcap or 1.0
     feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
-                   BLOCK_D=_block(problem.head_dim), BLOCK_DV=_block(problem.value_dim))
+                   BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem))
     lse_strides = token_strides(tensors["lse"].unsqueeze(-1), r)
     launches = []
 

@@ -43,9 +43,13 @@ FORWARD_BLOCKS = {
 }
 # Head dims above this read K/V through tensor descriptors by default: on the H100 that was
 # 1.07-1.31x faster at D=128 on every benchmark problem, and 0.76x at D=64 (pointer gathers of
-# 128-byte rows win there). The backward's streamed tiles stay on pointer loads: descriptors
-# measured 0.88-1.01x there (1.06x at D=64 only).
+# 128-byte rows win there).
 DESCRIPTOR_MIN_HEAD_DIM = 65
+# The backward reads its streamed tiles (Q and dO in dK/dV, K and V in dQ) through tensor
+# descriptors for head dims in this range: on an H200 (2026-11-26, kernels with anchored walks)
+# that was 1.12-1.19x faster than pointer loads on nine of the ten benchmark problems (D = 64 and
+# 128) and 0.99x on 16x16 stride 16. (On the 2026-11-23 kernels it had measured 0.88-1.01x.)
+BACKWARD_DESCRIPTOR_HEAD_DIMS = (64, 128)
 # Streamed tiles are walked anchored at the program's common range (index_math.tile_start: more
 # tiles need no mask, never more steps): on the H100 the forward and the backward were as fast or
 # up to 1.09x faster on the ten benchmark problems (RESULTS.md, "Anchored walks").
@@ -79,6 +83,20 @@ def atomic_dq_allowed() -> bool:
 
 def pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+# Value tiles of problems with additional tokens are at least this wide. On Hopper, Triton 3.6
+# compiles the kernels' additional-token loop (after the key walk) with value tiles of 16 or 32
+# columns into reads of the wrong shared memory: infinite outputs, or an illegal address, on a
+# random GPU test (RESULTS.md, 2026-11-26). Tiles padded to 64 columns (masked off in loads and
+# stores) avoid the miscompiled shape, at the cost of a wider P·V product on those problems only.
+EXTRA_MIN_VALUE_BLOCK = 64
+
+
+def value_block(problem: Problem) -> int:
+    """BLOCK_DV, the value tile width of every kernel for this problem."""
+    block = max(16, pow2_ceil(problem.value_dim))
+    return max(block, EXTRA_MIN_VALUE_BLOCK) if problem.extra_tokens else block
 
 
 def group_extents(problem: Problem) -> List[int]:
@@ -169,6 +187,15 @@ def descriptor_loads(problem: Problem) -> bool:
             and tiles_for_copy_engine(problem.device))
 
 
+def backward_descriptor_loads(problem: Problem) -> bool:
+    """Whether the backward streams its tiles through tensor descriptors by default: 16-bit data
+    with head dims in BACKWARD_DESCRIPTOR_HEAD_DIMS on a GPU with a copy engine."""
+    low, high = BACKWARD_DESCRIPTOR_HEAD_DIMS
+    dims = (problem.head_dim, problem.value_dim)
+    return (problem.dtype.itemsize == 2 and low <= min(dims) and max(dims) <= high
+            and tiles_for_copy_engine(problem.device))
+
+
 @lru_cache(maxsize=256)
 def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
     """Query and key tile shapes, warps and stages of the cheapest forward for this problem."""
@@ -199,7 +226,7 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict) -> Dict:
     budget = tile_shared_budget(problem.device)
     item = 4 if problem.dtype.itemsize == 4 else 2
     d = max(16, pow2_ceil(problem.head_dim))
-    dv = max(16, pow2_ceil(problem.value_dim))
+    dv = value_block(problem)
     ext = group_extents(problem)
     cfg = dict(cfg)
     while _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item) > budget:
@@ -232,7 +259,8 @@ def default_config(problem: Problem) -> Dict:
     small = max(problem.head_dim, problem.value_dim) <= 128
     resident = fit(q, ext, 64 if small else 128)
     stream = fit(kv, ext, 64)
-    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": False, "anchor": ANCHOR_TILES, "axis_masks": False}
+    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": backward_descriptor_loads(problem),
+             "anchor": ANCHOR_TILES, "axis_masks": False}
     dq = {"q": resident, "kv": stream, **knobs}
     dkdv = {"q": stream, "kv": resident, **knobs}
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
@@ -258,7 +286,8 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     stream64, stream32 = fit(kv_shape, ext, 64), fit(kv_shape, ext, 32)
     for resident, stream, warps, stages, tma in ((64, stream64, 4, 3, False), (128, stream64, 8, 2, False),
                                                  (128, stream64, 8, 3, False), (128, stream32, 8, 2, False),
-                                                 (128, stream64, 8, 2, True), (64, stream64, 4, 2, True)):
+                                                 (128, stream64, 8, 2, True), (64, stream64, 4, 2, True),
+                                                 (64, stream64, 4, 2, False)):
         tile = fit(q_shape, ext, resident)
         knobs = dict(warps=warps, stages=stages, tma=tma)
         dq = dict(q=tile, kv=stream, **knobs)
