@@ -552,3 +552,50 @@ def test_tile_choice_counts_the_masks_of_crossing_tiles(monkeypatch):
         chosen[cost] = tiles._best_forward(problem, False)[:2]
     tiles._best_forward.cache_clear()
     assert crossings_per_step(*chosen[0.2]) < crossings_per_step(*chosen[0.0]) - 0.2, chosen
+
+
+@pytest.mark.parametrize("kernel,part", [("forward_kernel", "fwd"), ("dkdv_kernel", "dkdv")])
+def test_kernels_compiled_too_large_are_refitted(kernel, part, monkeypatch):
+    """A kernel whose compiled shared memory exceeds the GPU's (Triton's OutOfResources at its
+    first launch: the tile estimate leaves out what the compiler adds, e.g. float32 D=256 needed
+    279040 bytes of an H200's 232448) runs again with tiles refitted to the overshoot, gives the
+    oracle's results, and the smaller tiles stay in the plan for later calls."""
+    from triton.runtime.errors import OutOfResources
+
+    from haloattn.backends.triton import fast_launch
+
+    largest, refused = 16, []
+    original = fast_launch.Launch.__call__
+
+    def pretend_small_gpu(self, *tensors):
+        args = dict(zip(self.kernel.arg_names, self.arguments))
+        if self.kernel.__name__ == kernel:
+            tokens = math.prod(args[f"{'TN' if part == 'dkdv' else 'TM'}{a}"] for a in range(3))
+            if tokens > largest:
+                refused.append(tokens)
+                raise OutOfResources(200_000 + 1000 * tokens, 200_000, "shared memory")
+        return original(self, *tensors)
+
+    monkeypatch.setattr(fast_launch.Launch, "__call__", pretend_small_gpu)
+    fast_launch.clear_plans()
+    check_against_oracle((9, 11), (5, 3), dtype=torch.float32, heads=2, head_dim=16, seed=5)
+    assert refused, "the resident tiles were never larger than the pretended limit"
+    refused.clear()
+    check_against_oracle((9, 11), (5, 3), dtype=torch.float32, heads=2, head_dim=16, seed=6)
+    assert not refused, f"the refitted plan was not kept: refused again at {refused}"
+    fast_launch.clear_plans()
+
+
+def test_additional_token_kernel_fits_the_shared_memory():
+    """The additional-token dK/dV kernel's blocks shrink with the head dim: at float32 and head
+    dim 256 its fixed 64 x 64 tiles in two stages compiled to 279040 bytes of shared memory on an
+    H200, more than the 232448 it has."""
+    for dtype, head_dim in ((torch.float32, 256), (torch.float32, 128), (torch.bfloat16, 256), (torch.float16, 64)):
+        q = torch.empty(1, 40, 2, head_dim, dtype=dtype)
+        extra = torch.empty(1, 7, 2, head_dim, dtype=dtype)
+        problem = build_problem(q, q, q, 9, additional_keys=extra, additional_values=extra)
+        queries, tokens, stages = tiles.extra_kernel_blocks(problem)
+        size = tiles._shared_bytes("dkdv", queries, tokens, stages, head_dim, head_dim, q.element_size())
+        assert size <= tiles.tile_shared_budget(problem.device), (dtype, head_dim, queries, tokens, stages)
+        assert min(queries, tokens) >= tiles.MIN_TILE
+    check_against_oracle((40,), 9, dtype=torch.float32, heads=2, head_dim=256, extra=3, seed=3)

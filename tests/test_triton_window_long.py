@@ -46,6 +46,11 @@ def test_parts_of_real_windows():
     assert parts(80, 32) == (32, 32, 16, 0)
     with pytest.raises(ValueError, match="max_part must be a power of two of at least 16, got 24"):
         parts(100, 24)
+    # float32 problems take parts of at least 32 slots (MIN_PART_FLOAT32: Triton 3.6 miscompiled
+    # 16-slot float32 parts on Hopper).
+    assert parts(143, min_part=32) == (64, 64, 32, 0)
+    assert parts(203, min_part=32) == (64, 64, 64, 32)
+    assert parts(129, min_part=32) == (64, 64, 32, 0)
     with pytest.raises(ValueError, match="volume must be at least 1 token, got 0"):
         parts(0)
 
@@ -102,3 +107,14 @@ def test_packed_qkv_head_dim_30(long_kernels):
 
 def test_without_rpb_or_lse_gradient(long_kernels):
     check_against_oracle((6, 5), (4, 5), shift=(2, 2), rpb=False, grad_lse=False)
+
+
+def test_float32_windows_get_parts_of_at_least_32_slots():
+    """A 143-token window (11x13) in float32 runs as 64 + 64 + 32 slots, in 16-bit types as
+    64 + 64 + 16: 16-slot float32 parts read shared memory past their buffers on Hopper."""
+    from haloattn.problem import build_problem
+
+    for dtype, last in ((torch.float32, 32), (torch.bfloat16, 16)):
+        q = torch.empty(1, 22, 26, 2, 32, dtype=dtype)
+        problem = build_problem(q, q, q, (11, 13), pattern="window")
+        assert window_long_launch._problem_parts(problem) == (64, 64, last, 0), dtype

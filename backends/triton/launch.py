@@ -14,6 +14,7 @@ from typing import List, Optional, Tuple
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from haloattn.backend import AttentionInputs
 from haloattn.geometry import key_range
@@ -27,7 +28,6 @@ from .backward_kernels import delta_kernel, dkdv_kernel, dq_kernel, extra_dkdv_k
 from .forward_kernel import forward_kernel
 
 INT32_LIMIT = 2**31 - 1
-EXTRA_BLOCK = 64
 
 
 def _pad3(values, fill) -> list:
@@ -191,9 +191,57 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     config = config or tiles.default_config(problem)
     key = (problem, config_key(config), tensor_layout(q), tensor_layout(k), tensor_layout(v),
            tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), _precision(q.dtype))
-    plan = cached(_FORWARD_PLANS, key, lambda: (config, _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av)))
-    plan[1](q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q)
+    tensors = (q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q)
+    _run_fitted(_FORWARD_PLANS, key, problem, config,
+                lambda cfg: _forward_launch(problem, cfg, q, k, v, out, lse, rpb, ak, av),
+                lambda launch: _start(launch, *tensors))
     return out, lse
+
+
+# Kernels whose tiles the config sets, by the config part that sets them.
+CONFIG_PART = {"forward_kernel": "fwd", "dq_kernel": "dq", "dkdv_kernel": "dkdv"}
+# How many times a plan is refitted after a kernel compiled too large for the GPU's shared memory.
+MAX_REFITS = 4
+
+
+class _KernelTooLarge(Exception):
+    """A kernel that compiled to more shared memory than the GPU has, and the config part that
+    sets its tiles."""
+
+    def __init__(self, part: str, overshoot: int):
+        super().__init__(part, overshoot)
+        self.part, self.overshoot = part, overshoot
+
+
+def _start(launch: Launch, *tensors) -> None:
+    try:
+        launch(*tensors)
+    except OutOfResources as err:
+        part = CONFIG_PART.get(launch.kernel.__name__)
+        if part is None or err.name != "shared memory":
+            raise
+        raise _KernelTooLarge(part, err.required - err.limit) from err
+
+
+def _run_fitted(plans, key, problem: Problem, config, build, run, before_retry=None):
+    """Run the plan cached under ``key`` (built from ``config`` on a miss). Tiles come from an
+    estimate of shared memory (tiles._shared_bytes) that leaves out what the compiler adds; where
+    a kernel then compiles too large for the GPU (Triton refuses its first launch), its tiles are
+    refitted to the overshoot (tiles.shrink_to_fit) and the plan rebuilt and run again, and the
+    refitted plan stays under ``key``. ``before_retry`` resets outputs that a partial run may
+    have added to."""
+    plan = cached(plans, key, lambda: (config, config, build(config)))
+    for attempt in range(MAX_REFITS + 1):
+        try:
+            return run(plan[2])
+        except _KernelTooLarge as too_large:
+            if attempt == MAX_REFITS:
+                raise too_large.__cause__
+            fitted = tiles.shrink_to_fit(problem, tiles.normalise(plan[1], problem), too_large.part,
+                                         too_large.overshoot)
+            plan = plans[key] = (config, fitted, build(fitted))
+            if before_retry is not None:
+                before_retry()
 
 
 # Launches per (problem, config, input layouts): a call whose key is known skips the argument
@@ -320,9 +368,12 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
                    dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum)
     key = (problem, config_key(config), flags, _precision(q.dtype),
            *(tensor_layout(t) for t in (q, k, v, do, out, lse, rpb, ak, av, dq, dk, dv)))
-    _, launches = cached(_BACKWARD_PLANS, key, lambda: (config, _backward_launches(problem, config, flags, tensors)))
-    for launch, names in launches:
-        launch(*(tensors[name] if tensors[name] is not None else q for name in names))
+    def run(launches):
+        for launch, names in launches:
+            _start(launch, *(tensors[name] if tensors[name] is not None else q for name in names))
+
+    _run_fitted(_BACKWARD_PLANS, key, problem, config, lambda cfg: _backward_launches(problem, cfg, flags, tensors), run,
+                before_retry=dq_sum.zero_ if dq_sum is not None else None)
 
     if dq_sum is not None:
         dq = dq_sum.mul_(problem.scale).to(q.dtype)
@@ -384,15 +435,16 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
         names = ("q", "ak", "av", "do", "lse", "delta", "dak", "dav", "dq_sum")
-        launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, EXTRA_BLOCK), Hkv, B), [
+        block_m, block_e, stages = tiles.extra_kernel_blocks(problem)
+        launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, block_e), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
             *lse_strides, *_extra_strides(t["dak"]), *_extra_strides(t["dav"]), *dq_sum_strides,
             G, problem.extra_tokens, problem.head_dim, problem.value_dim, *geo.L,
             problem.scale, softcap,
         ], dict(
-            BLOCK_M=64, BLOCK_E=EXTRA_BLOCK, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
+            BLOCK_M=block_m, BLOCK_E=block_e, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
             PRECISION=feature["PRECISION"], BLOCK_D=feature["BLOCK_D"], BLOCK_DV=feature["BLOCK_DV"],
-            ATOMIC_DQ=atomic and need_q, num_warps=4, num_stages=2,
+            ATOMIC_DQ=atomic and need_q, num_warps=4, num_stages=stages,
         )), names))
     return launches

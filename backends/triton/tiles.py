@@ -220,10 +220,11 @@ def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, it
     return item * (kv * (d + dv) + stages * q * (d + dv))
 
 
-def _fit_shared(problem: Problem, kernel: str, cfg: Dict) -> Dict:
+def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) -> Dict:
     """Lower stages, then halve the larger block, until the program fits in the shared memory of
-    the problem's device (device_limits: 200 KiB of tiles on Hopper, 72 KiB on a 99 KiB GPU)."""
-    budget = tile_shared_budget(problem.device)
+    the problem's device (device_limits: 200 KiB of tiles on Hopper, 72 KiB on a 99 KiB GPU), or
+    in ``budget`` bytes of operand tiles where given."""
+    budget = tile_shared_budget(problem.device) if budget is None else budget
     item = 4 if problem.dtype.itemsize == 4 else 2
     d = max(16, pow2_ceil(problem.head_dim))
     dv = value_block(problem)
@@ -301,6 +302,48 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         for dkdv in (base["dkdv"], wide):
             out.append(dict(base, dkdv=_fit_shared(problem, "dkdv", dict(dkdv, atomic_dq=True))))
     return out
+
+
+def extra_kernel_blocks(problem: Problem) -> Tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_E, stages)`` of the additional-token dK/dV kernel: 64 streamed queries
+    past 64 resident additional tokens, two stages, lowered (stages first, then the larger block)
+    until they fit the shared memory. At float32 with head dim 256 the fixed 64 x 64 x 2 needed
+    279040 bytes, more than Hopper's 232448."""
+    budget = tile_shared_budget(problem.device)
+    item = 4 if problem.dtype.itemsize == 4 else 2
+    d, dv = max(16, pow2_ceil(problem.head_dim)), value_block(problem)
+    queries, tokens, stages = 64, 64, 2
+    while _shared_bytes("dkdv", queries, tokens, stages, d, dv, item) > budget:
+        if stages > 1:
+            stages -= 1
+        elif max(queries, tokens) > MIN_TILE:
+            if queries >= tokens:
+                queries //= 2
+            else:
+                tokens //= 2
+        else:
+            break
+    return queries, tokens, stages
+
+
+def shrink_to_fit(problem: Problem, config: Dict, kernel: str, overshoot: int) -> Dict:
+    """``config`` with ``kernel``'s tiles refitted after the compiled kernel needed ``overshoot``
+    bytes more shared memory than the device has: the estimate of ``_shared_bytes`` leaves out
+    what the compiler adds (layout conversions, float32 operands staged for tf32 products), which
+    is most of a kernel's footprint at large float32 head dims. The operand-tile budget shrinks by
+    the overshoot; raises ValueError where the tiles cannot shrink further."""
+    item = 4 if problem.dtype.itemsize == 4 else 2
+    d = max(16, pow2_ceil(problem.head_dim))
+    cfg = config[kernel]
+    estimate = _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d,
+                             value_block(problem), item)
+    smaller = _fit_shared(problem, kernel, cfg, budget=estimate - overshoot)
+    if smaller == cfg:
+        raise ValueError(
+            f"the {kernel} kernel's smallest tiles ({cfg['q']} queries, {cfg['kv']} keys, {cfg['stages']} stages) "
+            f"still need {overshoot} bytes more shared memory than this GPU has, at head_dim {problem.head_dim}, "
+            f"value_dim {problem.value_dim}, dtype {problem.dtype}")
+    return dict(config, **{kernel: smaller})
 
 
 def normalise(config, problem: Problem) -> Dict:

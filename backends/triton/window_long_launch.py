@@ -25,6 +25,10 @@ from .window_long_kernels import window_long_dkdv_kernel, window_long_dq_kernel,
 MAX_PART = 64
 # tl.dot's smallest tile side, and so the granularity of the window volume's split.
 MIN_PART = 16
+# The smallest part of float32 problems. With 16-slot parts (64-byte float32 rows) Triton 3.6
+# compiles the dQ kernel's tf32 products into shared-memory reads past their buffers on Hopper
+# (illegal addresses on random GPU tests, 2-D windows of 143 and 203 tokens: RESULTS.md, 2026-11-26).
+MIN_PART_FLOAT32 = 32
 MAX_PARTS = 4  # the kernels take P0..P3
 
 
@@ -38,19 +42,19 @@ def _split(padded: int, max_part: int):
 
 
 @functools.lru_cache(maxsize=64)
-def parts(volume: int, max_part: Optional[int] = None) -> Tuple[int, int, int, int]:
-    """``(P0, P1, P2, P3)``: the window volume rounded up to a multiple of MIN_PART, cut into
+def parts(volume: int, max_part: Optional[int] = None, min_part: int = MIN_PART) -> Tuple[int, int, int, int]:
+    """``(P0, P1, P2, P3)``: the window volume rounded up to a multiple of ``min_part``, cut into
     power-of-two parts of at most ``max_part`` (default MAX_PART) slots, largest first; 0 = absent.
     Powers of two because Triton tiles must be; largest first so that the parts are few. Where that
     takes more than MAX_PARTS parts the volume is rounded up to a multiple of ``max_part`` (at most
-    ``max_part - MIN_PART`` idle slots, always inside the last part), and only if that still takes
+    ``max_part - min_part`` idle slots, always inside the last part), and only if that still takes
     too many does ``max_part`` double."""
     max_part = MAX_PART if max_part is None else max_part
     if volume < 1:
         raise ValueError(f"volume must be at least 1 token, got {volume}")
-    if max_part < MIN_PART or max_part & (max_part - 1):
-        raise ValueError(f"max_part must be a power of two of at least {MIN_PART}, got {max_part}")
-    padded = -(-volume // MIN_PART) * MIN_PART
+    if max_part < min_part or max_part & (max_part - 1):
+        raise ValueError(f"max_part must be a power of two of at least {min_part}, got {max_part}")
+    padded = -(-volume // min_part) * min_part
     sizes = _split(padded, max_part)
     if len(sizes) > MAX_PARTS:
         sizes = _split(-(-padded // max_part) * max_part, max_part)
@@ -113,7 +117,9 @@ def _meta(launch, problem, dtype) -> dict:
 
 
 def _problem_parts(problem) -> Tuple[int, int, int, int]:
-    return parts(math.prod(problem.window))
+    # (min: tests shrink MAX_PART to 16 to get many parts from small windows)
+    smallest = min(MIN_PART_FLOAT32, MAX_PART) if problem.dtype == torch.float32 else MIN_PART
+    return parts(math.prod(problem.window), min_part=smallest)
 
 
 def _part_count(p) -> int:
