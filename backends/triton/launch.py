@@ -214,6 +214,8 @@ class _KernelTooLarge(Exception):
 
 
 def _start(launch: Launch, *tensors) -> None:
+    """Run ``launch``; a configured kernel that Triton refuses for its shared memory becomes
+    _KernelTooLarge (which kernel, by how much), for _run_fitted to refit."""
     try:
         launch(*tensors)
     except OutOfResources as err:
@@ -368,6 +370,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
                    dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum)
     key = (problem, config_key(config), flags, _precision(q.dtype),
            *(tensor_layout(t) for t in (q, k, v, do, out, lse, rpb, ak, av, dq, dk, dv)))
+
     def run(launches):
         for launch, names in launches:
             _start(launch, *(tensors[name] if tensors[name] is not None else q for name in names))
