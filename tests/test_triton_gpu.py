@@ -331,6 +331,9 @@ def test_repeated_calls_launch_directly_on_their_own_tensors(monkeypatch):
 
 @gpu
 @needs_cuda
+# It compiles every kernel twice with small tiles: 127 s alone on an H100, past a 200 s --timeout
+# under six compiling workers; a run's --timeout should not fail it for that.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("optin_kib", [99, 163], ids=["99KiB-ada-ampere-consumer", "163KiB-a100"])
 def test_configs_for_smaller_gpus_compile_within_their_shared_memory(optin_kib, monkeypatch):
     """The Hopper here stands in for GPUs with less shared memory per block: with the device limit
