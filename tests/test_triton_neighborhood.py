@@ -554,8 +554,9 @@ def test_tile_choice_counts_the_masks_of_crossing_tiles(monkeypatch):
     assert crossings_per_step(*chosen[0.2]) < crossings_per_step(*chosen[0.0]) - 0.2, chosen
 
 
-@pytest.mark.parametrize("kernel,part", [("forward_kernel", "fwd"), ("dkdv_kernel", "dkdv")])
-def test_kernels_compiled_too_large_are_refitted(kernel, part, monkeypatch):
+@pytest.mark.parametrize("kernel,part,atomic", [("forward_kernel", "fwd", False), ("dkdv_kernel", "dkdv", False),
+                                                ("dkdv_kernel", "dkdv", True)])
+def test_kernels_compiled_too_large_are_refitted(kernel, part, atomic, monkeypatch):
     """A kernel whose compiled shared memory exceeds the GPU's (Triton's OutOfResources at its
     first launch: the tile estimate leaves out what the compiler adds, e.g. float32 D=256 needed
     279040 bytes of an H200's 232448) runs again with tiles refitted to the overshoot, gives the
@@ -577,6 +578,11 @@ def test_kernels_compiled_too_large_are_refitted(kernel, part, monkeypatch):
         return original(self, *tensors)
 
     monkeypatch.setattr(fast_launch.Launch, "__call__", pretend_small_gpu)
+    if atomic:  # the opt-in backward that adds dQ into a float32 sum: refits restart that sum
+        monkeypatch.setenv(tiles.DETERMINISTIC_ENV, "0")
+        atomic_config, configs = atomic_default(tiles.default_config), {}
+        # One dict per problem, as the dispatcher hands out (plans are keyed by the config's identity).
+        monkeypatch.setattr(tiles, "default_config", lambda p: configs.setdefault(p, atomic_config(p)))
     fast_launch.clear_plans()
     check_against_oracle((9, 11), (5, 3), dtype=torch.float32, heads=2, head_dim=16, seed=5)
     assert refused, "the resident tiles were never larger than the pretended limit"
