@@ -220,14 +220,19 @@ def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, it
     return item * (kv * (d + dv) + stages * q * (d + dv))
 
 
+def _operand_sizes(problem: Problem) -> Tuple[int, int, int]:
+    """Bytes per element of the operand tiles, and their head and value widths (padded as the
+    kernels pad them): the problem-side arguments of ``_shared_bytes``."""
+    item = 4 if problem.dtype.itemsize == 4 else 2
+    return item, max(16, pow2_ceil(problem.head_dim)), value_block(problem)
+
+
 def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) -> Dict:
     """Lower stages, then halve the larger block, until the program fits in the shared memory of
     the problem's device (device_limits: 200 KiB of tiles on Hopper, 72 KiB on a 99 KiB GPU), or
     in ``budget`` bytes of operand tiles where given."""
     budget = tile_shared_budget(problem.device) if budget is None else budget
-    item = 4 if problem.dtype.itemsize == 4 else 2
-    d = max(16, pow2_ceil(problem.head_dim))
-    dv = value_block(problem)
+    item, d, dv = _operand_sizes(problem)
     ext = group_extents(problem)
     cfg = dict(cfg)
     while _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item) > budget:
@@ -310,8 +315,7 @@ def extra_kernel_blocks(problem: Problem) -> Tuple[int, int, int]:
     until they fit the shared memory. At float32 with head dim 256 the fixed 64 x 64 x 2 needed
     279040 bytes, more than Hopper's 232448."""
     budget = tile_shared_budget(problem.device)
-    item = 4 if problem.dtype.itemsize == 4 else 2
-    d, dv = max(16, pow2_ceil(problem.head_dim)), value_block(problem)
+    item, d, dv = _operand_sizes(problem)
     queries, tokens, stages = 64, 64, 2
     while _shared_bytes("dkdv", queries, tokens, stages, d, dv, item) > budget:
         if stages > 1:
@@ -332,11 +336,9 @@ def shrink_to_fit(problem: Problem, config: Dict, kernel: str, overshoot: int) -
     what the compiler adds (layout conversions, float32 operands staged for tf32 products), which
     is most of a kernel's footprint at large float32 head dims. The operand-tile budget shrinks by
     the overshoot; raises ValueError where the tiles cannot shrink further."""
-    item = 4 if problem.dtype.itemsize == 4 else 2
-    d = max(16, pow2_ceil(problem.head_dim))
+    item, d, dv = _operand_sizes(problem)
     cfg = config[kernel]
-    estimate = _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d,
-                             value_block(problem), item)
+    estimate = _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item)
     smaller = _fit_shared(problem, kernel, cfg, budget=estimate - overshoot)
     if smaller == cfg:
         raise ValueError(

@@ -117,7 +117,7 @@ def _meta(launch, problem, dtype) -> dict:
 
 
 def _problem_parts(problem) -> Tuple[int, int, int, int]:
-    # (min: tests shrink MAX_PART to 16 to get many parts from small windows)
+    # Never above the largest part (MAX_PART may be set as low as MIN_PART).
     smallest = min(MIN_PART_FLOAT32, MAX_PART) if problem.dtype == torch.float32 else MIN_PART
     return parts(math.prod(problem.window), min_part=smallest)
 
