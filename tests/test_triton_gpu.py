@@ -25,8 +25,10 @@ def _per_axis(value, rank):
 
 def check_against_oracle(spatial, window, *, dtype=torch.float32, device="cpu", heads=2, kv_heads=None,
                          head_dim=16, value_dim=None, batch=1, rpb=False, extra=0, grad_lse=True,
-                         seed=0, **options):
-    """Fresh random inputs -> backend ``triton`` and the oracle; compare out, LSE and every gradient."""
+                         sum_loss=False, seed=0, **options):
+    """Fresh random inputs -> backend ``triton`` and the oracle; compare out, LSE and every gradient.
+    ``sum_loss``: the loss is ``out.sum() + lse.sum()``, whose gradients reach the backward as
+    expanded tensors (every stride 0), not the random weights of the default loss."""
     kv_heads = kv_heads or heads
     value_dim = value_dim or head_dim
     gen = torch.Generator().manual_seed(seed)
@@ -49,9 +51,13 @@ def check_against_oracle(spatial, window, *, dtype=torch.float32, device="cpu", 
     out, lse = haloattn.attention(q, k, v, window, return_lse=True, backend=BACKEND, **kwargs)
     grad_out = torch.randn(out.shape, generator=gen).to(dtype).to(device)
     grad_lse_in = torch.randn(lse.shape, generator=gen).to(device) if grad_lse else torch.zeros_like(lse)
+    if sum_loss:
+        grad_out, grad_lse_in = torch.ones_like(out), torch.ones_like(lse)
+        loss = out.sum() + lse.sum()
+    else:
+        loss = (out.float() * grad_out.float()).sum() + (lse * grad_lse_in).sum()
     names = list(leaves)
-    grads = torch.autograd.grad((out.float() * grad_out.float()).sum() + (lse * grad_lse_in).sum(),
-                                [leaves[n] for n in names])
+    grads = torch.autograd.grad(loss, [leaves[n] for n in names])
 
     ref = {n: t.detach().cpu().double().requires_grad_(True) for n, t in leaves.items()}
     ref_kwargs = {n: ref[n] for n in ("rpb", "additional_keys", "additional_values") if n in ref}
@@ -234,6 +240,14 @@ def test_tf32_within_its_tolerance():
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float16, 64), (torch.float32, 32)])
+def test_gradients_of_a_summed_loss(dtype, head_dim):
+    """out.sum() + lse.sum(): both gradients arrive expanded (zero strides), and dO feeds the
+    descriptor loads of the 16-bit backward."""
+    check_against_oracle((21, 34), (5, 9), dtype=dtype, device="cuda", heads=4, kv_heads=2, head_dim=head_dim,
+                         dilation=(2, 1), stride=(1, 3), rpb=True, extra=3, sum_loss=True)
+
+
 @pytest.mark.parametrize("head_dim,value_dim", [(256, 256), (192, 64), (64, 128)])
 def test_head_dims(head_dim, value_dim):
     check_against_oracle((10, 12), (5, 3), dtype=torch.bfloat16, device="cuda", head_dim=head_dim,

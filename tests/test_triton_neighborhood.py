@@ -104,6 +104,15 @@ def test_without_lse_gradient():
     check_against_oracle((11,), 3, grad_lse=False, rpb=True)
 
 
+@pytest.mark.parametrize("spatial,window,options", [
+    ((13,), 5, dict(stride=2, extra=3)),
+    ((7, 9), (3, 5), dict(dilation=(2, 1), causal=(False, True), rpb=True, heads=4, kv_heads=2)),
+])
+def test_gradients_of_a_summed_loss(spatial, window, options):
+    # The gradient of lse.sum() is an expanded tensor: its rows were once read past its one element.
+    check_against_oracle(spatial, window, sum_loss=True, **options)
+
+
 def test_every_tuning_candidate_runs_forward_correctly():
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 9, 10, 2, 16, generator=gen) for _ in range(3))
