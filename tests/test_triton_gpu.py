@@ -248,6 +248,8 @@ def test_gradients_of_a_summed_loss(dtype, head_dim):
                          dilation=(2, 1), stride=(1, 3), rpb=True, extra=3, sum_loss=True)
 
 
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("head_dim,value_dim", [(256, 256), (192, 64), (64, 128)])
 def test_head_dims(head_dim, value_dim):
     check_against_oracle((10, 12), (5, 3), dtype=torch.bfloat16, device="cuda", head_dim=head_dim,
