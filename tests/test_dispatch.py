@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import haloattn
+import oracle
 from haloattn.dispatch import DISPATCHER, BackendUnavailableError
 
 HERE = Path(__file__).resolve().parent
@@ -265,8 +266,9 @@ class _Picky(haloattn.Backend):
         type(self).calls += 1
         return DISPATCHER.get("reference").forward(problem, inputs, config)
 
-    def backward(self, *args, **kwargs):
-        return DISPATCHER.get("reference").backward(*args, **kwargs)
+    def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+        type(self).gradient_strides = (grad_out.stride(), grad_lse.stride() if grad_lse is not None else None)
+        return DISPATCHER.get("reference").backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
 
 
 @pytest.fixture
@@ -280,6 +282,21 @@ def runtime_backends(monkeypatch):
     for b in added:
         DISPATCHER.registry.backends.pop(b.name, None)
     haloattn.clear_caches()
+
+
+def test_backends_get_gradients_of_sums_with_rows_of_their_own(runtime_backends):
+    # out.sum() and lse.sum() hand autograd expanded (zero-stride) gradients; backends get real rows.
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 9, 2, 4, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    out, lse = haloattn.attention(q, k, v, 3, return_lse=True)
+    grads = torch.autograd.grad(out.sum() + lse.sum(), [q, k, v])
+    grad_out_strides, grad_lse_strides = _Picky.gradient_strides
+    assert 0 not in grad_out_strides and 0 not in grad_lse_strides
+    ref = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    ref_out, ref_lse = oracle.attention(*ref, 3)
+    ref_grads = torch.autograd.grad(ref_out.sum() + ref_lse.sum(), ref)
+    for g, r in zip(grads, ref_grads):
+        assert oracle.rel_error(g, r) <= oracle.TOLERANCE[torch.float64]
 
 
 def test_register_backend_at_run_time(runtime_backends):

@@ -321,8 +321,7 @@ def row_delta(out: torch.Tensor, grad_out: torch.Tensor, grad_lse: Optional[torc
     o = out.reshape(-1, dv)
     do = grad_out.reshape(-1, dv)
     delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
-    # delta_kernel reads dLSE as consecutive rows: the gradient of lse.sum() is an expanded tensor
-    # (every stride 0), which reshape would keep as a view.
+    # delta_kernel reads dLSE rows consecutively (reshape may keep a strided view).
     dlse = grad_lse.float().contiguous().reshape(-1) if grad_lse is not None else delta
     key = (o.shape, tensor_layout(o), tensor_layout(do), tensor_layout(dlse), grad_lse is not None, interpreting())
     cached(_DELTA_PLANS, key, lambda: _delta_launch(o, do, dlse, delta, grad_lse is not None))(o, do, dlse, delta)
@@ -347,9 +346,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
-    # The gradient of out.sum() is an expanded tensor (zero strides): its rows are materialised,
-    # since the tile loads (tensor descriptors among them) are laid out for distinct rows.
-    do = grad_out.contiguous() if 0 in grad_out.stride() else _unit_last(grad_out)
+    do = _unit_last(grad_out)
     lse = lse.contiguous()
     delta = row_delta(out, do, grad_lse)
     need_q, need_k, need_v, need_rpb, _, need_ak, need_av = (bool(n) for n in needs_grad)

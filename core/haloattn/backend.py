@@ -67,6 +67,8 @@ class Backend:
         needs_grad: Sequence[bool],
         config: Config = None,
     ):
+        """One gradient per entry of ``inputs`` (None where ``needs_grad`` is false). ``grad_out``
+        and ``grad_lse`` never arrive expanded (no zero strides): the core materialises them."""
         raise NotImplementedError
 
     # Optional: a backend that can keep its forward's own autograd graph for the backward (rather

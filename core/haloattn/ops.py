@@ -23,14 +23,24 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _seed(grad_out, out):
-    """The output's gradient; autograd passes None when only the lse was used."""
-    return grad_out if grad_out is not None else torch.zeros_like(out)
+def _dense(grad):
+    """A gradient with rows of its own: reductions such as ``out.sum()`` or ``lse.sum()`` hand the
+    backward expanded tensors (zero strides, one stored element), which kernels reading rows by
+    offset would read past. Any other layout is left to the backend."""
+    return grad.contiguous() if grad is not None and 0 in grad.stride() else grad
+
+
+def _output_gradients(grad_out, grad_lse, out):
+    """What every backend's backward receives: dO (zeros where autograd passes None because only
+    the lse was used) and dLSE (or None), neither of them expanded."""
+    grad_out = _dense(grad_out) if grad_out is not None else torch.zeros_like(out)
+    return grad_out, _dense(grad_lse)
 
 
 def _full_grads(problem, backend, config, inputs, out, lse, grad_out, grad_lse, needs):
+    grad_out, grad_lse = _output_gradients(grad_out, grad_lse, out)
     with on_device(out.device):
-        return backend.backward(problem, inputs, out, lse, _seed(grad_out, out), grad_lse, needs, config)
+        return backend.backward(problem, inputs, out, lse, grad_out, grad_lse, needs, config)
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -56,7 +66,7 @@ class AttentionFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad[3:]
         if ctx.state is not None:
             with on_device(out.device):
-                grads = ctx.backend.backward_from_state(ctx.state, _seed(grad_out, out), grad_lse)
+                grads = ctx.backend.backward_from_state(ctx.state, *_output_gradients(grad_out, grad_lse, out))
             return (None, None, None, *grads)
         grads = _full_grads(
             ctx.problem, ctx.backend, ctx.config, AttentionInputs(*tensors), out, lse, grad_out, grad_lse, needs
