@@ -66,10 +66,13 @@ def pattern_mask(spatial, window, stride=1, dilation=1, causal=False, pattern="n
 def attention(
     query, key, value, window, *, stride=1, dilation=1, causal=False, pattern="neighborhood", shift=0,
     scale=None, softcap=None, rpb=None, score_mod=None, mask_mod=None, kq_conv=None,
-    additional_keys=None, additional_values=None,
+    additional_keys=None, additional_values=None, compute_dtype=torch.float64,
 ):
-    """Returns (out, lse) in float64. Inputs in any dtype (upcast first)."""
-    q, k, v = (t.double() for t in (query, key, value))
+    """Returns (out, lse) in float64, or in compute_dtype if given. Inputs in any dtype (cast
+    first). A float32 run is a plain float32 computation of the contract: its distance from the
+    float64 run is the rounding floor of a problem, which tests use where a result is
+    ill-conditioned (a gradient that is a small sum of cancelling terms)."""
+    q, k, v = (t.to(compute_dtype) for t in (query, key, value))
     B, *spatial, H, D = q.shape
     Hkv, Dv = k.shape[-2], v.shape[-1]
     rank = len(spatial)
@@ -95,7 +98,7 @@ def attention(
 
     s = raw
     if kq_conv is not None:
-        W = kq_conv.double()
+        W = kq_conv.to(compute_dtype)
         c_q, c_k = W.shape[1:]
         S0 = torch.where(keep4, raw, torch.zeros((), dtype=raw.dtype))
         C = torch.zeros_like(S0)
@@ -113,8 +116,8 @@ def attention(
         s = C
     if rpb is not None:
         coords = list(itertools.product(*(range(L) for L in spatial)))
-        bias = torch.zeros(H, N, N, dtype=torch.float64)
-        table = rpb.double()
+        bias = torch.zeros(H, N, N, dtype=compute_dtype)
+        table = rpb.to(compute_dtype)
         for qi, qc in enumerate(coords):
             for ki, kc in enumerate(coords):
                 if keep[qi, ki]:
@@ -125,8 +128,8 @@ def attention(
         s = score_mod(s, b_idx, h_idx, q_idx, kv_idx)
 
     if additional_keys is not None:
-        ak = additional_keys.double().permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
-        av = additional_values.double().permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
+        ak = additional_keys.to(compute_dtype).permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
+        av = additional_values.to(compute_dtype).permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
         E = ak.shape[2]
         se = scale * qf @ ak.transpose(-1, -2)
         e_idx = (N + torch.arange(E)).view(1, 1, 1, E)

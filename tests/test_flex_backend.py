@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import haloattn
@@ -23,7 +23,7 @@ from haloattn.geometry import Axis, attends
 from haloattn.problem import build_problem
 
 import oracle
-from test_reference_oracle import make_inputs, problems
+from test_reference_oracle import make_inputs, mask_odd_heads, problems, score_bias_by_head
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 
@@ -57,6 +57,11 @@ def _leaves(tensors, kw):
 @pytest.mark.usefixtures("unfused_flex")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.booleans())
+# an ill-conditioned additional-key gradient (softcap 0.7, scale -1.5) that CI once drew
+@example(dict(spatial=(3,), batch=2, heads=2, kv_heads=1, head_dim=4, value_dim=1, window=(1,), rpb=True,
+              kw=dict(stride=[1], dilation=(1,), causal=(False,), pattern="neighborhood", shift=(0,)),
+              softcap=0.7, scale=-1.5, extra=1, score_mod=score_bias_by_head, mask_mod=mask_odd_heads,
+              kq_conv=None, seed=2147483647), False)
 def test_flex_matches_oracle(spec, through_lse):
     """Outputs, LSE and every gradient (q, k, v, rpb, additional tokens) in float32 against the
     float64 oracle, over every pattern parameter, GQA, D_v != D, scale, softcap, rpb, mods and
@@ -85,13 +90,20 @@ def test_flex_matches_oracle(spec, through_lse):
     leaves = _leaves(tensors, kw)
     grads = torch.autograd.grad(loss(out, lse), leaves)
     ref_grads = torch.autograd.grad(loss(ref_out, ref_lse), leaves)
-    for leaf, a, b in zip(leaves, grads, ref_grads):
+    floor_out, floor_lse = oracle.attention(*tensors.values(), spec["window"], compute_dtype=torch.float32, **kw)
+    floor_grads = torch.autograd.grad(loss(floor_out, floor_lse), leaves)
+    for leaf, a, b, f in zip(leaves, grads, ref_grads, floor_grads):
         assert a.dtype == torch.float32
         err = oracle.rel_error(a, b)
         # An rpb entry sums score gradients that cancel (each softmax row's sum to zero without
         # an lse seed), so float32 rounding is larger relative to it; 1e-3 still catches any
         # misplaced or missing bias (errors of order 1).
         tolerance = 1e-3 if leaf is kw.get("rpb") else oracle.TOLERANCE[torch.float32]
+        # Other gradients can be small sums of cancelling terms too (an additional key seen by
+        # every query through a saturated softcap: seed 2147483647 gives 2e-5 from flex and from
+        # the reference backend alike): allow a few times what a plain float32 computation of the
+        # contract misses by on these inputs; a wrong gradient is still off by order 1.
+        tolerance = max(tolerance, 3 * oracle.rel_error(f, b))
         assert err <= tolerance, f"gradient of a {tuple(leaf.shape)} input: rel error {err:.3g} for {spec}"
 
 
