@@ -4,7 +4,7 @@ every distinct forward config and every distinct backward (dQ, dK/dV) config of
 with dense cuDNN SDPA over the same tokens timed in the same run for the forward efficiency
 column. Each variant's result is checked against the default config's.
 
-    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--atomic-only]
+    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--fold-only] [--atomic-only]
         [--walk-only] [--backward-loads-only] [--extra] [--rounds 5]
         [--json FILE]
 
@@ -102,6 +102,13 @@ def rescale_configs(configs):
     return [configs[0], dict(configs[0], fwd=dict(fwd, lazy_rescale=not fwd.get("lazy_rescale", False)))]
 
 
+def fold_configs(configs):
+    """The default and the default forward with the scale applied before the mask and the row
+    maxima (an FMUL per score) instead of folded into the exp2's FFMA."""
+    fwd = configs[0]["fwd"]
+    return [configs[0], dict(configs[0], fwd=dict(fwd, fold_scale=not fwd.get("fold_scale", True)))]
+
+
 def atomic_configs(configs, problem):
     """The default and the default with dQ added by atomics in the KV-major pass (opt-in mode):
     bulk (TMA) and element-wise, and with 128-key resident tiles (half the dQ traffic per pair)."""
@@ -147,7 +154,7 @@ def walk_configs(configs, problem):
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False,
-          walk_only=False, rounds=1, backward_loads_only=False):
+          walk_only=False, rounds=1, backward_loads_only=False, fold_only=False):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
@@ -156,6 +163,8 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
     forward_configs = descriptor_configs(configs) if tma_only else configs
     if rescale_only:
         forward_configs, backward = rescale_configs(configs), False
+    if fold_only:
+        forward_configs, backward = fold_configs(configs), False
     if atomic_only:
         forward_configs, configs = configs[:1], atomic_configs(configs, problem)
     if walk_only:
@@ -182,7 +191,7 @@ def label(config):
     parts = []
     for name, c in config.items():
         parts.append(f"{name}: q {c['q']} kv {c['kv']} w{c['warps']} s{c['stages']}{' tma' if c.get('tma') else ''}"
-                     f"{' lazy' if c.get('lazy_rescale') else ''}{' anchored' if c.get('anchor') else ''}"
+                     f"{' lazy' if c.get('lazy_rescale') else ''}{' unfolded-scale' if c.get('fold_scale') is False else ''}{' anchored' if c.get('anchor') else ''}"
                      f"{' axis-masks' if c.get('axis_masks') else ''}{' atomic-dq' if c.get('atomic_dq') else ''}{' (element-wise)' if c.get('tma_dq') is False else ''}")
     return "; ".join(parts)
 
@@ -209,6 +218,8 @@ def main():
     parser.add_argument("--compile-only", action="store_true", help="run each variant once, time nothing")
     parser.add_argument("--rescale-only", action="store_true",
                         help="forward only: the default against the other rescaling rule (lazy or every tile)")
+    parser.add_argument("--fold-only", action="store_true",
+                        help="forward only: the default against the scale applied before the mask (not folded)")
     parser.add_argument("--atomic-only", action="store_true",
                         help="backward only: the default against the opt-in atomic-dQ backward")
     parser.add_argument("--walk-only", action="store_true",
@@ -227,7 +238,7 @@ def main():
     results = []
     for index in (int(i) for i in args.only.split(",")):
         results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only,
-                             args.atomic_only, args.walk_only, args.rounds, args.backward_loads_only))
+                             args.atomic_only, args.walk_only, args.rounds, args.backward_loads_only, args.fold_only))
         if args.compile_only:
             continue
         report(results[-1])

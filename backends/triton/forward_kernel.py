@@ -14,7 +14,7 @@ import triton.language as tl
 
 from .descriptors import kv_descriptors, load_token_tile
 from .index_math import crosses, group_length, key_range, key_walk, next3, split3
-from .scores import LN2, finish_scores, mask_pairs, mma, relative_bias
+from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
 
 
 @triton.jit
@@ -45,25 +45,45 @@ def finite(m):
 
 
 @triton.jit
-def online_softmax_rescale(s, m_i, l_i, acc, LAZY: tl.constexpr):
+def online_softmax_rescale(s, m_i, l_i, acc, unit, LAZY: tl.constexpr):
     """Move the running maxima ``m_i`` for score tile ``s`` and rescale the running sums ``l_i``
     and accumulator ``acc`` to them: always (exact online softmax), or with ``LAZY`` only when
-    some row's maximum grew by more than RESCALE_SLACK (see above)."""
+    some row's maximum grew by more than RESCALE_SLACK (see above). Scores and maxima are in
+    units whose product with ``unit`` (> 0) is log2-domain: 1, or the folded scale (see
+    FOLD_SCALE in forward_kernel)."""
     m_tile = tl.max(s, 1)
     if LAZY:
-        if tl.max((m_tile > m_i + RESCALE_SLACK).to(tl.int32), 0) > 0:
-            m_i, l_i, acc = _raise_maxima(m_i, m_tile, l_i, acc)
+        if tl.max((m_tile * unit > m_i * unit + RESCALE_SLACK).to(tl.int32), 0) > 0:
+            m_i, l_i, acc = _raise_maxima(m_i, m_tile, l_i, acc, unit)
     else:
-        m_i, l_i, acc = _raise_maxima(m_i, m_tile, l_i, acc)
+        m_i, l_i, acc = _raise_maxima(m_i, m_tile, l_i, acc, unit)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _raise_maxima(m_i, m_tile, l_i, acc):
+def _raise_maxima(m_i, m_tile, l_i, acc, unit):
     """Running maxima raised to the tile's, sums and accumulator rescaled to match."""
     m_new = tl.maximum(m_i, m_tile)
-    alpha = tl.math.exp2(m_i - finite(m_new))
+    alpha = tl.math.exp2((m_i - finite(m_new)) * unit)
     return m_new, l_i * alpha, acc * alpha[:, None]
+
+
+@triton.jit
+def probabilities(s, m_i, unit):
+    """exp2 of the scores against the running maxima: one FFMA and one MUFU per score."""
+    return tl.math.exp2(s * unit - (finite(m_i) * unit)[:, None])
+
+
+@triton.jit
+def softmax_scores(qk, bias, scale, softcap, HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                   FOLD_SCALE: tl.constexpr):
+    """The scores the online softmax runs on: raw dot products under FOLD_SCALE, else the
+    log2-domain scores of finish_scores."""
+    if FOLD_SCALE:
+        s = qk
+    else:
+        s, _ = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+    return s
 
 
 @triton.jit
@@ -85,7 +105,7 @@ def forward_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -122,6 +142,15 @@ def forward_kernel(
                                     Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1, TN2,
                                     BLOCK_D, BLOCK_DV)
 
+    # FOLD_SCALE (scale > 0, no bias, no softcap): the scores stay raw dot products through the
+    # mask and the row maxima (a positive scale keeps their order), and the scale joins the
+    # maximum's subtraction in one FFMA before each exp2. Otherwise a tile's scores are first
+    # multiplied (and their maxima kept) in the log2 domain: one FMUL a score more, a sixteenth
+    # of the loop's instructions on a 64 x 64 tile.
+    if FOLD_SCALE:
+        unit = scale * LOG2E
+    else:
+        unit = 1.0
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -136,12 +165,12 @@ def forward_kernel(
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
         else:
             bias = 0.0
-        s, _ = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+        s = softmax_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP, FOLD_SCALE)
         s = mask_pairs(s, float("-inf"), lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2,
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
-        m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, LAZY_RESCALE)
-        p = tl.math.exp2(s - finite(m_i)[:, None])
+        m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, unit, LAZY_RESCALE)
+        p = probabilities(s, m_i, unit)
         l_i += tl.sum(p, 1)
         vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
                              Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
@@ -157,17 +186,17 @@ def forward_kernel(
             e_ok = e < E
             kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
             qk = mma(q, tl.trans(kt), None, PRECISION)
-            s, _ = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
+            s = softmax_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP, FOLD_SCALE)
             s = tl.where(e_ok[None, :], s, float("-inf"))
-            m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, LAZY_RESCALE)
-            p = tl.math.exp2(s - finite(m_i)[:, None])
+            m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, unit, LAZY_RESCALE)
+            p = probabilities(s, m_i, unit)
             l_i += tl.sum(p, 1)
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
             acc = mma(p.to(vt.dtype), vt, acc, PRECISION)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    lse = tl.where(empty, float("-inf"), (m_i * unit + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     o_rows = b.to(tl.int64) * sob + h.to(tl.int64) * soh + i0 * so0 + i1 * so1 + i2 * so2
     tl.store(O + o_rows[:, None] + dv[None, :], out.to(O.dtype.element_ty), mask=q_ok[:, None] & (dv[None, :] < HEAD_DV))
     l_rows = b.to(tl.int64) * slb + h.to(tl.int64) * slh + i0 * sl0 + i1 * sl1 + i2 * sl2

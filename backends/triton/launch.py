@@ -271,6 +271,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
         TMA=use_descriptors(cfg.get("tma", False), large, k, v), LAZY_RESCALE=cfg.get("lazy_rescale", False),
+        FOLD_SCALE=cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None,
         **_walk_constexprs(cfg), num_warps=cfg["warps"], num_stages=cfg["stages"],
     ))
 
