@@ -380,16 +380,19 @@ def test_cost_model_counts_a_dilation_group_like_an_undilated_axis(length, windo
 
 @pytest.mark.parametrize("magnitude", [0.5, 40.0])
 @pytest.mark.parametrize("lazy", [False, True])
-def test_both_rescaling_rules_match_the_oracle(lazy, magnitude):
+@pytest.mark.parametrize("fold", [True, False], ids=["folded-scale", "scaled-first"])
+def test_both_rescaling_rules_match_the_oracle(lazy, magnitude, fold):
     # Lazy rescaling keeps stale row maxima until a tile raises one by more than 2^8: small scores
     # (magnitude 0.5) never trigger it after the first tile, large ones (40) trigger it on most
     # tiles, and keys that grow along the sequence make every tile raise the maxima a little.
+    # Both ways of applying the scale (folded into the exponent, the default here, or applied to
+    # each score first) keep their maxima in different units, so each meets both rules.
     gen = torch.Generator().manual_seed(11)
     q = torch.randn(1, 40, 2, 16, generator=gen) * magnitude
     k = torch.randn(1, 40, 2, 16, generator=gen) + torch.linspace(0, 3, 40)[None, :, None, None]
     v = torch.randn(1, 40, 2, 16, generator=gen)
     problem = build_problem(q, k, v, 33)
-    config = {"fwd": {"q": [16], "kv": [16], "lazy_rescale": lazy}}
+    config = {"fwd": {"q": [16], "kv": [16], "lazy_rescale": lazy, "fold_scale": fold}}
     out, lse = launch.forward(problem, AttentionInputs(q, k, v), config)
     ref, ref_lse = oracle.attention(q.double(), k.double(), v.double(), 33)
     assert oracle.rel_error(out, ref) <= 1e-5
