@@ -100,6 +100,29 @@ def test_descriptor_loads_need_aligned_strides():
     assert not launch.use_descriptors(True, False, odd)
 
 
+def test_descriptor_backward_with_a_large_bias():
+    """The dK/dV kernel copies a query tile's (lse, delta) rows through a descriptor, and rows past
+    the grid arrive as zeros, not lse = +inf: with a bias near 90 their P would overflow to inf and
+    inf * 0 turn dK and dV into NaN, were such rows not masked on the tiles that reach past the grid."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 10, 13, 2, 32, generator=gen).bfloat16() for _ in range(3))
+    window = (5, 7)
+    rpb = (torch.randn(2, 9, 13, generator=gen) + 90.0).bfloat16()
+    problem = build_problem(q, k, v, window, rpb=rpb)
+    inputs = AttentionInputs(q, k, v, rpb=rpb)
+    config = descriptor_config(problem)
+    assert launch.use_descriptors(config["dkdv"]["tma"], False, q, k, v)
+    out, lse = launch.forward(problem, inputs, config)
+    grad = torch.randn(out.shape, generator=gen).bfloat16()
+    _, dk, dv, *_ = launch.backward(problem, inputs, out, lse, grad, None, (False, True, True) + (False,) * 4,
+                                    config)
+    ref = {name: t.double().requires_grad_(True) for name, t in (("k", k), ("v", v))}
+    ref_out, _ = oracle.attention(q.double(), ref["k"], ref["v"], window, rpb=rpb.double())
+    ref_dk, ref_dv = torch.autograd.grad((ref_out * grad.double()).sum(), [ref["k"], ref["v"]])
+    assert oracle.rel_error(dk, ref_dk) <= oracle.TOLERANCE[torch.bfloat16]
+    assert oracle.rel_error(dv, ref_dv) <= oracle.TOLERANCE[torch.bfloat16]
+
+
 def test_without_lse_gradient():
     check_against_oracle((11,), 3, grad_lse=False, rpb=True)
 

@@ -24,6 +24,27 @@ from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
 
 
 @triton.jit
+def row_stats(STATS, rows, ok):
+    """(lse * log2 e, delta) of query rows at element offsets ``rows`` of the statistics buffer
+    (row_stats_kernel); rows outside the grid get lse = +inf, hence P = 0: they add nothing."""
+    lse2 = tl.load(STATS + rows, mask=ok, other=float("inf"))
+    delta = tl.load(STATS + rows + 1, mask=ok, other=0.0)
+    return lse2, delta
+
+
+@triton.jit
+def stats_box(desc, head, xs0, xs1, xs2, RANK: tl.constexpr, ROWS: tl.constexpr):
+    """(lse * log2 e, delta) of a box of query rows, one descriptor copy. Rows outside the grid
+    arrive as zeros (lse 0, not +inf): their q and dO rows are zeros too, so dP and dS are zero and
+    P = exp2(bias); the caller zeroes such P where rpb could make it overflow (inf * 0 = NaN)."""
+    box = load_box(desc, head, xs0, xs1, xs2, RANK, ROWS, 4)
+    lse_pad, delta_pad = tl.split(box.reshape(ROWS, 2, 2))
+    lse2, _ = tl.split(lse_pad)
+    delta, _ = tl.split(delta_pad)
+    return lse2, delta
+
+
+@triton.jit
 def softcap_chain(ds, t, HAS_SOFTCAP: tl.constexpr):
     """d(softcap * tanh(u / softcap)) / du = 1 - tanh^2."""
     if HAS_SOFTCAP:
@@ -33,7 +54,7 @@ def softcap_chain(ds, t, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, RPB, DSB, AK, AV,
+    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -73,9 +94,7 @@ def dq_kernel(
                 mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
     do = tl.load(DO + (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
                  mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-    l_rows = bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
-    lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E
-    delta = tl.load(DELTA + l_rows, mask=q_ok, other=0.0)
+    lse2, delta = row_stats(STATS, bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
 
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
@@ -145,7 +164,7 @@ def dq_kernel(
 
 @triton.jit
 def dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, RPB, DQA, DSB,
+    Q, K, V, DO, STATS, DK, DV, RPB, DQA, DSB,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -204,6 +223,8 @@ def dkdv_kernel(
         do_desc = group_descriptor(DO + b64 * sdob + heads0 * sdoh + g0 * sdo0 + g1 * sdo1 + g2 * sdo2, G, sdoh,
                                    Lg0, Lg1, Lg2, D0 * sdo0, D1 * sdo1, D2 * sdo2, HEAD_DV, RANK, TM0, TM1, TM2,
                                    BLOCK_DV)
+        stats_desc = group_descriptor(STATS + b64 * slb + heads0 * slh + g0 * sl0 + g1 * sl1 + g2 * sl2, G, slh,
+                                      Lg0, Lg1, Lg2, D0 * sl0, D1 * sl1, D2 * sl2, 4, RANK, TM0, TM1, TM2, 4)
     if TMA_DQ:
         # dQ shares go to L2 as bulk reductions of whole query tiles (one instruction each).
         dqa_desc = group_descriptor(DQA + b64 * sdqab + kvh64 * G * sdqah + g0 * sdqa0 + g1 * sdqa1 + g2 * sdqa2,
@@ -232,10 +253,10 @@ def dkdv_kernel(
                         mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
             do = tl.load(DO + (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
                          mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-        l_rows = b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
-        # Rows outside the grid get lse = +inf, hence P = 0: they add nothing.
-        lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E
-        delta = tl.load(DELTA + l_rows, mask=q_ok, other=0.0)
+        if TMA:
+            lse2, delta = stats_box(stats_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M)
+        else:
+            lse2, delta = row_stats(STATS, b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
         qkT = mma(kt, tl.trans(q), None, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, False)
@@ -243,6 +264,10 @@ def dkdv_kernel(
             bias = 0.0
         sT, tT = finish_scores(qkT, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
         pT = tl.math.exp2(sT - lse2[None, :])
+        if TMA and HAS_RPB:
+            # Rows outside the grid came as zeros (stats_box): a large bias could make their P inf.
+            if (xs0 < 0) | (xs0 + TM0 > Lg0) | (xs1 < 0) | (xs1 + TM1 > Lg1) | (xs2 < 0) | (xs2 + TM2 > Lg2):
+                pT = tl.where(q_ok[None, :], pT, 0.0)
         # The keys every query of this query tile sees (the walk over them is not used here).
         _, _, all_lo0, all_hi0 = key_walk(xs0, Lg0, K0, S0, SH0, C0, WINDOW, TM0, TN0, False)
         _, _, all_lo1, all_hi1 = key_walk(xs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, False)
@@ -293,7 +318,7 @@ def dkdv_kernel(
 
 @triton.jit
 def extra_dkdv_kernel(
-    Q, AK, AV, DO, LSE, DELTA, DAK, DAV, DQA,
+    Q, AK, AV, DO, STATS, DAK, DAV, DQA,
     sqb, sq0, sq1, sq2, sqh,
     sakb, sake, sakh, savb, save, savh,
     sdob, sdo0, sdo1, sdo2, sdoh,
@@ -332,9 +357,7 @@ def extra_dkdv_kernel(
                     mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
         do = tl.load(DO + (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
                      mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-        l_rows = b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
-        lse2 = tl.load(LSE + l_rows, mask=q_ok, other=float("inf")) * LOG2E
-        delta = tl.load(DELTA + l_rows, mask=q_ok, other=0.0)
+        lse2, delta = row_stats(STATS, b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
         qkT = mma(kt, tl.trans(q), None, PRECISION)
         sT, tT = finish_scores(qkT, 0.0, scale, softcap, False, HAS_SOFTCAP)
         pT = tl.where(e_ok[:, None], tl.math.exp2(sT - lse2[None, :]), 0.0)
@@ -354,9 +377,12 @@ def extra_dkdv_kernel(
 
 
 @triton.jit
-def delta_kernel(O, DO, DLSE, DELTA, rows, so_row, sdo_row, HEAD_DV,
-                 BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_DLSE: tl.constexpr):
-    """delta = rowsum(dO * O) - dLSE, one float32 per (token, head) row."""
+def row_stats_kernel(O, DO, LSE, DLSE, STATS, rows, so_row, sdo_row, HEAD_DV,
+                     BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """The backward's two numbers per (token, head) row, as one 16-byte float32 row
+    ``[lse * log2(e), delta, 0, 0]`` with delta = rowsum(dO * O) - dLSE: the other kernels then
+    need no per-step scaling of the LSE, and the 16 bytes make a row a legal innermost box of a
+    tensor descriptor, so dkdv_kernel copies a query tile's statistics in one instruction."""
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = r < rows
     d = tl.arange(0, BLOCK_DV)
@@ -366,4 +392,7 @@ def delta_kernel(O, DO, DLSE, DELTA, rows, so_row, sdo_row, HEAD_DV,
     delta = tl.sum(o * do, 1)
     if HAS_DLSE:
         delta -= tl.load(DLSE + r, mask=ok, other=0.0)
-    tl.store(DELTA + r, delta, mask=ok)
+    lse2 = tl.load(LSE + r, mask=ok, other=0.0) * LOG2E
+    col = tl.arange(0, 4)
+    stats = tl.where(col[None, :] == 0, lse2[:, None], tl.where(col[None, :] == 1, delta[:, None], 0.0))
+    tl.store(STATS + r[:, None] * 4 + col[None, :], stats, mask=ok[:, None])

@@ -24,7 +24,7 @@ from . import batch_slices, tiles
 from .device_limits import has_copy_engine
 from .plugin import interpreting
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
-from .backward_kernels import delta_kernel, dkdv_kernel, dq_kernel, extra_dkdv_kernel
+from .backward_kernels import dkdv_kernel, dq_kernel, extra_dkdv_kernel, row_stats_kernel
 from .forward_kernel import forward_kernel
 
 INT32_LIMIT = 2**31 - 1
@@ -315,29 +315,34 @@ def rpb_gradient(problem: Problem, ds: torch.Tensor, rpb: torch.Tensor) -> torch
 RPB_GRADIENT_CHUNK = 256 * 2**20
 
 
-def row_delta(out: torch.Tensor, grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor]) -> torch.Tensor:
-    """delta = rowsum(dO * O) - dLSE, float32 [B, *spatial, H]: dS = P * (dP - delta) then
-    carries the gradients of both outputs (d lse / d s = P)."""
+def row_statistics(out: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                   grad_lse: Optional[torch.Tensor]) -> torch.Tensor:
+    """The backward's per-row numbers, float32 ``[B, *spatial, H, 4]``: ``lse * log2(e)`` and
+    delta = rowsum(dO * O) - dLSE (dS = P * (dP - delta) then carries the gradients of both
+    outputs, as d lse / d s = P), then two zeros that make a row 16 bytes (row_stats_kernel)."""
     dv = out.shape[-1]
     o = out.reshape(-1, dv)
     do = grad_out.reshape(-1, dv)
-    delta = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
-    # delta_kernel reads dLSE rows consecutively (reshape may keep a strided view).
-    dlse = grad_lse.float().contiguous().reshape(-1) if grad_lse is not None else delta
-    key = (o.shape, tensor_layout(o), tensor_layout(do), tensor_layout(dlse), grad_lse is not None, interpreting())
-    cached(_DELTA_PLANS, key, lambda: _delta_launch(o, do, dlse, delta, grad_lse is not None))(o, do, dlse, delta)
-    return delta
+    stats = torch.empty(*out.shape[:-1], 4, dtype=torch.float32, device=out.device)
+    # row_stats_kernel reads LSE and dLSE rows consecutively (reshape may keep a strided view).
+    lse_rows = lse.contiguous().reshape(-1)
+    dlse = grad_lse.float().contiguous().reshape(-1) if grad_lse is not None else lse_rows
+    key = (o.shape, tensor_layout(o), tensor_layout(do), grad_lse is not None, interpreting())
+    cached(_STATS_PLANS, key, lambda: _stats_launch(o, do, lse_rows, dlse, stats, grad_lse is not None))(
+        o, do, lse_rows, dlse, stats)
+    return stats
 
 
-_DELTA_PLANS = plan_cache()
+_STATS_PLANS = plan_cache()
 _BACKWARD_PLANS = plan_cache()
-DELTA_ROWS = 64
+STATS_ROWS = 64
 
 
-def _delta_launch(o, do, dlse, delta, has_dlse: bool) -> Launch:
+def _stats_launch(o, do, lse_rows, dlse, stats, has_dlse: bool) -> Launch:
     rows, dv = o.shape
-    return Launch(delta_kernel, (cdiv(rows, DELTA_ROWS),), [o, do, dlse, delta, rows, o.stride(0), do.stride(0), dv],
-                  dict(BLOCK_R=DELTA_ROWS, BLOCK_DV=_block(dv), HAS_DLSE=has_dlse, num_warps=4))
+    return Launch(row_stats_kernel, (cdiv(rows, STATS_ROWS),),
+                  [o, do, lse_rows, dlse, stats, rows, o.stride(0), do.stride(0), dv],
+                  dict(BLOCK_R=STATS_ROWS, BLOCK_DV=_block(dv), HAS_DLSE=has_dlse, num_warps=4))
 
 
 def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
@@ -348,8 +353,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
     do = _unit_last(grad_out)
-    lse = lse.contiguous()
-    delta = row_delta(out, do, grad_lse)
+    stats = row_statistics(out, do, lse, grad_lse)
     need_q, need_k, need_v, need_rpb, _, need_ak, need_av = (bool(n) for n in needs_grad)
     need_rpb = need_rpb and rpb is not None
     need_ak = need_ak and ak is not None
@@ -368,10 +372,10 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
                              device=q.device) if need_rpb else None)
     dk, dv = (torch.empty_like(k), torch.empty_like(v)) if run_dkdv else (None, None)
     dak, dav = (torch.empty_like(ak), torch.empty_like(av)) if run_extra else (None, None)
-    tensors = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, delta=delta, dq=dq, rpb=rpb, ds=ds_buffer, ak=ak, av=av,
+    tensors = dict(q=q, k=k, v=v, do=do, out=out, stats=stats, dq=dq, rpb=rpb, ds=ds_buffer, ak=ak, av=av,
                    dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum)
     key = (problem, config_key(config), flags, _precision(q.dtype),
-           *(tensor_layout(t) for t in (q, k, v, do, out, lse, rpb, ak, av, dq, dk, dv)))
+           *(tensor_layout(t) for t in (q, k, v, do, out, stats, rpb, ak, av, dq, dk, dv)))
 
     def run(launches):
         for launch, names in launches:
@@ -401,16 +405,16 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     softcap = problem.softcap or 1.0
     feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
                    BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem))
-    lse_strides = token_strides(tensors["lse"].unsqueeze(-1), r)
+    stats_strides = token_strides(tensors["stats"], r)
     launches = []
 
     if (need_q or need_rpb) and not atomic:
         cfg = cfgs["dq"]
-        names = ("q", "k", "v", "do", "lse", "delta", "dq", "rpb", "ds", "ak", "av")
+        names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av")
         launches.append((Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
-            *lse_strides, *token_strides(t["dq"], r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
+            *stats_strides, *token_strides(t["dq"], r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
             H, G, problem.extra_tokens, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["q"]), problem.scale, softcap,
         ], dict(
@@ -423,11 +427,11 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     dq_sum_strides = token_strides(t["dq_sum"], r)
     if need_k or need_v or atomic:
         cfg = cfgs["dkdv"]
-        names = ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "rpb", "dq_sum", "ds")
+        names = ("q", "k", "v", "do", "stats", "dk", "dv", "rpb", "dq_sum", "ds")
         launches.append((Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
-            *lse_strides, *token_strides(t["dk"], r), *token_strides(t["dv"], r), *_rpb_strides(rpb, r),
+            *stats_strides, *token_strides(t["dk"], r), *token_strides(t["dv"], r), *_rpb_strides(rpb, r),
             *dq_sum_strides, H, G, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
         ], dict(
@@ -439,12 +443,12 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
         )), names))
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
-        names = ("q", "ak", "av", "do", "lse", "delta", "dak", "dav", "dq_sum")
+        names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum")
         block_m, block_e, stages = tiles.extra_kernel_blocks(problem)
         launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, block_e), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
-            *lse_strides, *_extra_strides(t["dak"]), *_extra_strides(t["dav"]), *dq_sum_strides,
+            *stats_strides, *_extra_strides(t["dak"]), *_extra_strides(t["dav"]), *dq_sum_strides,
             G, problem.extra_tokens, problem.head_dim, problem.value_dim, *geo.L,
             problem.scale, softcap,
         ], dict(
