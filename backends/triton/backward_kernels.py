@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .descriptors import add_to_box, group_descriptor, kv_descriptors, load_box, load_token_tile
 from .forward_kernel import query_tile
-from .index_math import crosses, key_range, key_walk, next3, query_walk, split3
+from .index_math import crosses, key_range, key_walk, next3, query_range, query_walk, split3
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
 
 
@@ -213,6 +213,14 @@ def dkdv_kernel(
     qst1, nq1 = query_walk(ys1, Lg1, K1, S1, SH1, C1, WINDOW, TN1, TM1, ANCHOR)
     qst2, nq2 = query_walk(ys2, Lg2, K2, S2, SH2, C2, WINDOW, TN2, TM2, ANCHOR)
     nq = nq0 * nq1 * nq2
+    # Pairs are masked by the inverse rule: the queries [qlo, qhi) that see each key row, fixed
+    # for the program (a few registers), tested against the query columns' coordinates. The
+    # forward rule needs [lo, hi) of every query column, recomputed on each masked step for the
+    # 16 columns a thread holds (exact inverse: geometry's brute-force test; columns outside the
+    # grid fall outside every [qlo, qhi)).
+    qlo0, qhi0 = query_range(y0, Lg0, K0, S0, SH0, C0, WINDOW)
+    qlo1, qhi1 = query_range(y1, Lg1, K1, S1, SH1, C1, WINDOW)
+    qlo2, qhi2 = query_range(y2, Lg2, K2, S2, SH2, C2, WINDOW)
 
     m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
     if TMA:
@@ -275,12 +283,10 @@ def dkdv_kernel(
         cross0 = crosses(ys0, TN0, all_lo0, all_hi0)
         cross1 = crosses(ys1, TN1, all_lo1, all_hi1)
         cross2 = crosses(ys2, TN2, all_lo2, all_hi2)
-        if cross0 | cross1 | cross2:
-            lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
-            lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
-            lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
-            pT = mask_pairs(pT, 0.0, lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, cross0, cross1, cross2,
-                            False, RANK, AXIS_MASKS)
+        # Rows (keys) carry the ranges and columns (queries) the coordinates: mask_pairs' orientation
+        # "rows are queries" in its own terms.
+        pT = mask_pairs(pT, 0.0, qlo0, qhi0, qlo1, qhi1, qlo2, qhi2, x0, x1, x2, cross0, cross1, cross2,
+                        True, RANK, AXIS_MASKS)
         dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
