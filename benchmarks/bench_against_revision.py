@@ -4,7 +4,7 @@ ratio is not moved by the clock drift between two processes or two machines.
 
     git archive <rev> backends/triton | tar -x -C /tmp/base       # the other revision's package
     python benchmarks/bench_against_revision.py --base /tmp/base/backends/triton \\
-        [--only 1,5] [--extra] [--rounds 3] [--no-forward] [--json FILE]
+        [--only 1,5] [--extra] [--rounds 3] [--no-forward] [--this-config JSON] [--json FILE]
 
 The other package is imported as ``haloattn.backends.triton_base`` (its relative imports resolve
 inside it; both share the working tree's core). Each problem runs both packages' default configs
@@ -55,30 +55,37 @@ def time_in_turn(runs: dict, rounds: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def compare(index, base_launch, rounds, forward=True):
+def merged(config: dict, overrides: dict) -> dict:
+    return {part: dict(cfg, **overrides.get(part, {})) for part, cfg in config.items()}
+
+
+def compare(index, base_launch, rounds, forward=True, overrides=None):
     q, k, v, problem = make_inputs(index)
+    config = merged(this_launch.tiles.default_config(problem), overrides) if overrides else None
     inputs = AttentionInputs(q, k, v)
     launches = {"base": base_launch, "this": this_launch}
     pairs = attended_pairs(problem)
     flops = 4 * BATCH * HEADS * problem.head_dim * pairs
     dense = dense_tflops(problem.tokens, problem.head_dim, q.device, q.dtype)
     row = {"problem": PROBLEMS[index][0], "dense_tflops": dense}
-    outputs = {name: la.forward(problem, inputs) for name, la in launches.items()}
+    configs = {"base": None, "this": config}
+    outputs = {name: la.forward(problem, inputs, configs[name]) for name, la in launches.items()}
     if forward and rounds:
-        ms = time_in_turn({name: (lambda la=la: la.forward(problem, inputs)) for name, la in launches.items()}, rounds)
+        ms = time_in_turn({name: (lambda la=la, c=configs[name]: la.forward(problem, inputs, c))
+                           for name, la in launches.items()}, rounds)
         row["forward"] = dict(ms, base_over_this=ms["base"] / ms["this"],
                               rel_diff=relative_difference(outputs["this"], outputs["base"]),
                               efficiency=flops / ms["this"] / 1e9 / dense)
     go = torch.randn_like(outputs["this"][0])
     out, lse = outputs["this"]
 
-    def backward(la):
-        return la.backward(problem, inputs, out, lse, go, None, NEEDS)[:3]
+    def backward(name):
+        return launches[name].backward(problem, inputs, out, lse, go, None, NEEDS, configs[name])[:3]
 
-    grads = {name: backward(la) for name, la in launches.items()}
+    grads = {name: backward(name) for name in launches}
     if not rounds:  # compile only
         return row
-    ms = time_in_turn({name: (lambda la=la: backward(la)) for name, la in launches.items()}, rounds)
+    ms = time_in_turn({name: (lambda name=name: backward(name)) for name in launches}, rounds)
     row["backward"] = dict(ms, base_over_this=ms["base"] / ms["this"],
                            rel_diff=relative_difference(grads["this"], grads["base"]),
                            efficiency=2.5 * flops / ms["this"] / 1e9 / dense)
@@ -103,6 +110,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3,
                         help="0: run each kernel once, untimed (fills the Triton cache for a later run)")
     parser.add_argument("--no-forward", action="store_true", help="time the backward only")
+    parser.add_argument("--this-config", type=json.loads, default=None,
+                        help='JSON merged into this tree\'s default config per kernel, e.g. \'{"dkdv": {"stages": 1}}\'')
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.extra:
@@ -112,7 +121,7 @@ def main():
     print(f"# {torch.cuda.get_device_name()}: base {args.base} against this tree, {args.rounds} rounds", flush=True)
     results = []
     for index in indices:
-        results.append(compare(index, base_launch, args.rounds, not args.no_forward))
+        results.append(compare(index, base_launch, args.rounds, not args.no_forward, args.this_config))
         if args.rounds:
             report(results[-1])
         if args.json:
