@@ -184,7 +184,7 @@ def dkdv_kernel(
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr, TMA_DQ: tl.constexpr,
-    ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr,
+    ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, WAIT_DK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -291,6 +291,13 @@ def dkdv_kernel(
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
+        if WAIT_DK:
+            # Reading dk makes Triton wait for this product within the step instead of keeping it
+            # in flight across the loop's back edge, where ptxas would serialise every wgmma of
+            # the loop (its C7515, "non wgmma instructions defining accumulator registers": all 24
+            # of a D=128 step wait for the one before) when the step also masks pairs and streams
+            # three descriptor loads (q, dO, statistics rows). Costs one FADD per dk element.
+            dk = dk + 0.0
         if ATOMIC_DQ:
             # dQ += dS K for this key tile's share, added in float32 (the order of the adds, hence
             # the rounding, varies from run to run: opt-in only).
@@ -371,6 +378,13 @@ def extra_dkdv_kernel(
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
+        if WAIT_DK:
+            # Reading dk makes Triton wait for this product within the step instead of keeping it
+            # in flight across the loop's back edge, where ptxas would serialise every wgmma of
+            # the loop (its C7515, "non wgmma instructions defining accumulator registers": all 24
+            # of a D=128 step wait for the one before) when the step also masks pairs and streams
+            # three descriptor loads (q, dO, statistics rows). Costs one FADD per dk element.
+            dk = dk + 0.0
         if ATOMIC_DQ:  # the additional keys' share of dQ (see dkdv_kernel)
             dq_part = mma(tl.trans(dsT).to(kt.dtype), kt, None, PRECISION)
             dqa_rows = b64 * sdqab + h64 * sdqah + i0 * sdqa0 + i1 * sdqa1 + i2 * sdqa2

@@ -427,6 +427,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     dq_sum_strides = token_strides(t["dq_sum"], r)
     if need_k or need_v or atomic:
         cfg = cfgs["dkdv"]
+        tma = use_descriptors(cfg.get("tma", False), large, q, do)
         names = ("q", "k", "v", "do", "stats", "dk", "dv", "rpb", "dq_sum", "ds")
         launches.append((Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
             *(t[name] for name in names),
@@ -436,10 +437,10 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
-            HAS_RPB=rpb is not None, TMA=use_descriptors(cfg.get("tma", False), large, q, do),
-            ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
+            HAS_RPB=rpb is not None, TMA=tma, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
-            **_walk_constexprs(cfg), num_warps=cfg["warps"], num_stages=cfg["stages"],
+            WAIT_DK=tma and cfg.get("wait_dk", False), **_walk_constexprs(cfg), num_warps=cfg["warps"],
+            num_stages=cfg["stages"],
         )), names))
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
