@@ -378,13 +378,6 @@ def extra_dkdv_kernel(
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
-        if WAIT_DK:
-            # Reading dk makes Triton wait for this product within the step instead of keeping it
-            # in flight across the loop's back edge, where ptxas would serialise every wgmma of
-            # the loop (its C7515, "non wgmma instructions defining accumulator registers": all 24
-            # of a D=128 step wait for the one before) when the step also masks pairs and streams
-            # three descriptor loads (q, dO, statistics rows). Costs one FADD per dk element.
-            dk = dk + 0.0
         if ATOMIC_DQ:  # the additional keys' share of dQ (see dkdv_kernel)
             dq_part = mma(tl.trans(dsT).to(kt.dtype), kt, None, PRECISION)
             dqa_rows = b64 * sdqab + h64 * sdqah + i0 * sdqa0 + i1 * sdqa1 + i2 * sdqa2
