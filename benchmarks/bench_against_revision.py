@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel_variants import EXTRA_PROBLEMS, dense_tflops, relative_difference  # noqa: E402
+from bench_kernel_variants import EXTRA_PROBLEMS, dense_tflops, relative_difference, write_json  # noqa: E402
 from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench, make_inputs  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
@@ -124,9 +124,7 @@ def main():
         results.append(compare(index, base_launch, args.rounds, not args.no_forward, args.this_config))
         if args.rounds:
             report(results[-1])
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

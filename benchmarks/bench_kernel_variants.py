@@ -44,6 +44,13 @@ from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import launch, tiles  # noqa: E402
 
 
+def write_json(path, results):
+    """Rewritten after every problem, so a run cut short keeps what it measured."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def dense_tflops(tokens, head_dim, device, dtype):
     q, k, v = (torch.randn(BATCH, HEADS, tokens, head_dim, device=device, dtype=dtype) for _ in range(3))
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -242,9 +249,7 @@ def main():
         if args.compile_only:
             continue
         report(results[-1])
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":
