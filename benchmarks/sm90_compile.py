@@ -126,6 +126,8 @@ def compile_captured(fn, args, kwargs, label, sass_dir=None, ttgir_dir=None) -> 
     regs = int(m.group(1)) if m else None
     m = re.search(r"(\d+) bytes spill stores", info)
     spills = int(m.group(1)) if m else None
+    # ptxas C7515: every wgmma of the kernel waits for the one before (no tensor-core pipelining).
+    serialized = "C7515" in info
     sass = sass_of(kernel.asm["cubin"])
     counts = count_ops(sass)
     for folder, text, ext in ((sass_dir, sass, "sass"), (ttgir_dir, kernel.asm["ttgir"], "ttgir"),
@@ -138,6 +140,8 @@ def compile_captured(fn, args, kwargs, label, sass_dir=None, ttgir_dir=None) -> 
                regs=regs, spills=spills, shared=kernel.metadata.shared,
                cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"), **counts)
     ops = " ".join(f"{k}={v}" for k, v in counts.items() if v)
+    row["wgmma_serialized"] = serialized
     print(f"{label}: warps {row['warps']} stages {row['stages']} regs {regs} spill-stores {spills}B "
-          f"shared {row['shared']}B ptx-cp.async {row['cp_async']} | {ops}", flush=True)
+          f"shared {row['shared']}B ptx-cp.async {row['cp_async']}{' WGMMA-SERIALIZED' if serialized else ''} | {ops}",
+          flush=True)
     return row
