@@ -1,0 +1,117 @@
+"""Random tiny problems through a Triton backend under the Triton interpreter (CPU, no GPU),
+against the float64 oracle: forward, LSE and every gradient, one seed per problem.
+
+Each seed draws a rank (1-3), a pattern (neighbourhood, or window with shift), per-axis lengths,
+windows, strides, dilations and causality, GQA, head dims, rpb, softcap, scales (default,
+positive, negative, zero), additional tokens, and a loss: on the output, on output and LSE with
+random weights, or ``out.sum() + lse.sum()`` (gradients that arrive expanded). A gradient passes
+within max(1e-5, 3x what a plain float32 computation of the contract misses by on the same inputs)
+(1e-3 floor for rpb): the float32 floor keeps ill-conditioned problems (cancelling sums) from
+failing a correct kernel, and a wrong gradient is off by order 1 anyway.
+
+    python benchmarks/sweep_interpreter.py 6000 6150 [--backend triton]
+
+Prints one line per seed (``OK``, ``FAIL`` with the errors and the problem, or ``REFUSED`` with
+the backend's reason) and the number of failures. Slow: a few seconds per problem.
+"""
+
+import argparse
+import os
+import pathlib
+import random
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
+import oracle  # noqa: E402
+from test_reference_oracle import make_inputs  # noqa: E402
+
+import haloattn  # noqa: E402
+
+GRAD_FLOOR, RPB_GRAD_FLOOR, OUT_TOLERANCE = 1e-5, 1e-3, 1e-5
+
+
+def random_spec(seed: int):
+    """A problem (in test_reference_oracle.make_inputs's format) and a loss kind."""
+    r = random.Random(seed)
+    rank = r.choice((1, 2, 2, 3))
+    pattern = "neighborhood" if r.random() < 0.8 else "window"
+    max_length = {1: 40, 2: 11, 3: 6}[rank]
+    spatial, window, stride, dilation, causal, shift = [], [], [], [], [], []
+    for _ in range(rank):
+        length = r.randint(2, max_length)
+        dil = r.choice((1, 1, 2)) if length >= 4 else 1
+        k = r.randint(1 if pattern == "window" else 2, max(2, length // dil)) if length // dil >= 2 else 1
+        spatial.append(length), window.append(k), dilation.append(dil), causal.append(r.random() < 0.3)
+        stride.append(r.randint(1, k) if pattern == "neighborhood" and r.random() < 0.3 else 1)
+        shift.append(r.randint(0, k - 1) if pattern == "window" else 0)
+    kv_heads = r.choice((1, 2))
+    kw = dict(dilation=tuple(dilation), causal=tuple(causal), pattern=pattern)
+    kw.update(shift=tuple(shift)) if pattern == "window" else kw.update(stride=tuple(stride))
+    spec = dict(spatial=tuple(spatial), batch=r.choice((1, 2)), heads=kv_heads * r.choice((1, 2)), kv_heads=kv_heads,
+                head_dim=r.choice((8, 16, 32)), value_dim=r.choice((8, 16, 32)), kw=kw, window=tuple(window),
+                rpb=r.random() < 0.3, softcap=r.choice((None, None, None, 4.0)),
+                scale=r.choice((None, None, 0.3, 2.5, -0.7, 0.0)), extra=r.choice((0, 0, 2)),
+                score_mod=None, mask_mod=None, kq_conv=None, seed=seed)
+    return spec, r.choice(("out", "lse", "sum"))
+
+
+def check(seed: int, backend: str) -> str:
+    spec, loss_kind = random_spec(seed)
+    tensors, kw = make_inputs(spec, torch.float32, requires_grad=True)
+    try:
+        out, lse = haloattn.attention(*tensors.values(), spec["window"], return_lse=True, backend=backend, **kw)
+    except (ValueError, NotImplementedError, RuntimeError) as exc:  # a refusal names its reason
+        return f"REFUSED {type(exc).__name__}: {str(exc)[:200]}"
+    ref_out, ref_lse = oracle.attention(*tensors.values(), spec["window"], **kw)
+    errors = []
+    finite = torch.isfinite(ref_lse)
+    if oracle.rel_error(out, ref_out) > OUT_TOLERANCE:
+        errors.append(f"out {oracle.rel_error(out, ref_out):.2e}")
+    if finite.any():
+        lse_error = (lse.double() - ref_lse)[finite].abs().max().item()
+        if lse_error > 1e-4 * max(1.0, ref_lse[finite].abs().max().item()):
+            errors.append(f"lse {lse_error:.2e}")
+    if finite.all():  # rows that see nothing have no gradient to compare
+        extras = [kw.get(name) for name in ("rpb", "additional_keys", "additional_values")]
+        leaves = [t for t in list(tensors.values()) + extras if t is not None]
+        gen = torch.Generator().manual_seed(seed)
+        w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+        w_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
+
+        def loss(o, l):
+            if loss_kind == "sum":
+                return o.double().sum() + l.double().sum()
+            return (o.double() * w_out).sum() + ((l.double() * w_lse).sum() if loss_kind == "lse" else 0.0)
+
+        got = torch.autograd.grad(loss(out, lse), leaves)
+        want = torch.autograd.grad(loss(ref_out, ref_lse), leaves)
+        f32_out, f32_lse = oracle.attention(*tensors.values(), spec["window"], compute_dtype=torch.float32, **kw)
+        floor32 = torch.autograd.grad(loss(f32_out, f32_lse), leaves)
+        for leaf, a, b, f in zip(leaves, got, want, floor32):
+            floor = RPB_GRAD_FLOOR if leaf is kw.get("rpb") else GRAD_FLOOR
+            tolerance = max(floor, 3 * oracle.rel_error(f, b))
+            if oracle.rel_error(a, b) > tolerance:
+                errors.append(f"grad {tuple(a.shape)} {oracle.rel_error(a, b):.2e} (tolerance {tolerance:.1e})")
+    return "OK" if not errors else f"FAIL {'; '.join(errors)} {spec}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("first", type=int)
+    parser.add_argument("end", type=int, help="one past the last seed")
+    parser.add_argument("--backend", default="triton")
+    args = parser.parse_args()
+    failures = 0
+    for seed in range(args.first, args.end):
+        verdict = check(seed, args.backend)
+        failures += verdict.startswith("FAIL")
+        print(seed, verdict, flush=True)
+    print("failures", failures)
+
+
+if __name__ == "__main__":
+    main()
