@@ -11,8 +11,8 @@ import haloattn
 def pytest_configure(config):
     """Under pytest-xdist each worker gets its share of the cores for torch's CPU threads. Left at
     torch's default (every core), twelve workers' float64 oracles ran 192 spinning OpenMP threads
-    on 16 cores, and the GPU tests with the largest oracle problems, 9 s each alone, did not end
-    within 100 s (2026-11-26, H100 machine)."""
+    on 16 cores, and the GPU tests with the largest oracle problems, 1.6-9.4 s each alone, did not
+    end within 100 s (2026-11-26, H100 machine)."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
