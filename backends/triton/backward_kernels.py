@@ -2,8 +2,10 @@
 one KV-major pass that also adds dQ in float32 with atomics (``ATOMIC_DQ``).
 
 * ``dq_kernel``: one program per (query tile, head, batch), the forward's walk over key tiles,
-  recomputing P from the saved LSE. It also writes dS of each attended pair into a
-  ``[B, H, N, prod(K)]`` buffer when rpb needs a gradient (every (query, slot) is written once).
+  recomputing P from the saved LSE. It runs first and writes its rows' statistics for the other
+  kernels (``own_row_stats``; ``row_stats_kernel`` writes them where it does not run). It also
+  writes dS of each attended pair into a ``[B, H, N, prod(K)]`` buffer when rpb needs a gradient
+  (every (query, slot) is written once).
 * ``dkdv_kernel``: one program per (key tile, kv head, batch); it walks the query tiles that see
   the key tile (inverse rule, a box because the ranges are monotone) for each of the G query heads
   that share the kv head, so GQA needs no atomics and no copies. With ``ATOMIC_DQ`` it also adds
@@ -33,6 +35,28 @@ def row_stats(STATS, rows, ok):
 
 
 @triton.jit
+def store_stats(STATS, rows, lse2, delta, ok):
+    """Rows ``[lse * log2 e, delta, 0, 0]`` at element offsets ``rows`` of the statistics buffer."""
+    col = tl.arange(0, 4)
+    stats = tl.where(col[None, :] == 0, lse2[:, None], tl.where(col[None, :] == 1, delta[:, None], 0.0))
+    tl.store(STATS + rows[:, None] + col[None, :], stats, mask=ok[:, None])
+
+
+@triton.jit
+def own_row_stats(O, LSE, DLSE, STATS, o_rows, l_rows, stat_rows, do, ok, dv, HEAD_DV, HAS_DLSE: tl.constexpr):
+    """(lse * log2 e, delta) of query rows whose dO is already loaded, worked out from O and the
+    LSE (as row_stats_kernel does) and also stored in the statistics buffer for the kernels that
+    run after; rows outside the grid get lse = +inf, as in row_stats."""
+    o = tl.load(O + o_rows[:, None] + dv[None, :], mask=ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + l_rows, mask=ok, other=0.0)
+    lse2 = tl.load(LSE + l_rows, mask=ok, other=0.0) * LOG2E
+    store_stats(STATS, stat_rows, lse2, delta, ok)
+    return tl.where(ok, lse2, float("inf")), delta
+
+
+@triton.jit
 def stats_box(desc, head, xs0, xs1, xs2, RANK: tl.constexpr, ROWS: tl.constexpr):
     """(lse * log2 e, delta) of a box of query rows, one descriptor copy. Rows outside the grid
     arrive as zeros (lse 0, not +inf): their q and dO rows are zeros too, so dP and dS are zero and
@@ -54,12 +78,14 @@ def softcap_chain(ds, t, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def dq_kernel(
-    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV,
+    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV, O, LSE, DLSE,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
     sdob, sdo0, sdo1, sdo2, sdoh,
     slb, sl0, sl1, sl2, slh,
+    sob, so0, so1, so2, soh,
+    slsb, sls0, sls1, sls2, slsh,  # LSE (and dLSE), [B, *spatial, H]
     sdqb, sdq0, sdq1, sdq2, sdqh,
     srh, sr0, sr1, sr2,
     sakb, sake, sakh, savb, save, savh,
@@ -72,7 +98,7 @@ def dq_kernel(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, RPB_GRAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
-    ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr,
+    ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -94,7 +120,14 @@ def dq_kernel(
                 mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
     do = tl.load(DO + (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
                  mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
-    lse2, delta = row_stats(STATS, bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
+    # The program owns its query rows and holds their dO: it works out their statistics itself
+    # (what row_stats_kernel does, without that kernel's second pass over dO: 2-10 % of a
+    # backward) and leaves them for the dK/dV kernels, which run after it.
+    lse2, delta = own_row_stats(O, LSE, DLSE, STATS,
+                                bh[0] * sob + bh[1] * soh + i0 * so0 + i1 * so1 + i2 * so2,
+                                bh[0] * slsb + bh[1] * slsh + i0 * sls0 + i1 * sls1 + i2 * sls2,
+                                bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, do, q_ok, dv, HEAD_DV,
+                                HAS_DLSE)
 
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
@@ -406,6 +439,4 @@ def row_stats_kernel(O, DO, LSE, DLSE, STATS, rows, so_row, sdo_row, HEAD_DV,
     if HAS_DLSE:
         delta -= tl.load(DLSE + r, mask=ok, other=0.0)
     lse2 = tl.load(LSE + r, mask=ok, other=0.0) * LOG2E
-    col = tl.arange(0, 4)
-    stats = tl.where(col[None, :] == 0, lse2[:, None], tl.where(col[None, :] == 1, delta[:, None], 0.0))
-    tl.store(STATS + r[:, None] * 4 + col[None, :], stats, mask=ok[:, None])
+    store_stats(STATS, r * 4, lse2, delta, ok)

@@ -353,7 +353,6 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
     do = _unit_last(grad_out)
-    stats = row_statistics(out, do, lse, grad_lse)
     need_q, need_k, need_v, need_rpb, _, need_ak, need_av = (bool(n) for n in needs_grad)
     need_rpb = need_rpb and rpb is not None
     need_ak = need_ak and ak is not None
@@ -361,7 +360,15 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     config = config or tiles.default_config(problem)
     # Opt-in only: the config asks for it (a tuned one, say) and non-determinism is allowed.
     atomic = bool(config.get("dkdv", {}).get("atomic_dq")) and tiles.atomic_dq_allowed() and (need_q or need_rpb)
-    flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic)
+    flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic, grad_lse is not None)
+    if dq_kernel_runs(flags):
+        # dq_kernel, first of the launches, writes the statistics rows as it goes (own_row_stats).
+        out = _unit_last(out)
+        stats = torch.empty(*out.shape[:-1], 4, dtype=torch.float32, device=out.device)
+        lse = lse.contiguous()
+        grad_lse = grad_lse.float().contiguous() if grad_lse is not None else None
+    else:
+        stats = row_statistics(out, do, lse, grad_lse)
     # Atomic mode: the KV-major passes produce dQ (float32, summed by atomics) and the dS buffer,
     # so they run whenever those are needed, into scratch for the key/value gradients not asked for.
     run_dkdv = need_k or need_v or atomic
@@ -373,9 +380,9 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     dk, dv = (torch.empty_like(k), torch.empty_like(v)) if run_dkdv else (None, None)
     dak, dav = (torch.empty_like(ak), torch.empty_like(av)) if run_extra else (None, None)
     tensors = dict(q=q, k=k, v=v, do=do, out=out, stats=stats, dq=dq, rpb=rpb, ds=ds_buffer, ak=ak, av=av,
-                   dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum)
+                   dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum, lse=lse, dlse=grad_lse)
     key = (problem, config_key(config), flags, _precision(q.dtype),
-           *(tensor_layout(t) for t in (q, k, v, do, out, stats, rpb, ak, av, dq, dk, dv)))
+           *(tensor_layout(t) for t in (q, k, v, do, out, stats, rpb, ak, av, dq, dk, dv, lse, grad_lse)))
 
     def run(launches):
         for launch, names in launches:
@@ -391,10 +398,17 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
             dak if need_ak else None, dav if need_av else None)
 
 
+def dq_kernel_runs(flags) -> bool:
+    """Whether the backward launches dq_kernel (not when only dK/dV are asked for, nor in the
+    atomic mode, where the KV-major pass adds dQ)."""
+    need_q, _, _, need_rpb, _, _, atomic, _ = flags
+    return (need_q or need_rpb) and not atomic
+
+
 def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     """The backward's kernel launches for these gradients, each with the names of its tensors in
     order (a name whose tensor is absent is passed ``q``, which the kernel does not read)."""
-    need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic = flags
+    need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic, has_dlse = flags
     cfgs = tiles.normalise(config, problem)
     t = {name: (value if value is not None else tensors["q"]) for name, value in tensors.items()}
     q, k, v, do, rpb, ak, av = (tensors[name] for name in ("q", "k", "v", "do", "rpb", "ak", "av"))
@@ -408,20 +422,21 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     stats_strides = token_strides(tensors["stats"], r)
     launches = []
 
-    if (need_q or need_rpb) and not atomic:
+    if dq_kernel_runs(flags):
         cfg = cfgs["dq"]
-        names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av")
+        names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av", "out", "lse", "dlse")
         launches.append((Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
-            *stats_strides, *token_strides(t["dq"], r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
+            *stats_strides, *token_strides(t["out"], r), *token_strides(t["lse"], r),
+            *token_strides(t["dq"], r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
             H, G, problem.extra_tokens, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["q"]), problem.scale, softcap,
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
             TMA=use_descriptors(cfg.get("tma", False), large, k, v), **_walk_constexprs(cfg),
-            num_warps=cfg["warps"], num_stages=cfg["stages"],
+            HAS_DLSE=has_dlse, num_warps=cfg["warps"], num_stages=cfg["stages"],
         )), names))
 
     dq_sum_strides = token_strides(t["dq_sum"], r)
