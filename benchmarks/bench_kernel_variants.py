@@ -5,7 +5,7 @@ with dense cuDNN SDPA over the same tokens timed in the same run for the forward
 column. Each variant's result is checked against the default config's.
 
     python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--fold-only] [--atomic-only]
-        [--walk-only] [--backward-loads-only] [--extra] [--rounds 5]
+        [--walk-only] [--backward-loads-only] [--small-only] [--graph] [--extra] [--rounds 5]
         [--json FILE]
 
 ``--extra`` appends problems shaped like the models people run (small windows, small head
@@ -27,6 +27,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench, make_inputs  # noqa: E402
@@ -42,6 +43,13 @@ EXTRA_PROBLEMS = [
 
 from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import launch, tiles  # noqa: E402
+
+
+def graph_bench(fn) -> float:
+    """Median ms of CUDA-graph replays of ``fn``: device time, for problems whose kernels are
+    shorter than their host-side launch."""
+    fn()  # compile and build launch plans outside the capture
+    return do_bench_cudagraph(fn, rep=60, return_mode="median")
 
 
 def write_json(path, results):
@@ -133,6 +141,28 @@ def backward_load_configs(configs):
     return [base, dict(base, **flipped)]
 
 
+# (query tokens, key tokens, warps, stages) of the small-tile variants: below 64 queries a tile's
+# key box shrinks towards its window (7x7 windows: 14x14 keys for an 8x8 query tile, 10x10 for
+# 4x4), at the price of smaller matrix products (mma.sync instead of wgmma).
+SMALL_BLOCKS = ((16, 16, 1, 2), (16, 32, 1, 2), (32, 16, 1, 2), (32, 32, 1, 2), (32, 32, 2, 2), (32, 64, 2, 3),
+                (64, 32, 4, 3), (16, 64, 1, 3))
+
+
+def small_tile_configs(configs, problem):
+    """The default and every kernel with the query and key tiles of SMALL_BLOCKS (the backward's
+    resident tile takes the query tile's shape, its streamed tile the key tile's)."""
+    base = configs[0]
+    ext = tiles.group_extents(problem)
+    q_shape, kv_shape = base["fwd"]["q"], base["fwd"]["kv"]
+    out = [base]
+    for bm, bn, warps, stages in SMALL_BLOCKS:
+        q, kv = tiles.fit(q_shape, ext, bm), tiles.fit(kv_shape, ext, bn)
+        knobs = dict(warps=warps, stages=stages)
+        out.append(dict(fwd=dict(base["fwd"], q=q, kv=kv, **knobs), dq=dict(base["dq"], q=q, kv=kv, **knobs),
+                        dkdv=dict(base["dkdv"], q=kv, kv=q, **knobs)))
+    return out
+
+
 def with_walk(config, anchor, axis_masks):
     return {name: dict(cfg, anchor=anchor, axis_masks=axis_masks) for name, cfg in config.items()}
 
@@ -161,7 +191,7 @@ def walk_configs(configs, problem):
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False,
-          walk_only=False, rounds=1, backward_loads_only=False, fold_only=False):
+          walk_only=False, rounds=1, backward_loads_only=False, fold_only=False, small_only=False):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
@@ -178,6 +208,8 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
         forward_configs = configs = walk_configs(configs, problem)
     if backward_loads_only:
         forward_configs, configs = configs[:1], backward_load_configs(configs)
+    if small_only:
+        forward_configs = configs = small_tile_configs(configs, problem)
     out, lse = launch.forward(problem, inputs, configs[0])
     result = {"problem": PROBLEMS[index][0], "dense_tflops": dense,
               "forward": time_variants(forward_configs, ["fwd"], lambda c: launch.forward(problem, inputs, c),
@@ -234,6 +266,10 @@ def main():
                              "previous default (tiles chosen without counting masks)")
     parser.add_argument("--backward-loads-only", action="store_true",
                         help="the default against its backward with the streamed tiles read the other way")
+    parser.add_argument("--small-only", action="store_true",
+                        help="the default against query and key tiles of 16-64 tokens (SMALL_BLOCKS) in every kernel")
+    parser.add_argument("--graph", action="store_true",
+                        help="time CUDA-graph replays (device time) instead of do_bench (host time included)")
     parser.add_argument("--extra", action="store_true", help="also problems 10 and up: EXTRA_PROBLEMS")
     parser.add_argument("--rounds", type=int, default=1, help="time the variants in turn this many times")
     parser.add_argument("--json")
@@ -242,10 +278,14 @@ def main():
         PROBLEMS.extend(EXTRA_PROBLEMS)  # make_inputs reads this same list
     if args.atomic_only:  # the atomic-dQ backward runs only where non-determinism is allowed
         os.environ[tiles.DETERMINISTIC_ENV] = "0"
+    if args.graph:
+        global bench
+        bench = graph_bench
     results = []
     for index in (int(i) for i in args.only.split(",")):
         results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only,
-                             args.atomic_only, args.walk_only, args.rounds, args.backward_loads_only, args.fold_only))
+                             args.atomic_only, args.walk_only, args.rounds, args.backward_loads_only, args.fold_only,
+                             args.small_only))
         if args.compile_only:
             continue
         report(results[-1])

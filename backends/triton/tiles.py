@@ -287,7 +287,11 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     ext = group_extents(problem)
     q_shape, kv_shape = base["fwd"]["q"], base["fwd"]["kv"]
     out = [base]
-    for bm, bn, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3)):
+    # 32 x 32 with one warp: the key box of a small window shrinks with the query tile (7x7: 10x14
+    # keys for 4x8 queries against 14x14 for 8x8); on the H100 the 7x7, D=32 forward ran 1.11x
+    # faster so and every larger window slower (RESULTS.md, "Small tiles"), so only as a candidate.
+    for bm, bn, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3),
+                                  (32, 32, 1, 2)):
         for tma in (False, True):
             fwd = {"q": fit(q_shape, ext, bm), "kv": fit(kv_shape, ext, bn), "warps": warps, "stages": stages,
                    "tma": tma, "lazy_rescale": base["fwd"]["lazy_rescale"]}
@@ -295,13 +299,14 @@ def candidate_configs(problem: Problem) -> List[Dict]:
                 out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
     out.append(dict(base, fwd=dict(base["fwd"], lazy_rescale=not base["fwd"]["lazy_rescale"])))
     out.append(dict(base, fwd=dict(base["fwd"], axis_masks=not base["fwd"]["axis_masks"])))
-    # Backward: resident tiles of 64 tokens (4 warps) and 128 (8 warps), streamed tiles of 64 or
-    # 32 tokens, 2 or 3 stages, pointer or descriptor loads.
+    # Backward: resident tiles of 32 tokens (one warp: 1.22x the default backward on 7x7, D=32),
+    # 64 (4 warps) and 128 (8 warps), streamed tiles of 64 or 32 tokens, 2 or 3 stages, pointer
+    # or descriptor loads.
     stream64, stream32 = fit(kv_shape, ext, 64), fit(kv_shape, ext, 32)
     for resident, stream, warps, stages, tma in ((64, stream64, 4, 3, False), (128, stream64, 8, 2, False),
                                                  (128, stream64, 8, 3, False), (128, stream32, 8, 2, False),
                                                  (128, stream64, 8, 2, True), (64, stream64, 4, 2, True),
-                                                 (64, stream64, 4, 2, False)):
+                                                 (64, stream64, 4, 2, False), (32, stream32, 1, 2, False)):
         tile = fit(q_shape, ext, resident)
         knobs = dict(warps=warps, stages=stages, tma=tma)
         dq = dict(q=tile, kv=stream, **knobs)
