@@ -145,8 +145,8 @@ def atomic_default(default_config, wide=False):
     candidates have it (``wide``: with 128-key resident tiles and 8 warps)."""
     from haloattn.backends.triton import tiles
 
-    def config(problem):
-        base = default_config(problem)
+    def config(problem, **kwargs):
+        base = default_config(problem, **kwargs)
         dkdv = dict(base["dkdv"], atomic_dq=True)
         if wide:
             dkdv.update(kv=tiles.fit(dkdv["kv"], tiles.group_extents(problem), 128), warps=8)
@@ -179,7 +179,8 @@ def test_random_problems_per_load_path(tma, seed, monkeypatch):
     from haloattn.backends.triton import tiles
 
     default = tiles.default_config
-    monkeypatch.setattr(tiles, "default_config", lambda p: {n: dict(c, tma=tma) for n, c in default(p).items()})
+    monkeypatch.setattr(tiles, "default_config",
+                        lambda p, **kw: {n: dict(c, tma=tma) for n, c in default(p, **kw).items()})
     dtype = (torch.bfloat16, torch.float16)[seed % 2]
     options = random_problem(random.Random(1000 + seed))
     options.update(dtype=dtype, device="cuda", seed=seed)
@@ -200,8 +201,8 @@ def test_additional_tokens_with_narrow_values(value_dim, walk, monkeypatch):
 
     tma, one_mask = walk.startswith("descriptor"), walk.endswith("one-mask")
     default = tiles.default_config
-    monkeypatch.setattr(tiles, "default_config", lambda p: {
-        n: dict(c, tma=tma, anchor=not one_mask, axis_masks=not one_mask) for n, c in default(p).items()})
+    monkeypatch.setattr(tiles, "default_config", lambda p, **kw: {
+        n: dict(c, tma=tma, anchor=not one_mask, axis_masks=not one_mask) for n, c in default(p, **kw).items()})
     check_against_oracle((7, 7, 13), (3, 6, 8), dtype=torch.bfloat16, device="cuda", heads=4, kv_heads=2,
                          head_dim=128, value_dim=value_dim, batch=3, extra=1, causal=(True, True, False),
                          scale=0.2, seed=27)

@@ -184,6 +184,46 @@ def test_heuristic_tiles_fit_the_grid():
             assert 16 <= shape[0] * shape[1] * shape[2]
 
 
+def test_exact_float32_backward_takes_small_tiles(monkeypatch):
+    """Float32 without tf32 multiplies on CUDA cores, where the backward's 64-token tiles spill:
+    its default keeps 16-token resident and 32-token streamed tiles (and so does the
+    additional-token kernel), and the backward with them is still exact. The interpreter has no
+    tf32 switch, so the rule is forced here through the launcher's precision."""
+    gen = torch.Generator().manual_seed(8)
+    q, k, v, grad = (torch.randn(1, 11, 15, 2, 16, generator=gen) for _ in range(4))
+    ak, av = (torch.randn(1, 3, 2, 16, generator=gen) for _ in range(2))
+    problem = build_problem(q, k, v, (5, 7), dilation=(1, 2), additional_keys=ak, additional_values=av)
+    cfg = tiles.default_config(problem, exact_float32=True)
+    assert math.prod(cfg["dq"]["q"]) == math.prod(cfg["dkdv"]["kv"]) == tiles.EXACT_FLOAT32_RESIDENT
+    assert math.prod(cfg["dq"]["kv"]) == math.prod(cfg["dkdv"]["q"]) == tiles.EXACT_FLOAT32_STREAM
+    assert tiles.extra_kernel_blocks(problem, exact_float32=True)[:2] == (tiles.EXACT_FLOAT32_STREAM,
+                                                                           tiles.EXACT_FLOAT32_RESIDENT)
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v, ak, av)]
+    ref, _ = oracle.attention(*leaves[:3], (5, 7), dilation=(1, 2), additional_keys=leaves[3],
+                              additional_values=leaves[4])
+    ref_grads = torch.autograd.grad(ref, leaves, grad.double())
+    inputs = AttentionInputs(q, k, v, additional_keys=ak, additional_values=av)
+    out, lse = launch.forward(problem, inputs)
+    needs = (True, True, True, False, False, True, True)
+    grads = [g for g in launch.backward(problem, inputs, out, lse, grad, None, needs, cfg) if g is not None]
+    for g, rg in zip(grads, ref_grads):
+        assert oracle.rel_error(g, rg) <= 1e-5
+
+    # Without a config, the launcher asks for that default exactly when its products are exact.
+    class Asked(Exception):
+        pass
+
+    def record(p, **kwargs):
+        raise Asked(kwargs)
+
+    monkeypatch.setattr(tiles, "default_config", record)
+    for precision, expected in (("ieee", {"exact_float32": True}), ("tf32", {"exact_float32": False})):
+        monkeypatch.setattr(launch, "_precision", lambda dtype, precision=precision: precision)
+        with pytest.raises(Asked) as asked:
+            launch.backward(problem, inputs, out, lse, grad, None, needs)
+        assert asked.value.args[0] == expected
+
+
 @pytest.mark.parametrize(
     "spatial,window,options",
     [
@@ -623,7 +663,7 @@ def test_kernels_compiled_too_large_are_refitted(kernel, part, atomic, monkeypat
         monkeypatch.setenv(tiles.DETERMINISTIC_ENV, "0")
         atomic_config, configs = atomic_default(tiles.default_config), {}
         # One dict per problem, as the dispatcher hands out (plans are keyed by the config's identity).
-        monkeypatch.setattr(tiles, "default_config", lambda p: configs.setdefault(p, atomic_config(p)))
+        monkeypatch.setattr(tiles, "default_config", lambda p, **kw: configs.setdefault(p, atomic_config(p, **kw)))
     fast_launch.clear_plans()
     check_against_oracle((9, 11), (5, 3), dtype=torch.float32, heads=2, head_dim=16, seed=5)
     assert refused, "the resident tiles were never larger than the pretended limit"

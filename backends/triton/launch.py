@@ -357,7 +357,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     need_rpb = need_rpb and rpb is not None
     need_ak = need_ak and ak is not None
     need_av = need_av and av is not None
-    config = config or tiles.default_config(problem)
+    config = config or tiles.default_config(problem, exact_float32=_precision(q.dtype) == "ieee")
     # Opt-in only: the config asks for it (a tuned one, say) and non-determinism is allowed.
     atomic = bool(config.get("dkdv", {}).get("atomic_dq")) and tiles.atomic_dq_allowed() and (need_q or need_rpb)
     flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic, grad_lse is not None)
@@ -460,7 +460,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
         names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum")
-        block_m, block_e, stages = tiles.extra_kernel_blocks(problem)
+        block_m, block_e, stages = tiles.extra_kernel_blocks(problem, feature["PRECISION"] == "ieee")
         launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, block_e), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
@@ -470,6 +470,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
         ], dict(
             BLOCK_M=block_m, BLOCK_E=block_e, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
             PRECISION=feature["PRECISION"], BLOCK_D=feature["BLOCK_D"], BLOCK_DV=feature["BLOCK_DV"],
-            ATOMIC_DQ=atomic and need_q, num_warps=4, num_stages=stages,
+            ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, feature["PRECISION"] == "ieee"),
+            num_stages=stages,
         )), names))
     return launches

@@ -255,10 +255,19 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
     return cfg
 
 
+# Exact float32 (no tf32): tl.dot multiplies on CUDA cores, keeping a product tile's operands
+# and accumulators in registers, and the backward's 64-token tiles spilled (sm_90: the dK/dV
+# kernel at 32 registers with 26-54 KB of spill stores at head dims 64-128; 8 KB of local memory
+# a thread, which a launch reserves for every resident thread). 16-token resident and 32-token
+# streamed tiles compile without spills up to head dim 256.
+EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
+
+
 @lru_cache(maxsize=1024)
-def default_config(problem: Problem) -> Dict:
+def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     """The heuristic default (see the module docstring). Cached per problem (it is on every
-    launch's host path): callers copy before changing it, never change it in place."""
+    launch's host path): callers copy before changing it, never change it in place.
+    ``exact_float32``: float32 products without tf32 (see EXACT_FLOAT32_RESIDENT)."""
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
@@ -271,8 +280,8 @@ def default_config(problem: Problem) -> Dict:
     # small windows). Larger head dims keep 128 tokens and 8 warps: with 4 warps the float32
     # accumulators (two 64 x D in dK/dV) would not fit in registers.
     small = max(problem.head_dim, problem.value_dim) <= 128
-    resident = fit(q, ext, 64 if small else 128)
-    stream = fit(kv, ext, 64)
+    resident = fit(q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
+    stream = fit(kv, ext, EXACT_FLOAT32_STREAM if exact_float32 else 64)
     knobs = {"warps": 4 if small else 8, "stages": 2, "tma": backward_descriptor_loads(problem),
              "anchor": ANCHOR_TILES, "axis_masks": False}
     dq = {"q": resident, "kv": stream, **knobs}
@@ -323,14 +332,16 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     return out
 
 
-def extra_kernel_blocks(problem: Problem) -> Tuple[int, int, int]:
+def extra_kernel_blocks(problem: Problem, exact_float32: bool = False) -> Tuple[int, int, int]:
     """``(BLOCK_M, BLOCK_E, stages)`` of the additional-token dK/dV kernel: 64 streamed queries
-    past 64 resident additional tokens, two stages, lowered (stages first, then the larger block)
-    until they fit the shared memory. At float32 with head dim 256 the fixed 64 x 64 x 2 needed
-    279040 bytes, more than Hopper's 232448."""
+    past 64 resident additional tokens (32 past 16 for exact float32, see EXACT_FLOAT32_RESIDENT),
+    two stages, lowered (stages first, then the larger block) until they fit the shared memory.
+    At float32 with head dim 256 the fixed 64 x 64 x 2 needed 279040 bytes, more than Hopper's
+    232448."""
     budget = tile_shared_budget(problem.device)
     item, d, dv = _operand_sizes(problem)
-    queries, tokens, stages = 64, 64, 2
+    queries, tokens = (EXACT_FLOAT32_STREAM, EXACT_FLOAT32_RESIDENT) if exact_float32 else (64, 64)
+    stages = 2
     while _shared_bytes("dkdv", queries, tokens, stages, d, dv, item) > budget:
         if stages > 1:
             stages -= 1
@@ -342,6 +353,12 @@ def extra_kernel_blocks(problem: Problem) -> Tuple[int, int, int]:
         else:
             break
     return queries, tokens, stages
+
+
+def extra_kernel_warps(problem: Problem, exact_float32: bool = False) -> int:
+    """Warps of the additional-token dK/dV kernel: 4, or 8 for exact float32 above head dim 128,
+    whose CUDA-core products otherwise spill (18 KB of spill stores at 256 on sm_90)."""
+    return 8 if exact_float32 and max(problem.head_dim, problem.value_dim) > 128 else 4
 
 
 def shrink_to_fit(problem: Problem, config: Dict, kernel: str, overshoot: int) -> Dict:
