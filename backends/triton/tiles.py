@@ -257,9 +257,10 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
 
 # Exact float32 (no tf32): tl.dot multiplies on CUDA cores, keeping a product tile's operands
 # and accumulators in registers, and the backward's 64-token tiles spilled (sm_90: the dK/dV
-# kernel at 32 registers with 26-54 KB of spill stores at head dims 64-128; 8 KB of local memory
+# kernel at 32 registers with 11-54 KB of spill stores at head dims 32-128; 8 KB of local memory
 # a thread, which a launch reserves for every resident thread). 16-token resident and 32-token
-# streamed tiles compile without spills up to head dim 256.
+# streamed tiles compile without spills up to head dim 256 and ran the backward 4.9-13.5x faster
+# on the H100 (RESULTS.md, "Exact float32").
 EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
 
 
@@ -297,8 +298,8 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     q_shape, kv_shape = base["fwd"]["q"], base["fwd"]["kv"]
     out = [base]
     # 32 x 32 with one warp: the key box of a small window shrinks with the query tile (7x7: 10x14
-    # keys for 4x8 queries against 14x14 for 8x8); on the H100 the 7x7, D=32 forward ran 1.11x
-    # faster so and every larger window slower (RESULTS.md, "Small tiles"), so only as a candidate.
+    # keys for 4x8 queries against 14x14 for 8x8). With it the 7x7, D=32 forward ran 1.11x faster
+    # on the H100 and every larger window slower (RESULTS.md, "Small tiles"): a candidate only.
     for bm, bn, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3),
                                   (32, 32, 1, 2)):
         for tma in (False, True):
@@ -323,6 +324,11 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         if dq != base["dq"]:
             out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
     out.append(dict(base, dkdv=dict(base["dkdv"], wait_dk=not base["dkdv"]["wait_dk"])))
+    if problem.dtype == torch.float32:
+        # The exact-float32 default's backward (what an untuned call without tf32 gets), so that
+        # tuning never settles on a slower one.
+        exact = default_config(problem, exact_float32=True)
+        out.append(dict(base, dq=exact["dq"], dkdv=exact["dkdv"]))
     if atomic_dq_allowed():
         # The atomic-dQ backward with the default's tiles, and with 128-key resident tiles (half
         # the dQ additions per pair: 1.17x the deterministic backward on 2-D 63x63 on the H100).
