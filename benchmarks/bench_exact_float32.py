@@ -3,8 +3,8 @@
 forward with 64-, 32- and 16-token query tiles.
 
 These kernels multiply on CUDA cores, so a product tile's accumulators and operands live in
-registers; 64-token tiles spill (the dK/dV kernel compiled to 32 registers and 26-54 KB of spill
-stores at head dims 64-128 on sm_90). Times CUDA-graph replays of each backward per config and
+registers; 64-token tiles spill (the dK/dV kernel compiled to 32 registers and 11-54 KB of spill
+stores at head dims 32-128 on sm_90). Times CUDA-graph replays of each backward per config and
 checks the gradients agree.
 
     python benchmarks/bench_exact_float32.py [--json FILE]
@@ -13,7 +13,8 @@ checks the gradients agree.
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import sys
 
 import torch
 from triton.testing import do_bench_cudagraph
@@ -21,6 +22,9 @@ from triton.testing import do_bench_cudagraph
 from haloattn.backend import AttentionInputs
 from haloattn.backends.triton import launch, tiles
 from haloattn.problem import build_problem
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kernel_variants import write_json  # noqa: E402
 
 PROBLEMS = [  # (name, spatial, window, options, head_dim, heads)
     ("2-D 64x64, 13x13, D=32", (64, 64), 13, {}, 32, 8),
@@ -68,9 +72,7 @@ def main():
         print(f"{name}: backward {row['default']:.3f} -> {row['exact-float32 tiles']:.3f} ms "
               f"({row['speedup']:.2f}x), gradients differ by {diff:.1e}; tiles dq {exact['dq']['q']}/{exact['dq']['kv']}, "
               f"dkdv {exact['dkdv']['kv']}/{exact['dkdv']['q']}", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -432,11 +432,5 @@ def row_stats_kernel(O, DO, LSE, DLSE, STATS, rows, so_row, sdo_row, HEAD_DV,
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     ok = r < rows
     d = tl.arange(0, BLOCK_DV)
-    m = ok[:, None] & (d[None, :] < HEAD_DV)
-    o = tl.load(O + r[:, None] * so_row + d[None, :], mask=m, other=0.0).to(tl.float32)
-    do = tl.load(DO + r[:, None] * sdo_row + d[None, :], mask=m, other=0.0).to(tl.float32)
-    delta = tl.sum(o * do, 1)
-    if HAS_DLSE:
-        delta -= tl.load(DLSE + r, mask=ok, other=0.0)
-    lse2 = tl.load(LSE + r, mask=ok, other=0.0) * LOG2E
-    store_stats(STATS, r * 4, lse2, delta, ok)
+    do = tl.load(DO + r[:, None] * sdo_row + d[None, :], mask=ok[:, None] & (d[None, :] < HEAD_DV), other=0.0)
+    own_row_stats(O, LSE, DLSE, STATS, r * so_row, r, r * 4, do, ok, d, HEAD_DV, HAS_DLSE)

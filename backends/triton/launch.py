@@ -357,7 +357,8 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     need_rpb = need_rpb and rpb is not None
     need_ak = need_ak and ak is not None
     need_av = need_av and av is not None
-    config = config or tiles.default_config(problem, exact_float32=_precision(q.dtype) == "ieee")
+    precision = _precision(q.dtype)
+    config = config or tiles.default_config(problem, exact_float32=precision == "ieee")
     # Opt-in only: the config asks for it (a tuned one, say) and non-determinism is allowed.
     atomic = bool(config.get("dkdv", {}).get("atomic_dq")) and tiles.atomic_dq_allowed() and (need_q or need_rpb)
     flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic, grad_lse is not None)
@@ -381,7 +382,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     dak, dav = (torch.empty_like(ak), torch.empty_like(av)) if run_extra else (None, None)
     tensors = dict(q=q, k=k, v=v, do=do, out=out, stats=stats, dq=dq, rpb=rpb, ds=ds_buffer, ak=ak, av=av,
                    dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum, lse=lse, dlse=grad_lse)
-    key = (problem, config_key(config), flags, _precision(q.dtype),
+    key = (problem, config_key(config), flags, precision,
            *(tensor_layout(t) for t in (q, k, v, do, out, stats, rpb, ak, av, dq, dk, dv, lse, grad_lse)))
 
     def run(launches):
