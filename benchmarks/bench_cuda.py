@@ -3,8 +3,9 @@
 Effective TFLOP/s count attended pairs only (4 * B * H * D * pairs forward, 3.5x that forward +
 backward); efficiency = effective TFLOP/s / dense cuDNN TFLOP/s over the same tokens, as in
 bench_neighborhood.py. Also reports the cuda output's relative difference from triton's, and the
-forward time of the cuda backend's portable (mma.sync) kernel beside its default (on sm_90 the
-Hopper wgmma kernel; HALOATTN_CUDA_FORWARD picks one).
+forward time of the cuda backend's portable (mma.sync) kernel and its forward + backward time with
+the portable backward beside its defaults (on sm_90 the Hopper wgmma kernels;
+HALOATTN_CUDA_FORWARD and HALOATTN_CUDA_BACKWARD pick them).
 
     python benchmarks/bench_cuda.py [--only 1,5,8] [--json FILE]
 """
@@ -24,13 +25,13 @@ from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench
 from haloattn.problem import build_problem
 
 
-def time_forward_kernel(kernel, q, k, v, window, options):
-    """Forward time of backend cuda with HALOATTN_CUDA_FORWARD=kernel."""
-    os.environ["HALOATTN_CUDA_FORWARD"] = kernel
+def with_kernel(variable, kernel, run):
+    """run() with HALOATTN_CUDA_FORWARD or HALOATTN_CUDA_BACKWARD (`variable`) set to `kernel`."""
+    os.environ[variable] = kernel
     try:
-        return bench(lambda: haloattn.attention(q, k, v, window, backend="cuda", **options))
+        return run()
     finally:
-        del os.environ["HALOATTN_CUDA_FORWARD"]
+        del os.environ[variable]
 
 
 def time_backend(name, q, k, v, window, options):
@@ -77,7 +78,11 @@ def main():
             })
         if "cuda_fwd_ms" in row:
             try:
-                row["cuda_portable_fwd_ms"] = time_forward_kernel("portable", q, k, v, window, options)
+                row["cuda_portable_fwd_ms"] = with_kernel(
+                    "HALOATTN_CUDA_FORWARD", "portable",
+                    lambda: bench(lambda: haloattn.attention(q, k, v, window, backend="cuda", **options)))
+                row["cuda_portable_bwd_fwdbwd_ms"] = with_kernel(
+                    "HALOATTN_CUDA_BACKWARD", "portable", lambda: time_backend("cuda", q, k, v, window, options)[1])
             except Exception as exc:
                 row["cuda_portable_error"] = f"{type(exc).__name__}: {exc}"[:300]
         if "cuda_fwd_ms" in row and "triton_fwd_ms" in row:
@@ -102,14 +107,15 @@ def print_table(rows):
         return format(row[key], fmt) if key in row else "-"
 
     print("problem | cuda fwd ms | eff | triton fwd ms | eff | cuda/triton fwd | portable fwd ms | cuda f+b ms | eff | "
-          "triton f+b ms | eff | cuda/triton f+b | diff")
+          "triton f+b ms | eff | cuda/triton f+b | f+b with portable bwd ms | diff")
     for r in rows:
         print(" | ".join([
             r["problem"], cell(r, "cuda_fwd_ms", ".3f"), cell(r, "cuda_fwd_eff", ".2f"), cell(r, "triton_fwd_ms", ".3f"),
             cell(r, "triton_fwd_eff", ".2f"), cell(r, "cuda_speedup_fwd", ".2f"), cell(r, "cuda_portable_fwd_ms", ".3f"),
             cell(r, "cuda_fwdbwd_ms", ".2f"),
             cell(r, "cuda_fwdbwd_eff", ".2f"), cell(r, "triton_fwdbwd_ms", ".2f"), cell(r, "triton_fwdbwd_eff", ".2f"),
-            cell(r, "cuda_speedup_fwdbwd", ".2f"), cell(r, "cuda_vs_triton_rel_diff", ".1e"),
+            cell(r, "cuda_speedup_fwdbwd", ".2f"), cell(r, "cuda_portable_bwd_fwdbwd_ms", ".2f"),
+            cell(r, "cuda_vs_triton_rel_diff", ".1e"),
         ]))
         for key in ("cuda_error", "triton_error", "cuda_portable_error"):
             if key in r:

@@ -42,13 +42,19 @@ print('sanitizer run finished')
 if ! timeout ${SMOKE_TIMEOUT:-90} python3 -c "
 import os, torch, haloattn
 os.environ['HALOATTN_CUDA_FORWARD'] = 'hopper'
+os.environ['HALOATTN_CUDA_BACKWARD'] = 'hopper'
 for spatial, window, opts in [((70,), 9, {}), ((12, 13), (5, 3), dict(dilation=(2, 1))), ((5, 6, 7), 3, dict(causal=(True, False, False))),
                               ((64, 64), 31, {})]:
-    q, k, v = (torch.randn(1, *spatial, 2, 128, device='cuda', dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, *spatial, 2, 128, device='cuda', dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    go = torch.randn_like(q)
     out = haloattn.attention(q, k, v, window, backend='cuda', **opts)
-    ref = haloattn.attention(q.float(), k.float(), v.float(), window, backend='reference', **opts)
+    grads = torch.autograd.grad(out, (q, k, v), go)
+    ref_in = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref = haloattn.attention(*ref_in, window, backend='reference', **opts)
+    ref_grads = torch.autograd.grad(ref, ref_in, go.float())
     torch.cuda.synchronize()
-    print(spatial, window, opts, 'max abs diff', (out.float() - ref).abs().max().item())
+    rel = [((g.float() - r).norm() / r.norm()).item() for g, r in zip(grads, ref_grads)]
+    print(spatial, window, opts, 'out max abs diff', (out.float() - ref).abs().max().item(), 'grad rel errors', rel)
 " 2>&1 | tee "$OUT/smoke.log"; then
   echo "smoke run failed or timed out"
   sanitize

@@ -30,10 +30,10 @@ struct TokenTensor {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 enum class Pattern : int { kNeighborhood = 0, kWindow = 1 };
-// Which forward kernel runs: auto takes the Hopper one (wgmma) where the device is sm_90, this
-// build has sm_90a code and scale > 0, else the portable one (mma.sync); the others force one
-// (benchmarks, tests).
-enum class ForwardKernel : int { kAuto = 0, kPortable = 1, kHopper = 2 };
+// Which kernels run: auto takes the Hopper ones (wgmma, TMA) where the device is sm_90 and this
+// build has sm_90a code (the forward also needs scale > 0), else the portable ones (mma.sync);
+// the others force one (benchmarks, tests).
+enum class KernelChoice : int { kAuto = 0, kPortable = 1, kHopper = 2 };
 
 struct AttentionParams {
   DType dtype = DType::kBFloat16;
@@ -47,8 +47,9 @@ struct AttentionParams {
   float scale = 1.0f;
   TokenTensor query, key, value, out;
   int64_t lse = 0;  // float32 [B, *spatial, H], contiguous
-  ForwardKernel forward_kernel = ForwardKernel::kAuto;
+  KernelChoice forward_kernel = KernelChoice::kAuto;
   // Backward only.
+  KernelChoice backward_kernel = KernelChoice::kAuto;
   TokenTensor grad_out, grad_query, grad_key, grad_value;
   int64_t grad_lse = 0;  // float32 [B, *spatial, H] contiguous, or 0 when absent
   int64_t delta = 0;     // float32 scratch [B, *spatial, H]: rowsum(dO * O) - grad_lse
@@ -63,6 +64,9 @@ std::string forward(const AttentionParams& params);
 // cannot take the call (a layout or dilation its tensor-map copies cannot read).
 std::string forward_sm90(const AttentionParams& params, std::string& refusal);
 std::string backward(const AttentionParams& params);
+// The Hopper backward (dQ and dK/dV kernels), after backward's checks and its delta pass: sets
+// `refusal` (and launches nothing) where it cannot take the call.
+std::string backward_sm90(const AttentionParams& params, std::string& refusal);
 // Number of CUDA devices, or -1 with the runtime's error in `error`.
 int device_count(std::string& error);
 // Compute capability major * 10 + minor of `device`, or -1 with the error in `error`.

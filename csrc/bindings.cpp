@@ -87,7 +87,7 @@ PYBIND11_MODULE(_C, m) {
           p.lse = lse;
           if (forward_kernel < 0 || forward_kernel > 2)
             throw std::invalid_argument("forward_kernel must be 0 (auto), 1 (portable) or 2 (hopper)");
-          p.forward_kernel = static_cast<haloattn::ForwardKernel>(forward_kernel);
+          p.forward_kernel = static_cast<haloattn::KernelChoice>(forward_kernel);
           std::string error;
           {
             py::gil_scoped_release release;
@@ -109,7 +109,7 @@ PYBIND11_MODULE(_C, m) {
            const std::vector<AxisTuple>& axes, double scale, const TensorTuple& query, const TensorTuple& key,
            const TensorTuple& value, const TensorTuple& out, int64_t lse, const TensorTuple& grad_out,
            int64_t grad_lse, const TensorTuple& grad_query, const TensorTuple& grad_key,
-           const TensorTuple& grad_value, int64_t delta, int device, int64_t stream) {
+           const TensorTuple& grad_value, int64_t delta, int device, int64_t stream, int backward_kernel) {
           AttentionParams p = make_params(dtype, pattern, batch, heads, kv_heads, head_dim, value_dim, axes, scale, device, stream);
           p.query = token_tensor(query);
           p.key = token_tensor(key);
@@ -122,6 +122,9 @@ PYBIND11_MODULE(_C, m) {
           p.grad_key = token_tensor(grad_key);
           p.grad_value = token_tensor(grad_value);
           p.delta = delta;
+          if (backward_kernel < 0 || backward_kernel > 2)
+            throw std::invalid_argument("backward_kernel must be 0 (auto), 1 (portable) or 2 (hopper)");
+          p.backward_kernel = static_cast<haloattn::KernelChoice>(backward_kernel);
           std::string error;
           {
             py::gil_scoped_release release;
@@ -133,6 +136,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("head_dim"), py::arg("value_dim"), py::arg("axes"), py::arg("scale"), py::arg("query"),
         py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("grad_out"), py::arg("grad_lse"),
         py::arg("grad_query"), py::arg("grad_key"), py::arg("grad_value"), py::arg("delta"), py::arg("device"), py::arg("stream"),
+        py::arg("backward_kernel") = 0,
         "Deterministic backward: writes grad_query/grad_key/grad_value; delta is float32 scratch "
-        "[B, *spatial, H]; grad_lse is 0 when absent.");
+        "[B, *spatial, H]; grad_lse is 0 when absent. backward_kernel: 0 auto (the Hopper wgmma kernels on sm_90 "
+        "where their TMA copies can read the layout, else the portable ones), 1 portable, 2 hopper.");
 }

@@ -52,6 +52,20 @@ inline std::string check_supported(const AttentionParams& p) {
   return {};
 }
 
+// True where the Hopper kernels can run: the device is sm_90 and this build holds sm_90a code
+// (HALOATTN_SM90A, set by CMake when HALOATTN_CUDA_ARCHS names 90a).
+inline bool hopper_kernels_run_on(int device) {
+#ifdef HALOATTN_SM90A
+  int major = 0, minor = 0;  // attribute queries are cheap, unlike cudaGetDeviceProperties
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+         major == 9 && minor == 0;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
 template <typename T> struct TypeTag { using type = T; };
 
 // Calls fn(TypeTag<element>, integral_constant<head_dim>): 4 instances per kernel in all.

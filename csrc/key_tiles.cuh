@@ -28,15 +28,17 @@ struct PairTiles {
   int chunks;             // tiles[0] * tiles[1] * tiles[2]: the pair's ring entries
 };
 
+// With `inverse` (the key-major dK/dV pass) the pair is two key tiles of a KV head and its
+// partner tiles are query tiles over the box of queries that see them.
 __host__ __device__ inline PairTiles pair_tiles(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt,
-                                                int64_t pair) {
+                                                int64_t pair, bool inverse = false) {
   PairTiles t;
-  t.work = locate_tile(p, shape, p.heads, static_cast<int>(pair));
+  t.work = locate_tile(p, shape, inverse ? p.kv_heads : p.heads, static_cast<int>(pair));
   t.chunks = 0;
   if (t.work.empty) return t;
   int lo[kMaxRank], extent[kMaxRank];
-  key_box(p, t.work, lo, extent);
-  const RowWindow common = common_window(p, tile_half(t.work, shape, 0).work);
+  partner_box(p, t.work, lo, extent, inverse);
+  const RowWindow common = common_window(p, tile_half(t.work, shape, 0).work, inverse);
   t.chunks = 1;
   for (int a = 0; a < kMaxRank; ++a) {
     const int n = kt.n[a];
@@ -57,11 +59,11 @@ struct HalfTiles {
 };
 
 __host__ __device__ inline HalfTiles half_tiles(const AttentionParams& p, const PairTiles& t, const TileHalf& h,
-                                                const KeyTiling& kt) {
+                                                const KeyTiling& kt, bool inverse = false) {
   HalfTiles v;
   int lo[kMaxRank], extent[kMaxRank];
-  key_box(p, h.work, lo, extent);
-  const RowWindow common = common_window(p, h.work);
+  partner_box(p, h.work, lo, extent, inverse);
+  const RowWindow common = common_window(p, h.work, inverse);
   for (int a = 0; a < kMaxRank; ++a) {
     const int n = kt.n[a];
     if (h.work.empty) {
@@ -148,8 +150,9 @@ __host__ __device__ __forceinline__ uint64_t row_mask(const RowWindow& w, const 
 // key boxes of a pair tile in the middle of the grid with the fewest tiles a consumer computes,
 // then with the most tiles that skip the mask. Axes of one token keep extent 1 (unless all are),
 // and each extent times its dilation stays <= 256 (a TMA box dimension: the copy engine steps
-// over the other dilation groups). False when no shape fits (a 1-D dilation above 4).
-inline bool choose_key_tiling(const AttentionParams& p, const TileShape& shape, KeyTiling& best) {
+// over the other dilation groups). False when no shape fits (a 1-D dilation above 4). With
+// `inverse`, the same for the query tiles of the key-major backward.
+inline bool choose_key_tiling(const AttentionParams& p, const TileShape& shape, KeyTiling& best, bool inverse = false) {
   int64_t middle = 0;
   for (int a = 0; a < kMaxRank; ++a) middle = middle * tiles_along(p.axis[a], shape, a) + tiles_along(p.axis[a], shape, a) / 2;
   bool one_token = true;  // every dilation group is one token: any tile covers it
@@ -163,10 +166,10 @@ inline bool choose_key_tiling(const AttentionParams& p, const TileShape& shape, 
         fits = fits && (kt.n[a] == 1 || one_token || max_group_length(p.axis[a]) > 1) &&
                kt.n[a] * p.axis[a].dilation <= 256;
       if (!fits) continue;
-      const PairTiles t = pair_tiles(p, shape, kt, middle);
+      const PairTiles t = pair_tiles(p, shape, kt, middle, inverse);
       int64_t computed = 0, masked = 0;
       for (int half = 0; half < 2; ++half) {
-        const HalfTiles v = half_tiles(p, t, tile_half(t.work, shape, half), kt);
+        const HalfTiles v = half_tiles(p, t, tile_half(t.work, shape, half), kt, inverse);
         int64_t own = 1, full = 1;
         for (int a = 0; a < kMaxRank; ++a) {
           own *= v.end[a] - v.first[a];

@@ -1,4 +1,5 @@
-// Deterministic backward pass (no atomics), FlashAttention-2 style, in three kernels:
+// Deterministic backward pass (no atomics), FlashAttention-2 style, in three kernels (on Hopper
+// kernels 2 and 3 are neighborhood_backward_sm90.cu's where its copies can read the layout):
 //   1. delta = rowsum(dO * O) - dLSE per (token, head): the softmax-gradient correction.
 //   2. dQ, query-major: each 64-query tile walks its key box like the forward pass, recomputes
 //      P = exp(S - LSE), dP = dO V^T, dS = P (dP - delta) and accumulates dQ = scale dS K.
@@ -405,17 +406,22 @@ std::string allow_smem(Kernel kernel, size_t bytes) {
 }
 
 template <typename T, int D>
-std::string launch_backward(const AttentionParams& p) {
-  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(p.stream);
+std::string launch_delta(const AttentionParams& p) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.axis[0].length * p.axis[1].length * p.axis[2].length * p.heads;
-  const int64_t delta_ctas = (rows + kThreads / 32 - 1) / (kThreads / 32);
+  const int64_t ctas = (rows + kThreads / 32 - 1) / (kThreads / 32);
+  if (ctas > kMaxCtas) return "the problem needs more than 2^31 - 1 thread blocks";
+  delta_kernel<T, D><<<static_cast<unsigned>(ctas), kThreads, 0, reinterpret_cast<cudaStream_t>(p.stream)>>>(p, rows);
+  HALOATTN_CUDA_TRY(cudaGetLastError());
+  return {};
+}
+
+template <typename T, int D>
+std::string launch_portable(const AttentionParams& p) {
+  const cudaStream_t stream = reinterpret_cast<cudaStream_t>(p.stream);
   const TileShape shape = choose_tile(p);
   const int64_t query_ctas = count_tiles(p, shape, p.heads);
   const int64_t key_ctas = count_tiles(p, shape, p.kv_heads);
-  if (delta_ctas > kMaxCtas || query_ctas > kMaxCtas) return "the problem needs more than 2^31 - 1 thread blocks";
-
-  delta_kernel<T, D><<<static_cast<unsigned>(delta_ctas), kThreads, 0, stream>>>(p, rows);
-  HALOATTN_CUDA_TRY(cudaGetLastError());
+  if (query_ctas > kMaxCtas) return "the problem needs more than 2^31 - 1 thread blocks";
 
   std::string error = allow_smem(grad_query_kernel<T, D>, GradQuerySmem<T, D>::kBytes);
   if (!error.empty()) return error;
@@ -442,8 +448,22 @@ std::string backward(const AttentionParams& p) {
   if (!bad.empty()) return bad;
   // This module's CUDA runtime keeps its own current device: follow the tensors'.
   HALOATTN_CUDA_TRY(cudaSetDevice(p.device));
+  const bool hopper = hopper_kernels_run_on(p.device);
+  if (p.backward_kernel == KernelChoice::kHopper && !hopper)
+    return "backward_kernel='hopper' needs an sm_90 device and a build with sm_90a in HALOATTN_CUDA_ARCHS";
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
-    return launch_backward<typename decltype(dtype_tag)::type, decltype(dim_tag)::value>(p);
+    using T = typename decltype(dtype_tag)::type;
+    constexpr int D = decltype(dim_tag)::value;
+    std::string error = launch_delta<T, D>(p);
+    if (!error.empty()) return error;
+    if (hopper && p.backward_kernel != KernelChoice::kPortable) {
+      std::string refusal;
+      error = backward_sm90(p, refusal);
+      if (refusal.empty()) return error;
+      // auto: the portable kernels read any layout the checks above accept.
+      if (p.backward_kernel == KernelChoice::kHopper) return "backward_kernel='hopper' cannot take this call: " + refusal;
+    }
+    return launch_portable<T, D>(p);
   });
 }
 

@@ -201,20 +201,6 @@ std::string launch_forward(const AttentionParams& p) {
 
 }  // namespace
 
-// True where the Hopper kernel can run: the device is sm_90 and this build holds sm_90a code
-// (HALOATTN_SM90A, set by CMake when HALOATTN_CUDA_ARCHS names 90a).
-static bool hopper_kernel_runs_on(int device) {
-#ifdef HALOATTN_SM90A
-  int major = 0, minor = 0;  // attribute queries are cheap, unlike cudaGetDeviceProperties
-  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
-         major == 9 && minor == 0;
-#else
-  (void)device;
-  return false;
-#endif
-}
-
 std::string forward(const AttentionParams& p) {
   std::string bad = check_supported(p);
   if (!bad.empty()) return bad;
@@ -222,15 +208,15 @@ std::string forward(const AttentionParams& p) {
   HALOATTN_CUDA_TRY(cudaSetDevice(p.device));
   // The Hopper kernel folds the scale into its exp2 FFMA, which keeps the maxima only for a
   // positive scale; scale <= 0 (uniform or reversed attention) runs the portable kernel.
-  const bool hopper = hopper_kernel_runs_on(p.device) && p.scale > 0.f;
-  if (p.forward_kernel == ForwardKernel::kHopper && !hopper)
+  const bool hopper = hopper_kernels_run_on(p.device) && p.scale > 0.f;
+  if (p.forward_kernel == KernelChoice::kHopper && !hopper)
     return "forward_kernel='hopper' needs an sm_90 device, a build with sm_90a in HALOATTN_CUDA_ARCHS and scale > 0";
-  if (hopper && p.forward_kernel != ForwardKernel::kPortable) {
+  if (hopper && p.forward_kernel != KernelChoice::kPortable) {
     std::string refusal;
     const std::string error = forward_sm90(p, refusal);
     if (refusal.empty()) return error;
     // auto: the portable kernel reads any layout the checks above accept.
-    if (p.forward_kernel == ForwardKernel::kHopper) return "forward_kernel='hopper' cannot take this call: " + refusal;
+    if (p.forward_kernel == KernelChoice::kHopper) return "forward_kernel='hopper' cannot take this call: " + refusal;
   }
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
     return launch_forward<typename decltype(dtype_tag)::type, decltype(dim_tag)::value>(p);

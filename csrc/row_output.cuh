@@ -1,4 +1,4 @@
-// The forward kernels' epilogue: a thread's share of one query row (columns 8j + 2t and
+// The kernels' epilogues: a thread's share of one row (columns 8j + 2t and
 // 8j + 2t + 1 of every 8-column tile j, as mma.sync and wgmma accumulators both lay them out)
 // written as O / l, and the row's natural-log LSE.
 #pragma once
@@ -16,19 +16,30 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v;
 }
 
+// A thread's share of row x (group coordinates of tile w) of the [B, *spatial, H, D] tensor
+// `out`: pair(j) gives its two values of 8-column tile j.
+template <typename T, int TILES, typename Pair>
+__device__ __forceinline__ void store_values(const AttentionParams& p, const TokenTensor& out, const TileWork& w,
+                                             const int (&x)[kMaxRank], int t, Pair&& pair) {
+  T* dst = reinterpret_cast<T*>(out.ptr) + w.batch * out.batch_stride + w.head * out.head_stride +
+           token_offset(p, out, w, x);
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+    const float2 v = pair(j);
+    *reinterpret_cast<uint32_t*>(dst + j * 8 + 2 * t) = pack2<T>(v.x, v.y);
+  }
+}
+
 // Row at group coordinates x of tile w: `pair(j)` gives this thread's two unnormalised values
 // of tile j; l is the row's softmax sum, max_log2 its maximum in log2 units.
 template <typename T, int TILES, typename Pair>
 __device__ __forceinline__ void store_row(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
                                           float l, float max_log2, int t, Pair&& pair) {
   const float inv_l = l > 0.f ? 1.f / l : 0.f;
-  T* dst = reinterpret_cast<T*>(p.out.ptr) + w.batch * p.out.batch_stride + w.head * p.out.head_stride +
-           token_offset(p, p.out, w, x);
-#pragma unroll
-  for (int j = 0; j < TILES; ++j) {
+  store_values<T, TILES>(p, p.out, w, x, t, [&](int j) {
     const float2 v = pair(j);
-    *reinterpret_cast<uint32_t*>(dst + j * 8 + 2 * t) = pack2<T>(v.x * inv_l, v.y * inv_l);
-  }
+    return make_float2(v.x * inv_l, v.y * inv_l);
+  });
   if (t == 0) {
     float* lse = reinterpret_cast<float*>(p.lse);
     lse[(w.batch * grid_tokens(p) + token_index(p, w, x)) * p.heads + w.head] =

@@ -15,11 +15,19 @@ struct RowWindow {
   int lo[kMaxRank], hi[kMaxRank];
 };
 
+// The partner rule along one axis: the keys query x sees (key_range) or, key-major (`inverse`:
+// the dK/dV pass, whose rows are keys), the queries that see key x (query_range). Both are
+// monotone in x, so everything below holds for either direction.
+__host__ __device__ inline Range partner_range(const AxisParams& a, Pattern pattern, int x, int group_len, bool inverse) {
+  return inverse ? query_range(a, pattern, x, group_len) : key_range(a, pattern, x, group_len);
+}
+
+// Row x's partners (its keys, or with `inverse` the queries that see it) as [lo, hi) per axis.
 __host__ __device__ inline RowWindow query_window(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
-                                         bool inside) {
+                                         bool inside, bool inverse = false) {
   RowWindow r;
   for (int a = 0; a < kMaxRank; ++a) {
-    const Range k = key_range(p.axis[a], p.pattern, inside ? x[a] : 0, w.group_len[a]);
+    const Range k = partner_range(p.axis[a], p.pattern, inside ? x[a] : 0, w.group_len[a], inverse);
     r.lo[a] = inside ? k.lo : 0;
     r.hi[a] = inside ? k.hi : 0;
   }
@@ -33,16 +41,22 @@ __host__ __device__ inline bool attends(const RowWindow& r, const int (&key)[kMa
   return ok;
 }
 
-// The box of keys a tile's queries [x0, x1) see: key_range is monotone in the query, so the
-// first and last query bound it on every axis.
-__host__ __device__ inline void key_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
-                               int (&extent)[kMaxRank]) {
+// The box of partners a tile's rows [x0, x1) see (keys; with `inverse` the queries that see the
+// tile's keys): the partner rule is monotone, so the first and last row bound it on every axis.
+__host__ __device__ inline void partner_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
+                                   int (&extent)[kMaxRank], bool inverse) {
   for (int a = 0; a < kMaxRank; ++a) {
-    const Range first = key_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]);
-    const Range last = key_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a]);
+    const Range first = partner_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a], inverse);
+    const Range last = partner_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a], inverse);
     lo[a] = first.lo;
     extent[a] = last.hi - first.lo;
   }
+}
+
+// The box of keys a tile's queries see.
+__host__ __device__ inline void key_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
+                               int (&extent)[kMaxRank]) {
+  partner_box(p, w, lo, extent, false);
 }
 
 // True when every query of the tile sees the same keys on every axis (e.g. stride == window with
@@ -58,26 +72,22 @@ __host__ __device__ inline bool tile_shares_one_window(const AttentionParams& p,
   return same;
 }
 
-// The keys every query of a tile attends, per axis [lo, hi) (empty where hi <= lo): by
-// monotonicity the last query's start and the first query's end.
-__host__ __device__ inline RowWindow common_window(const AttentionParams& p, const TileWork& w) {
+// The partners every row of a tile attends (with `inverse`: the queries that see every key of
+// the tile), per axis [lo, hi) (empty where hi <= lo): by monotonicity the last row's start and
+// the first row's end.
+__host__ __device__ inline RowWindow common_window(const AttentionParams& p, const TileWork& w, bool inverse = false) {
   RowWindow r;
   for (int a = 0; a < kMaxRank; ++a) {
-    r.lo[a] = key_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a]).lo;
-    r.hi[a] = key_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]).hi;
+    r.lo[a] = partner_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a], inverse).lo;
+    r.hi[a] = partner_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a], inverse).hi;
   }
   return r;
 }
 
-// The box of queries that see a tile's keys [x0, x1) (the inverse rule, also monotone).
+// The box of queries that see a tile's keys [x0, x1) (the inverse rule).
 __host__ __device__ inline void query_box(const AttentionParams& p, const TileWork& w, int (&lo)[kMaxRank],
                                  int (&extent)[kMaxRank]) {
-  for (int a = 0; a < kMaxRank; ++a) {
-    const Range first = query_range(p.axis[a], p.pattern, w.x0[a], w.group_len[a]);
-    const Range last = query_range(p.axis[a], p.pattern, w.x1[a] - 1, w.group_len[a]);
-    lo[a] = first.lo;
-    extent[a] = last.hi - first.lo;
-  }
+  partner_box(p, w, lo, extent, true);
 }
 
 // Group coordinates of the ROWS tokens [first, first + ROWS) of a box into smem ([axis][ROWS]),

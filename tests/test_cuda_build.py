@@ -264,29 +264,37 @@ def test_launch_passes_padded_axes_strides_and_views(monkeypatch):
 
 
 @pytest.mark.parametrize("setting,code", [(None, 0), ("auto", 0), ("portable", 1), ("hopper", 2)])
-def test_launch_passes_the_forward_kernel_choice(monkeypatch, setting, code):
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_launch_passes_the_kernel_choice(monkeypatch, direction, setting, code):
     from haloattn.backend import AttentionInputs
     from haloattn.backends.cuda import launch
 
     calls = {}
-    monkeypatch.setattr(launch, "load", lambda: (types.SimpleNamespace(forward=lambda **kw: calls.update(kw)), ()))
+    module = types.SimpleNamespace(forward=lambda **kw: calls.update(kw), backward=lambda **kw: calls.update(kw))
+    monkeypatch.setattr(launch, "load", lambda: (module, ()))
     monkeypatch.setattr(launch.torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=0))
+    variable = f"HALOATTN_CUDA_{direction.upper()}"
     if setting is None:
-        monkeypatch.delenv("HALOATTN_CUDA_FORWARD", raising=False)
+        monkeypatch.delenv(variable, raising=False)
     else:
-        monkeypatch.setenv("HALOATTN_CUDA_FORWARD", setting)
+        monkeypatch.setenv(variable, setting)
     q = torch.randn(1, 6, 2, 64).to(torch.float16)
     problem = dataclasses.replace(build_problem(q, q, q, 3), device=torch.device("cuda", 0))
-    launch.forward(problem, AttentionInputs(q, q, q))
-    assert calls["forward_kernel"] == code
+    inputs = AttentionInputs(q, q, q)
+    if direction == "forward":
+        launch.forward(problem, inputs)
+    else:
+        launch.backward(problem, inputs, q, torch.zeros(1, 6, 2), q, None, (True, True, True))
+    assert calls[f"{direction}_kernel"] == code
 
 
-def test_unknown_forward_kernel_choice_is_named(monkeypatch):
+@pytest.mark.parametrize("direction", ["FORWARD", "BACKWARD"])
+def test_unknown_kernel_choice_is_named(monkeypatch, direction):
     from haloattn.backends.cuda import launch
 
-    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "fast")
-    with pytest.raises(ValueError, match="HALOATTN_CUDA_FORWARD='fast'; allowed: auto, portable, hopper"):
-        launch.forward_kernel_code()
+    monkeypatch.setenv(f"HALOATTN_CUDA_{direction}", "fast")
+    with pytest.raises(ValueError, match=f"HALOATTN_CUDA_{direction}='fast'; allowed: auto, portable, hopper"):
+        launch.forward_kernel_code() if direction == "FORWARD" else launch.backward_kernel_code()
 
 
 def test_launch_copies_rows_that_are_not_16_byte_aligned():

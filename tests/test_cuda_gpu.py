@@ -167,6 +167,29 @@ def test_each_forward_kernel_on_random_problems(kernel, seed, monkeypatch):
 
 
 @requires_cuda_backend
+@pytest.mark.parametrize("kernel", ["portable", "hopper"])
+@pytest.mark.parametrize("seed", range(200, 212))
+def test_each_backward_kernel_on_random_problems(kernel, seed, monkeypatch):
+    # On sm_90 the default backward is the Hopper pair (dQ, then dK/dV); this keeps the portable
+    # one tested too, and forces the Hopper one (scale of either sign, GQA, dilation, stride).
+    monkeypatch.setenv("HALOATTN_CUDA_BACKWARD", kernel)
+    options = random_problem(random.Random(seed))
+    check_problem(options.pop("spatial"), options.pop("window"), seed=seed, **options)
+
+
+@requires_cuda_backend
+def test_forced_hopper_backward_names_what_it_cannot_read(monkeypatch):
+    monkeypatch.setenv("HALOATTN_CUDA_BACKWARD", "hopper")
+    gen = torch.Generator().manual_seed(5)
+    wide = torch.randn(1, 10, 12, 2, 128, generator=gen).to(torch.bfloat16).cuda()
+    q = wide[..., :64].requires_grad_(True)  # head stride 128 for head_dim 64
+    k = torch.randn(1, 10, 12, 2, 64, generator=gen).to(torch.bfloat16).cuda()
+    out = haloattn.attention(q, k, k, 5, backend="cuda")
+    with pytest.raises(RuntimeError, match="backward_kernel='hopper' cannot take this call: query's heads are not adjacent"):
+        out.float().sum().backward()
+
+
+@requires_cuda_backend
 def test_forced_hopper_kernel_names_what_it_needs(monkeypatch):
     monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "hopper")
     q = torch.randn(1, 8, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
@@ -245,6 +268,7 @@ def test_hopper_key_tiles_against_reference(spatial, window, options, monkeypatc
     # Pairs whose key tiles leave gaps in a half's walk (tiles of the other half between runs),
     # masked and unmasked tiles, the tile grid anchored before the grid's start.
     monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "hopper")
+    monkeypatch.setenv("HALOATTN_CUDA_BACKWARD", "hopper")
     check_problem(spatial, window, heads=2, kv_heads=1, head_dim=128, against="reference", **options)
 
 

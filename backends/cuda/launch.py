@@ -18,17 +18,26 @@ DTYPE_CODE = {torch.float16: 0, torch.bfloat16: 1}
 PATTERN_CODE = {"neighborhood": 0, "window": 1}
 
 
-# HALOATTN_CUDA_FORWARD picks the forward kernel: auto (the Hopper wgmma kernel on sm_90 devices
-# when scale > 0 and its TMA copies can read the layout, else the portable mma.sync one), or
-# forces portable / hopper (benchmarks and tests compare them).
-FORWARD_KERNEL_CODE = {"auto": 0, "portable": 1, "hopper": 2}
+# HALOATTN_CUDA_FORWARD and HALOATTN_CUDA_BACKWARD pick the kernels of each pass: auto (the
+# Hopper wgmma kernels on sm_90 devices where their TMA copies can read the layout, and for the
+# forward scale > 0; else the portable mma.sync ones), or force portable / hopper (benchmarks and
+# tests compare them).
+KERNEL_CHOICE_CODE = {"auto": 0, "portable": 1, "hopper": 2}
+
+
+def _kernel_choice(variable: str) -> int:
+    name = os.environ.get(variable, "auto")
+    if name not in KERNEL_CHOICE_CODE:
+        raise ValueError(f"{variable}={name!r}; allowed: {', '.join(KERNEL_CHOICE_CODE)}")
+    return KERNEL_CHOICE_CODE[name]
 
 
 def forward_kernel_code() -> int:
-    name = os.environ.get("HALOATTN_CUDA_FORWARD", "auto")
-    if name not in FORWARD_KERNEL_CODE:
-        raise ValueError(f"HALOATTN_CUDA_FORWARD={name!r}; allowed: {', '.join(FORWARD_KERNEL_CODE)}")
-    return FORWARD_KERNEL_CODE[name]
+    return _kernel_choice("HALOATTN_CUDA_FORWARD")
+
+
+def backward_kernel_code() -> int:
+    return _kernel_choice("HALOATTN_CUDA_BACKWARD")
 
 
 def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
@@ -92,7 +101,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
         lse=lse.data_ptr(), grad_out=_tensor_arg(grad_out, r),
         grad_lse=grad_lse.data_ptr() if grad_lse is not None else 0,
         grad_query=_tensor_arg(grad_q, r), grad_key=_tensor_arg(grad_k, r), grad_value=_tensor_arg(grad_v, r),
-        delta=delta.data_ptr(),
+        delta=delta.data_ptr(), backward_kernel=backward_kernel_code(),
     )
     grads = (grad_q, grad_k, grad_v) + (None,) * (len(AttentionInputs._fields) - 3)
     return tuple(g if need else None for g, need in zip(grads, needs_grad))

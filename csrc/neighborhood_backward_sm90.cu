@@ -1,0 +1,488 @@
+// Fused backward pass for Hopper (sm_90a): persistent, warp-specialised, warpgroup MMA, TMA;
+// deterministic (no atomics), in two passes that share one kernel template:
+//   * query-major (dQ): a pair tile of 128 queries owns Q and dO and streams the key tiles of its
+//     union key box (K, V), exactly the forward kernel's walk;
+//   * key-major (dK, dV): a pair tile of 128 keys owns K and V and streams, for every query head
+//     of its KV head's group, the query tiles (Q, dO and the queries' LSE and delta) of the box of
+//     queries that see it (the inverse rule).
+// Per streamed tile each consumer warpgroup (64 own rows) computes, with A = its own tiles and
+// B = the streamed ones (all in 128-byte-swizzled shared memory):
+//   S = A0 B0^T and dP = A1 B1^T                      (both K-major: the forward's Q K^T)
+//   P = exp(S scale - LSE), dS = P (dP - delta)         (per row or, key-major, per column)
+//   key-major: acc1 += P B1 (dV += P^T dO)              (P from registers, B MN-major: the
+//   acc0 += dS B0 (dQ += dS K, or dK += dS^T Q)          forward's P V)
+// so dQ = scale acc0, dK = scale acc0 and dV = acc1. The statistics pass (delta = rowsum(dO O) -
+// dLSE) runs before, in neighborhood_backward.cu. One producer thread issues the copies into a
+// ring of stages ("full"/"empty" mbarriers as in the forward); key-major, one producer warp
+// gathers the streamed queries' LSE (log2 units) and delta into the stage beside them.
+#include <cuda_runtime.h>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "attention_params.h"
+#include "kernel_launch.h"
+#include "key_tiles.cuh"
+#include "mma_fragments.cuh"
+#include "pair_tiles.cuh"
+#include "row_output.cuh"
+#include "row_windows.cuh"
+#include "sm90_copies.cuh"
+#include "tensor_maps.h"
+#include "token_tiles.cuh"
+#include "wgmma_ops.cuh"
+
+namespace haloattn {
+namespace sm90 {
+namespace {
+
+constexpr int kHalfRows = 64;    // own rows per consumer warpgroup (the M of one wgmma)
+constexpr int kConsumers = 2;    // warpgroups, one per half of a pair tile
+constexpr int kWarpgroup = 128;  // threads
+constexpr int kThreads = kWarpgroup * (1 + kConsumers);
+constexpr int kStatsWarp = 1;    // the producer warpgroup's warp that gathers LSE and delta
+
+// The consumers hold S, dP, one or two gradient accumulators and P / dS fragments: at head dim
+// 128 key-major that is 224 registers before addresses, so the producer warpgroup gives all but
+// 24 of its registers away (its copies' bookkeeping spills to L1, off the critical path).
+constexpr int kLaunchRegisters = 168;
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers * kWarpgroup <=
+                  kLaunchRegisters * kThreads, "the register split exceeds the launch allocation");
+
+using Barrier = cutlass::arch::ClusterBarrier;
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+// One streamed tile per stage (64 partner tokens: the N of S and the K of the accumulating
+// products). A tile costs four (key-major) or three 64 x 64 x D products per consumer, two to
+// three times a forward tile, so four stages hide the copies' latency with room to spare.
+constexpr int kChunk = kKeyTileTokens;
+constexpr int kStages = 4;
+__device__ inline int stage_of(int n) { return n % kStages; }
+__device__ inline uint32_t phase_of(int n) { return (n / kStages) & 1; }
+
+// The tensor maps of one pass: own[0], own[1] are Q, dO (query-major) or K, V (key-major) with a
+// half tile's box; stream[0], stream[1] are K, V or Q, dO with the partner tile's box.
+struct BackwardMaps {
+  CUtensorMap own[2], stream[2];
+};
+
+template <typename T, int D, bool KEY_MAJOR>
+struct Smem {
+  static constexpr int kOwnElems = kHalfRows * D;   // one half's [64][D] tile of one operand
+  static constexpr int kTileElems = kChunk * D;     // one streamed [64][D] tile of one operand
+  static constexpr size_t kTileBytes = kTileElems * sizeof(T);
+  static constexpr size_t kOwn = 0;                                                 // [operand][half]
+  static constexpr size_t kStream = kOwn + 2 * kConsumers * kOwnElems * sizeof(T);  // [operand][stage]
+  static constexpr size_t kStats = kStream + 2 * kStages * kTileBytes;              // [stage][kChunk] float2
+  static constexpr size_t kBelow = kStats + (KEY_MAJOR ? kStages * kChunk * sizeof(float2) : 0);
+  static constexpr size_t kBarriers = kBelow + kMaxRank * kMaskEntries * sizeof(uint64_t);
+  // own full, own empty, stream full[stages], stream empty[stages].
+  static constexpr int kBarrierCount = 2 + 2 * kStages;
+  static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t);
+  static constexpr size_t kLaunchBytes = kBytes + 1024;  // tiles start 1024-byte aligned
+  static_assert(kTileBytes % 1024 == 0, "tiles 1024-aligned");
+};
+
+// The streamed tiles' head for step `hs` of a pair of (KV) head `head`: key-major walks the
+// query heads of the KV head's group, query-major reads its query head's KV head.
+__device__ inline int streamed_head(const AttentionParams& p, int head, int hs, bool key_major) {
+  const int group = p.heads / p.kv_heads;
+  return key_major ? head * group + hs : head / group;
+}
+
+__device__ inline int head_steps(const AttentionParams& p, bool key_major) {
+  return key_major ? p.heads / p.kv_heads : 1;
+}
+
+template <typename T, int D, bool KEY_MAJOR>
+__device__ inline void produce(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt, int64_t pairs,
+                               const BackwardMaps& maps, T* own, T* stream, uint64_t* own_full, uint64_t* own_empty,
+                               uint64_t* full, uint64_t* empty) {
+  using L = Smem<T, D, KEY_MAJOR>;
+  const TileShape half = half_shape(shape);
+  const int own_rows = half.n[0] * half.n[1] * half.n[2];
+  // Neighbouring pairs re-read most of each other's partner tiles from L2: keep them there.
+  const uint64_t keep = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_LAST);
+  const uint64_t once = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
+  int chunk_count = 0, pair_count = 0;
+  for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+    const PairTiles t = pair_tiles(p, shape, kt, pair, KEY_MAJOR);
+    const TileWork& w = t.work;
+    if (w.empty) continue;
+    // The own tiles are read until the pair's last product: the consumers release them then.
+    if (pair_count >= 1) Barrier::wait(own_empty, (pair_count - 1) & 1);
+    const int halves = tile_half(w, shape, 1).work.empty ? 1 : 2;
+    TxBarrier::arrive_and_expect_tx(own_full, 2 * halves * own_rows * D * sizeof(T));
+    for (int h = 0; h < halves; ++h) {
+      const TileHalf th = tile_half(w, shape, h);
+      for (int operand = 0; operand < 2; ++operand)
+        copy_box<D>(&maps.own[operand], own_full, own + (operand * kConsumers + h) * L::kOwnElems, kHalfRows, p, w,
+                    w.head, th.work.x0, once);
+    }
+    for (int hs = 0; hs < head_steps(p, KEY_MAJOR); ++hs) {
+      const int head = streamed_head(p, w.head, hs, KEY_MAJOR);
+      TileCursor cursor{{0, 0, 0}};
+      for (int c = 0; c < t.chunks; ++c, ++chunk_count) {
+        const int n = chunk_count, stage = stage_of(n);
+        if (n >= kStages) Barrier::wait(&empty[stage], phase_of(n) ^ 1);
+        TxBarrier::arrive_and_expect_tx(&full[stage], 2 * L::kTileBytes);
+        int x[kMaxRank];
+        for (int a = 0; a < kMaxRank; ++a) x[a] = t.start[a] + cursor.i[a] * kt.n[a];
+        for (int operand = 0; operand < 2; ++operand)
+          copy_box<D>(&maps.stream[operand], &full[stage], stream + (operand * kStages + stage) * L::kTileElems, kChunk,
+                      p, w, head, x, keep);
+        step_tile(cursor, t.tiles);
+      }
+    }
+    ++pair_count;
+  }
+}
+
+// Key-major only: one warp writes each streamed query tile's [LSE in log2 units, delta] per
+// token into the stage's statistics, then arrives on the stage's full barrier (its arrival
+// releases the writes to the consumers that wait there). Tokens outside the grid get finite
+// values; their scores are masked.
+template <bool KEY_MAJOR>
+__device__ inline void gather_stats(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt,
+                                    int64_t pairs, float2* stats, uint64_t* full, uint64_t* empty) {
+  const int lane = threadIdx.x % 32;
+  const float* lse = reinterpret_cast<const float*>(p.lse);
+  const float* delta = reinterpret_cast<const float*>(p.delta);
+  const int64_t tokens = grid_tokens(p);
+  int chunk_count = 0;
+  for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+    const PairTiles t = pair_tiles(p, shape, kt, pair, KEY_MAJOR);
+    const TileWork& w = t.work;
+    if (w.empty) continue;
+    for (int hs = 0; hs < head_steps(p, KEY_MAJOR); ++hs) {
+      const int head = streamed_head(p, w.head, hs, KEY_MAJOR);
+      TileCursor cursor{{0, 0, 0}};
+      for (int c = 0; c < t.chunks; ++c, ++chunk_count) {
+        const int n = chunk_count, stage = stage_of(n);
+        if (n >= kStages) Barrier::wait(&empty[stage], phase_of(n) ^ 1);
+        for (int j = lane; j < kChunk; j += 32) {
+          const int offset[kMaxRank] = {j / (kt.n[1] * kt.n[2]), j / kt.n[2] % kt.n[1], j % kt.n[2]};
+          int x[kMaxRank];
+          bool inside = true;
+          for (int a = 0; a < kMaxRank; ++a) {
+            x[a] = t.start[a] + cursor.i[a] * kt.n[a] + offset[a];
+            inside = inside && x[a] >= 0 && x[a] < w.group_len[a];
+          }
+          float lse2 = 0.f, d = 0.f;
+          if (inside) {
+            const int64_t row = (w.batch * tokens + token_index(p, w, x)) * p.heads + head;
+            // A row that attends nothing has LSE -inf: +inf makes every one of its P exactly 0.
+            lse2 = lse[row] == -INFINITY ? INFINITY : lse[row] * kLog2e;
+            d = delta[row];
+          }
+          stats[stage * kChunk + j] = make_float2(lse2, d);
+        }
+        Barrier::arrive(&full[stage]);
+        step_tile(cursor, t.tiles);
+      }
+    }
+  }
+}
+
+template <typename T, int D, int RANK, bool KEY_MAJOR>
+__device__ inline void consume(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt, int64_t pairs,
+                               const T* own, const T* stream, const float2* stats, const uint64_t* below,
+                               uint64_t* own_full, uint64_t* own_empty, uint64_t* full, uint64_t* empty) {
+  using L = Smem<T, D, KEY_MAJOR>;
+  constexpr int kSRegs = kChunk / 2;  // S (and dP) accumulators per thread: 64 x kChunk over 128 threads
+  constexpr int kAccRegs = D / 2;     // one gradient accumulator, 64 x D
+  constexpr int kPartnerTiles = kChunk / 8;
+  constexpr int kKSteps = kChunk / 16;
+  const int half = threadIdx.x / kWarpgroup - 1;
+  const int tid = threadIdx.x % kWarpgroup;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const float scale_log2 = p.scale * kLog2e;
+  const int64_t tokens = grid_tokens(p);
+  const T* a0 = own + (0 * kConsumers + half) * L::kOwnElems;
+  const T* a1 = own + (1 * kConsumers + half) * L::kOwnElems;
+  int chunk_count = 0, pair_count = 0;
+
+  for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
+    const PairTiles tiles = pair_tiles(p, shape, kt, pair, KEY_MAJOR);
+    if (tiles.work.empty) continue;
+    const TileWork& w = tiles.work;
+    const TileHalf h = tile_half(w, shape, half);
+    const HalfTiles mine = half_tiles(p, tiles, h, kt, KEY_MAJOR);
+
+    // The two own rows this thread accumulates and their partner windows (group coordinates).
+    const int row_a = warp * 16 + g, row_b = row_a + 8;
+    int x_a[kMaxRank], x_b[kMaxRank];
+    const bool inside_a = row_a < h.rows && tile_row_coords(w, shape, h.first_row + row_a, x_a);
+    const bool inside_b = row_b < h.rows && tile_row_coords(w, shape, h.first_row + row_b, x_b);
+    const RowWindow win_a = query_window(p, w, x_a, inside_a, KEY_MAJOR);
+    const RowWindow win_b = query_window(p, w, x_b, inside_b, KEY_MAJOR);
+    // Query-major: the rows' own statistics (key-major reads the columns' from the stage).
+    float lse2_a = 0.f, lse2_b = 0.f, delta_a = 0.f, delta_b = 0.f;
+    if (!KEY_MAJOR) {
+      const float* lse = reinterpret_cast<const float*>(p.lse);
+      const float* delta = reinterpret_cast<const float*>(p.delta);
+      if (inside_a) {
+        const int64_t row = (w.batch * tokens + token_index(p, w, x_a)) * p.heads + w.head;
+        lse2_a = lse[row] == -INFINITY ? INFINITY : lse[row] * kLog2e;
+        delta_a = delta[row];
+      }
+      if (inside_b) {
+        const int64_t row = (w.batch * tokens + token_index(p, w, x_b)) * p.heads + w.head;
+        lse2_b = lse[row] == -INFINITY ? INFINITY : lse[row] * kLog2e;
+        delta_b = delta[row];
+      }
+    }
+
+    float acc0[kAccRegs], acc1[KEY_MAJOR ? kAccRegs : 1];
+#pragma unroll
+    for (int i = 0; i < kAccRegs; ++i) acc0[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < (KEY_MAJOR ? kAccRegs : 1); ++i) acc1[i] = 0.f;
+    Barrier::wait(own_full, pair_count & 1);
+
+    for (int hs = 0; hs < head_steps(p, KEY_MAJOR); ++hs) {
+      TileCursor cursor{{0, 0, 0}};
+      for (int c = 0; c < tiles.chunks; ++c, ++chunk_count, step_tile(cursor, tiles.tiles)) {
+        const int n = chunk_count, stage = stage_of(n);
+        Barrier::wait(&full[stage], phase_of(n));
+        if (!tile_in(cursor, mine.first, mine.end)) {  // outside this half's partner box
+          Barrier::arrive(&empty[stage]);
+          continue;
+        }
+        const T* b0 = stream + (0 * kStages + stage) * L::kTileElems;
+        const T* b1 = stream + (1 * kStages + stage) * L::kTileElems;
+        const float2* col_stats = stats + stage * kChunk;
+
+        float s[kSRegs], dp[kSRegs];
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+          mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(a0, ks), k_major_descriptor<T, kChunk>(b0, ks), s, ks > 0);
+        cute::warpgroup_commit_batch();
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+          mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(a1, ks), k_major_descriptor<T, kChunk>(b1, ks), dp, ks > 0);
+        cute::warpgroup_commit_batch();
+
+        // Partner tiles inside this half's common window need no mask (one branch per tile).
+        uint64_t mask_a = ~uint64_t{0}, mask_b = ~uint64_t{0};
+        const bool masked = !tile_in(cursor, mine.full_lo, mine.full_hi);
+        if (masked) {
+          int origin[kMaxRank];
+#pragma unroll
+          for (int a = 0; a < kMaxRank; ++a) origin[a] = tiles.start[a] + cursor.i[a] * kt.n[a];
+          // This thread's scores are partners 8j + 2t + e: shift its bits down to 8j + e.
+          mask_a = row_mask<RANK>(win_a, origin, kt, below) >> (2 * t);
+          mask_b = row_mask<RANK>(win_b, origin, kt, below) >> (2 * t);
+        }
+        cute::warpgroup_wait<1>();  // S is ready
+        fence_registers(s);
+        // P = exp2(S scale log2e - LSE log2e), zero outside the windows (the mask applies after
+        // the exponential, so any sign of the scale is handled).
+#pragma unroll
+        for (int j = 0; j < kPartnerTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float l_a = KEY_MAJOR ? col_stats[8 * j + 2 * t + e].x : lse2_a;
+            const float l_b = KEY_MAJOR ? col_stats[8 * j + 2 * t + e].x : lse2_b;
+            const float p_a = fast_exp2(fmaf(s[4 * j + e], scale_log2, -l_a));
+            const float p_b = fast_exp2(fmaf(s[4 * j + 2 + e], scale_log2, -l_b));
+            s[4 * j + e] = (mask_a >> (8 * j + e)) & 1 ? p_a : 0.f;
+            s[4 * j + 2 + e] = (mask_b >> (8 * j + e)) & 1 ? p_b : 0.f;
+          }
+        }
+        uint32_t pf[kKSteps][4], dsf[kKSteps][4];
+        if constexpr (KEY_MAJOR) {  // acc1 += P B1 (dV += P^T dO) runs while dS is formed
+#pragma unroll
+          for (int kk = 0; kk < kKSteps; ++kk) {
+            pf[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+            pf[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+            pf[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+            pf[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+          }
+          fence_registers(acc1);
+          cute::warpgroup_arrive();
+#pragma unroll
+          for (int kk = 0; kk < kKSteps; ++kk) mma_rs<T, D>(pf[kk], mn_major_descriptor<T, kChunk>(b1, kk), acc1);
+          cute::warpgroup_commit_batch();
+          cute::warpgroup_wait<1>();  // dP is ready (committed before P B1)
+        } else {
+          cute::warpgroup_wait<0>();
+        }
+        fence_registers(dp);
+#pragma unroll
+        for (int j = 0; j < kPartnerTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float d_a = KEY_MAJOR ? col_stats[8 * j + 2 * t + e].y : delta_a;
+            const float d_b = KEY_MAJOR ? col_stats[8 * j + 2 * t + e].y : delta_b;
+            s[4 * j + e] *= dp[4 * j + e] - d_a;
+            s[4 * j + 2 + e] *= dp[4 * j + 2 + e] - d_b;
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          dsf[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+          dsf[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+          dsf[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+          dsf[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+        fence_registers(acc0);
+        cute::warpgroup_arrive();
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) mma_rs<T, D>(dsf[kk], mn_major_descriptor<T, kChunk>(b0, kk), acc0);
+        cute::warpgroup_commit_batch();
+        cute::warpgroup_wait<0>();  // every product of this stage is done with it
+        fence_registers(acc0);
+        fence_fragments(dsf);
+        if constexpr (KEY_MAJOR) {
+          fence_registers(acc1);
+          fence_fragments(pf);
+        }
+        Barrier::arrive(&empty[stage]);
+      }
+    }
+    Barrier::arrive(own_empty);
+    ++pair_count;
+
+    // dQ = scale acc0 (query-major); dK = scale acc0 and dV = acc1 (key-major).
+    const TokenTensor& out0 = KEY_MAJOR ? p.grad_key : p.grad_query;
+    if (inside_a)
+      store_values<T, kAccRegs / 4>(p, out0, w, x_a, t, [&](int j) {
+        return make_float2(acc0[4 * j + 0] * p.scale, acc0[4 * j + 1] * p.scale);
+      });
+    if (inside_b)
+      store_values<T, kAccRegs / 4>(p, out0, w, x_b, t, [&](int j) {
+        return make_float2(acc0[4 * j + 2] * p.scale, acc0[4 * j + 3] * p.scale);
+      });
+    if constexpr (KEY_MAJOR) {
+      if (inside_a)
+        store_values<T, kAccRegs / 4>(p, p.grad_value, w, x_a, t,
+                                      [&](int j) { return make_float2(acc1[4 * j + 0], acc1[4 * j + 1]); });
+      if (inside_b)
+        store_values<T, kAccRegs / 4>(p, p.grad_value, w, x_b, t,
+                                      [&](int j) { return make_float2(acc1[4 * j + 2], acc1[4 * j + 3]); });
+    }
+  }
+}
+
+template <typename T, int D, int RANK, bool KEY_MAJOR>
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(const AttentionParams p, const TileShape shape,
+                                                               const KeyTiling kt, int64_t pairs,
+                                                               const __grid_constant__ BackwardMaps maps) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Smem<T, D, KEY_MAJOR>;
+  extern __shared__ unsigned char smem_unaligned[];
+  const uint32_t raw = cute::cast_smem_ptr_to_uint(smem_unaligned);
+  unsigned char* smem = smem_unaligned + ((1024 - (raw & 1023)) & 1023);
+  T* own = reinterpret_cast<T*>(smem + L::kOwn);
+  T* stream = reinterpret_cast<T*>(smem + L::kStream);
+  float2* stats = reinterpret_cast<float2*>(smem + L::kStats);
+  uint64_t* below = reinterpret_cast<uint64_t*>(smem + L::kBelow);
+  uint64_t* own_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
+  uint64_t* own_empty = own_full + 1;
+  uint64_t* full = own_empty + 1;
+  uint64_t* empty = full + kStages;
+
+  if (threadIdx.x == 0) {
+    // Full barriers: the copy thread's arrival plus its bytes (and key-major the stats warp);
+    // empty ones: every consumer thread.
+    Barrier::init(own_full, 1);
+    Barrier::init(own_empty, kConsumers * kWarpgroup);
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&full[s], KEY_MAJOR ? 1 + 32 : 1);
+      Barrier::init(&empty[s], kConsumers * kWarpgroup);
+    }
+    for (int i = 0; i < 2; ++i) {
+      cute::prefetch_tma_descriptor(&maps.own[i]);
+      cute::prefetch_tma_descriptor(&maps.stream[i]);
+    }
+  }
+  for (int i = threadIdx.x; i < kMaxRank * kMaskEntries; i += kThreads)
+    below[i] = prefix_mask(kt, i / kMaskEntries, i % kMaskEntries);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (threadIdx.x < kWarpgroup) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if (threadIdx.x == 0)
+      produce<T, D, KEY_MAJOR>(p, shape, kt, pairs, maps, own, stream, own_full, own_empty, full, empty);
+    else if (KEY_MAJOR && threadIdx.x / 32 == kStatsWarp)
+      gather_stats<KEY_MAJOR>(p, shape, kt, pairs, stats, full, empty);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+    consume<T, D, RANK, KEY_MAJOR>(p, shape, kt, pairs, own, stream, stats, below, own_full, own_empty, full, empty);
+  }
+#endif
+}
+
+// Tiles and tensor maps of one pass, or why the Hopper kernel cannot take the call.
+struct Plan {
+  TileShape shape;
+  KeyTiling kt;
+  int64_t pairs;
+  BackwardMaps maps;
+};
+
+std::string plan(const AttentionParams& p, bool key_major, Plan& out) {
+  out.shape = choose_pair_tile(p);
+  out.pairs = count_tiles(p, out.shape, key_major ? p.kv_heads : p.heads);
+  if (out.pairs > kMaxCtas) return "the problem needs more than 2^31 - 1 pair tiles";
+  if (!choose_key_tiling(p, out.shape, out.kt, key_major))
+    return "no 64-token partner tile fits a copy box at this dilation (tile * dilation <= 256)";
+  const TileShape half = half_shape(out.shape);
+  const TokenTensor& own0 = key_major ? p.key : p.query;
+  const TokenTensor& own1 = key_major ? p.value : p.grad_out;
+  const TokenTensor& stream0 = key_major ? p.query : p.key;
+  const TokenTensor& stream1 = key_major ? p.grad_out : p.value;
+  const int own_heads = key_major ? p.kv_heads : p.heads, stream_heads = key_major ? p.heads : p.kv_heads;
+  std::string bad = encode_token_map(out.maps.own[0], key_major ? "key" : "query", p, own0, own_heads, half.n);
+  if (bad.empty()) bad = encode_token_map(out.maps.own[1], key_major ? "value" : "grad_out", p, own1, own_heads, half.n);
+  if (bad.empty()) bad = encode_token_map(out.maps.stream[0], key_major ? "query" : "key", p, stream0, stream_heads, out.kt.n);
+  if (bad.empty())
+    bad = encode_token_map(out.maps.stream[1], key_major ? "grad_out" : "value", p, stream1, stream_heads, out.kt.n);
+  return bad;
+}
+
+template <typename T, int D, bool KEY_MAJOR>
+std::string launch(const AttentionParams& p, const Plan& plan) {
+  int sms = 0;
+  HALOATTN_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
+  const int rank = effective_rank(p);
+  auto kernel = rank == 1   ? backward_kernel<T, D, 1, KEY_MAJOR>
+                : rank == 2 ? backward_kernel<T, D, 2, KEY_MAJOR>
+                            : backward_kernel<T, D, 3, KEY_MAJOR>;
+  const size_t smem = Smem<T, D, KEY_MAJOR>::kLaunchBytes;
+  HALOATTN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // Persistent, one CTA per SM, as the forward: the pairs in flight at once are neighbours whose
+  // partner boxes overlap in L2.
+  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(plan.pairs, sms));
+  kernel<<<ctas, kThreads, smem, reinterpret_cast<cudaStream_t>(p.stream)>>>(p, plan.shape, plan.kt, plan.pairs,
+                                                                              plan.maps);
+  HALOATTN_CUDA_TRY(cudaGetLastError());
+  return {};
+}
+
+}  // namespace
+}  // namespace sm90
+
+std::string backward_sm90(const AttentionParams& p, std::string& refusal) {
+  sm90::Plan query_major, key_major;
+  refusal = sm90::plan(p, false, query_major);
+  if (refusal.empty()) refusal = sm90::plan(p, true, key_major);
+  if (!refusal.empty()) return {};
+  return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
+    using T = typename decltype(dtype_tag)::type;
+    constexpr int D = decltype(dim_tag)::value;
+    std::string error = sm90::launch<T, D, false>(p, query_major);
+    return error.empty() ? sm90::launch<T, D, true>(p, key_major) : error;
+  });
+}
+
+}  // namespace haloattn

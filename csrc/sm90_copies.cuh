@@ -1,0 +1,67 @@
+// What the Hopper kernels (forward and backward) share around their copies and math: TMA box
+// copies of one head's tile in the 128-byte-swizzled panels wgmma reads, the pair tile's halves,
+// the single-instruction exp2, and the rank the masks test.
+#pragma once
+
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+
+#include "attention_params.h"
+#include "token_tiles.cuh"
+#include "wgmma_ops.cuh"
+
+namespace haloattn {
+namespace sm90 {
+
+// Group coordinate `x` along axis a as the token coordinate a copy starts at.
+__device__ inline int token_coordinate(const AttentionParams& p, const TileWork& w, int a, int x) {
+  return x * p.axis[a].dilation + w.group[a];
+}
+
+// One [rows][D] tile of map `map` (rows: the box's tokens in row-major order) into `dst`, as D / 64
+// panel copies of one head; `x` is the box's low corner in group coordinates.
+template <int D>
+__device__ inline void copy_box(const CUtensorMap* map, uint64_t* bar, void* dst, int rows, const AttentionParams& p,
+                                const TileWork& w, int head, const int (&x)[kMaxRank], uint64_t cache_hint) {
+  const int c2 = token_coordinate(p, w, 2, x[2]), c1 = token_coordinate(p, w, 1, x[1]), c0 = token_coordinate(p, w, 0, x[0]);
+#pragma unroll
+  for (int panel = 0; panel < D / kPanelCols; ++panel) {
+    // Panels are kPanelCols-element columns of a [rows][64] block each (swizzled_element) of
+    // 16-bit elements.
+    cute::SM90_TMA_LOAD_5D::copy(map, bar, cache_hint,
+                                 static_cast<unsigned char*>(dst) + panel * rows * kPanelCols * sizeof(uint16_t),
+                                 head * D + panel * kPanelCols, c2, c1, c0, w.batch);
+  }
+}
+
+// 2^x in one MUFU instruction (ex2.approx.ftz: about 2 ulp, denormal results flushed to zero,
+// as FlashAttention's exponentials). exp2f adds a range fix-up of about four instructions per
+// score, which was a fifth of the consumer's instructions.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The shape of tile_half's halves (the query map's box): the pair halved along its first axis
+// longer than one token.
+__host__ __device__ inline TileShape half_shape(const TileShape& pair) {
+  TileShape h = pair;
+  for (int a = 0; a < kMaxRank; ++a) {
+    if (pair.n[a] >= 2) {
+      h.n[a] /= 2;
+      break;
+    }
+  }
+  return h;
+}
+
+// The grid's rank once leading unit axes are dropped (masks test only the others).
+inline int effective_rank(const AttentionParams& p) {
+  int rank = kMaxRank;
+  for (int a = 0; a < kMaxRank - 1 && p.axis[a].length == 1; ++a) --rank;
+  return rank;
+}
+
+}  // namespace sm90
+}  // namespace haloattn
