@@ -46,6 +46,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="0,1,2,3,4,5,6,7,8,9", help="comma list of problem indices (bench_neighborhood.PROBLEMS)")
     parser.add_argument("--json")
+    parser.add_argument("--no-portable", action="store_true", help="skip the portable kernels' timings (A/B runs)")
     args = parser.parse_args()
     rows = []
     for index in (int(i) for i in args.only.split(",") if i):
@@ -76,7 +77,7 @@ def main():
                 f"{backend}_fwd_eff": flops / f / 1e9 / row["dense_fwd_tflops"],
                 f"{backend}_fwdbwd_eff": 3.5 * flops / fb / 1e9 / row["dense_fwdbwd_tflops"],
             })
-        if "cuda_fwd_ms" in row:
+        if "cuda_fwd_ms" in row and not args.no_portable:
             try:
                 row["cuda_portable_fwd_ms"] = with_kernel(
                     "HALOATTN_CUDA_FORWARD", "portable",

@@ -5,7 +5,8 @@
 # a timing against triton and dense cuDNN on bench_neighborhood's problems.
 # Usage (GPU machine, repo root, nvidia-cutlass importable): bash benchmarks/gpu_run_cuda.sh
 # Knobs: TEST_TIMEOUT, SKIP_TESTS=1, TESTS (pytest selection), BENCH_PROBLEMS (e.g. 1,5,8),
-# BENCH_TIMEOUT, SANITIZE=1 (run compute-sanitizer even when the tests pass).
+# BENCH_TIMEOUT, BENCH_ARGS (more bench_cuda.py arguments), SANITIZE=1 (run compute-sanitizer even when the
+# tests pass).
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -72,5 +73,5 @@ if [ -z "$SKIP_TESTS" ]; then
     [ -n "$SANITIZE" ] && sanitize
   fi
 fi
-timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only ${BENCH_PROBLEMS:-0,1,2,3,4,5,6,7,8,9} \
+timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only ${BENCH_PROBLEMS:-0,1,2,3,4,5,6,7,8,9} ${BENCH_ARGS} \
   --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"

@@ -1,16 +1,17 @@
-"""Where a call's device time goes: per-kernel times of the `triton` forward and backward.
+"""Where a call's device time goes: per-kernel times of the `triton` (or `cuda`) forward and backward.
 
 For each benchmark problem (``--extra`` adds the model-shaped ones), the forward and backward
 of the default config run under ``torch.profiler`` a few times; the device time of every
 kernel is averaged per call and printed with its share of the backward, so work on the
 backward can aim at the kernel that costs most. One process, one GPU, no compile of Flex.
 
-    python benchmarks/kernel_split.py [--only 1,5] [--extra] [--calls 20] [--json FILE]
+    python benchmarks/kernel_split.py [--only 1,5] [--extra] [--calls 20] [--backend cuda] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -23,7 +24,6 @@ from bench_kernel_variants import EXTRA_PROBLEMS, write_json  # noqa: E402
 from bench_neighborhood import PROBLEMS, make_inputs  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
-from haloattn.backends.triton import launch  # noqa: E402
 
 NEEDS = (True, True, True, False, False, False, False)
 
@@ -47,7 +47,7 @@ def kernel_ms(fn, calls):
     return {name: us / calls / 1000 for name, us in totals.items()}
 
 
-def split(index, calls):
+def split(index, calls, launch):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     out, lse = launch.forward(problem, inputs)
@@ -70,15 +70,18 @@ def main():
     parser.add_argument("--only", default=None, help="problem indices, comma-separated (default: all)")
     parser.add_argument("--extra", action="store_true", help="also the problems of EXTRA_PROBLEMS")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--backend", default="triton", choices=("triton", "cuda"))
     parser.add_argument("--json")
     args = parser.parse_args()
+    # Both backends' launch modules take (problem, inputs) and return / take the same tensors.
+    launch = importlib.import_module(f"haloattn.backends.{args.backend}.launch")
     if args.extra:
         PROBLEMS.extend(EXTRA_PROBLEMS)  # make_inputs reads this same list
     indices = [int(i) for i in args.only.split(",")] if args.only else range(len(PROBLEMS))
-    print(f"# {torch.cuda.get_device_name()}: device ms per call, default configs", flush=True)
+    print(f"# {torch.cuda.get_device_name()}, backend {args.backend}: device ms per call, default configs", flush=True)
     rows = []
     for index in indices:
-        rows.append(split(index, args.calls))
+        rows.append(split(index, args.calls, launch))
         report(rows[-1])
         write_json(args.json, rows)
 

@@ -8,7 +8,9 @@
 //                 where tile_shares_one_window, every query attends the whole box (no mask);
 //   dK/dV:       every key is in exactly one tile, and the tile's query box holds every query
 //                 that attends it;
-//   pair tiles:   (the Hopper forward, key_tiles.cuh) each token is in exactly one half of one
+//   pair tiles:   (the Hopper kernels, key_tiles.cuh; both the query-major walk of the forward and
+//                 dQ and the key-major one of dK/dV, whose partner tiles hold queries and whose
+//                 rows' windows come from the inverse rule) each token is in exactly one half of one
 //                 pair and a half's rows lie in its own box; the key tiling is 64 tokens of
 //                 power-of-two extents that fit a copy box; every key a row attends lies in a key
 //                 tile the half computes; on every such tile the row's bit mask (row_mask, at the
@@ -101,12 +103,13 @@ const char* check(const AttentionParams& p, bool forward) {
   return "ok";
 }
 
-int attended_count(const AttentionParams& p, const int (&own)[kMaxRank]) {
+// The keys token `own` attends or, with `inverse`, the queries that attend it.
+int attended_count(const AttentionParams& p, const int (&own)[kMaxRank], bool inverse) {
   int expected = 0;
   for (int other = 0; other < static_cast<int>(grid_tokens(p)); ++other) {
     int c[kMaxRank];
     token_coords(p, other, c);
-    expected += attends_brute(p, own, c);
+    expected += inverse ? attends_brute(p, c, own) : attends_brute(p, own, c);
   }
   return expected;
 }
@@ -124,11 +127,14 @@ uint64_t row_mask_at_rank(int rank, const RowWindow& w, const int (&origin)[kMax
                                                                    : row_mask<3>(w, origin, kt, below);
 }
 
-const char* check_pairs(const AttentionParams& p) {
+// The Hopper kernels' pair tiles: the forward and dQ walk (rows are queries, partner tiles hold
+// keys) or, with `inverse`, the dK/dV walk (rows are keys, partner tiles hold the queries that
+// attend them).
+const char* check_pairs(const AttentionParams& p, bool inverse) {
   const TileShape shape = choose_pair_tile(p);
   if (shape.n[0] * shape.n[1] * shape.n[2] > 2 * kTileTokens) return "a pair tile holds more than 128 tokens";
   KeyTiling kt;
-  if (!choose_key_tiling(p, shape, kt)) {
+  if (!choose_key_tiling(p, shape, kt, inverse)) {
     // Only a dilation too wide for a copy box may leave no tiling.
     for (int a = 0; a < kMaxRank; ++a)
       if (p.axis[a].dilation > 4) return "ok";
@@ -148,13 +154,13 @@ const char* check_pairs(const AttentionParams& p) {
   for (int cta = 0; cta < count_tiles(p, shape, 1); ++cta) {
     AttentionParams one_head = p;
     one_head.heads = one_head.kv_heads = 1;
-    const PairTiles t = pair_tiles(one_head, shape, kt, cta);
+    const PairTiles t = pair_tiles(one_head, shape, kt, cta, inverse);
     const TileWork& w = t.work;
     if (w.empty) continue;
     for (int half = 0; half < 2; ++half) {
       const TileHalf h = tile_half(w, shape, half);
       if (h.rows > kTileTokens) return "a half holds more than 64 rows";
-      const HalfTiles v = half_tiles(p, t, h, kt);
+      const HalfTiles v = half_tiles(p, t, h, kt, inverse);
       for (int a = 0; a < kMaxRank; ++a)
         if (v.first[a] < 0 || v.end[a] > t.tiles[a] || (!h.work.empty && v.first[a] >= v.end[a]))
           return "a half's key tiles leave the pair's tile grid";
@@ -176,7 +182,7 @@ const char* check_pairs(const AttentionParams& p) {
           own[a] = x[a] * p.axis[a].dilation + w.group[a];
         }
         seen[token_index(p, w, x)] += 1;
-        const RowWindow window = query_window(p, w, x, true);
+        const RowWindow window = query_window(p, w, x, true, inverse);
         int found = 0;
         TileCursor c{{v.first[0], v.first[1], v.first[2]}};
         for (c.i[0] = v.first[0]; c.i[0] < v.end[0]; ++c.i[0])
@@ -196,7 +202,8 @@ const char* check_pairs(const AttentionParams& p) {
                 if (unmasked && !in) return "an unmasked tile holds a key a row does not attend";
               }
             }
-        if (found != attended_count(p, own)) return "a half's key tiles miss keys its rows attend";
+        if (found != attended_count(p, own, inverse))
+          return inverse ? "a half's query tiles miss queries that attend its rows" : "a half's key tiles miss keys its rows attend";
       }
     }
   }
@@ -211,7 +218,7 @@ int main() {
   AttentionParams p;
   while (read_problem(p)) {
     const char* verdict = "ok";
-    for (const char* v : {check(p, true), check(p, false), check_pairs(p)})
+    for (const char* v : {check(p, true), check(p, false), check_pairs(p, false), check_pairs(p, true)})
       if (verdict[0] == 'o' && verdict[1] == 'k') verdict = v;
     std::printf("%s\n", verdict);
   }

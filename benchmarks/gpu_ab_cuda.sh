@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# A/B of the compiled cuda backend in one device call: the working tree's csrc/ against ab_base/csrc
+# (a copy of another revision's csrc/, carried in). Builds the working tree, runs the smoke run and
+# GPU tests of gpu_run_cuda.sh and bench_cuda.py, then rebuilds with ab_base/csrc and benchmarks it.
+# Usage (GPU machine, repo root, nvidia-cutlass importable): bash benchmarks/gpu_ab_cuda.sh
+# Knobs: those of gpu_run_cuda.sh, AB_PROBLEMS (bench_cuda.py --only list), SPLIT_PROBLEMS (also a
+# per-kernel device-time split, kernel_split.py --backend cuda, of these problems on both trees).
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export HALOATTN_CUDA=on
+BENCH_PROBLEMS=${AB_PROBLEMS:-0,1,2,3,4,5,6,7,8,9} bash benchmarks/gpu_run_cuda.sh || exit 1
+mv "$OUT/bench.json" "$OUT/bench_new.json"
+split() {
+  [ -n "$SPLIT_PROBLEMS" ] && timeout 120 python3 benchmarks/kernel_split.py --backend cuda --only "$SPLIT_PROBLEMS" --calls 10 \
+    --json "$OUT/split_$1.json" 2>&1 | tail -12
+}
+split new
+mv csrc csrc_new && cp -r ab_base/csrc csrc
+start=$(date +%s)
+python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install_base.log" 2>&1 || { tail -20 "$OUT/install_base.log"; exit 1; }
+echo "base install took $(( $(date +%s) - start )) s"
+timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only ${AB_PROBLEMS:-0,1,2,3,4,5,6,7,8,9} --no-portable \
+  --json "$OUT/bench_base.json" 2>&1 | tail -12
+split base
+rm -rf csrc && mv csrc_new csrc
