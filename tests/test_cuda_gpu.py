@@ -6,6 +6,7 @@ GQA/MQA, float16 / bfloat16, head_dim 64 and 128, with the LSE and its gradient;
 backward. Run with ``pytest -m gpu``; skipped where the backend cannot run.
 """
 
+import os
 import random
 
 import pytest
@@ -166,9 +167,16 @@ def test_each_forward_kernel_on_random_problems(kernel, seed, monkeypatch):
     check_problem(options.pop("spatial"), options.pop("window"), seed=seed, **options)
 
 
+# HALOATTN_CUDA_SEEDS="start:stop" sweeps more seeds of the backward kernels on demand (e.g.
+# "200:800" once a kernel changes); each seed is its own test.
+def backward_seeds():
+    start, _, stop = os.environ.get("HALOATTN_CUDA_SEEDS", "200:212").partition(":")
+    return range(int(start), int(stop))
+
+
 @requires_cuda_backend
 @pytest.mark.parametrize("kernel", ["portable", "hopper"])
-@pytest.mark.parametrize("seed", range(200, 212))
+@pytest.mark.parametrize("seed", backward_seeds())
 def test_each_backward_kernel_on_random_problems(kernel, seed, monkeypatch):
     # On sm_90 the default backward is the Hopper pair (dQ, then dK/dV); this keeps the portable
     # one tested too, and forces the Hopper one (scale of either sign, GQA, dilation, stride).
