@@ -1,6 +1,7 @@
-"""The cuda backend's Hopper forward kernel on the neighbourhood benchmark's problems, without a
-GPU: its query and key tile shapes, the pairs its wgmma computes per attended pair, and the share
-of visited key tiles that need a mask (benchmarks/host/hopper_work.cu, compiled for the host with
+"""The cuda backend's Hopper kernels on the neighbourhood benchmark's problems, without a GPU: for
+the query-major walk (forward, dQ) and the key-major one (dK/dV) the pair and partner tile shapes,
+the pairs their wgmma computes per attended pair, and the share of visited partner tiles that
+need a mask (benchmarks/host/hopper_work.cu, compiled for the host with
 nvcc from the kernel's own tiling headers). Efficiency / (computed / attended) is the kernel's rate
 on the pairs it computes, as a fraction of dense cuDNN's.
 
@@ -39,12 +40,13 @@ def main():
         subprocess.run(["nvcc", "-std=c++17", "-x", "cu", "-I", os.path.join(ROOT, "csrc"),
                         os.path.join(ROOT, "benchmarks", "host", "hopper_work.cu"), "-o", exe], check=True)
         out = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True).stdout
-    print("| problem | query pair / key tile | computed / attended | masked tiles |")
-    print("|---|---|---|---|")
+    print("| problem | query pair / key tile | computed / attended | masked tiles "
+          "| key pair / query tile (dK/dV) | computed / attended | masked tiles |")
+    print("|---|---|---|---|---|---|---|")
     for name, line in zip(names, out.splitlines()):
         parts = line.split()
-        print(f"| {name} | {parts[1]} / {parts[3]} | {parts[5]} | {parts[7]} |")
-
+        print(f"| {name} | {parts[1]} / {parts[3]} | {parts[5]} | {parts[7]} "
+              f"| {parts[9]} / {parts[11]} | {parts[13]} | {parts[15]} |")
 
 if __name__ == "__main__":
     main()

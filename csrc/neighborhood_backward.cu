@@ -1,5 +1,5 @@
-// Deterministic backward pass (no atomics), FlashAttention-2 style, in three kernels (on Hopper
-// kernels 2 and 3 are neighborhood_backward_sm90.cu's where its copies can read the layout):
+// Deterministic backward pass (no atomics), FlashAttention-2 style, in three kernels (on Hopper,
+// where its copies can read the layout, neighborhood_backward_sm90.cu's two kernels replace them):
 //   1. delta = rowsum(dO * O) - dLSE per (token, head): the softmax-gradient correction.
 //   2. dQ, query-major: each 64-query tile walks its key box like the forward pass, recomputes
 //      P = exp(S - LSE), dP = dO V^T, dS = P (dP - delta) and accumulates dQ = scale dS K.
@@ -454,16 +454,15 @@ std::string backward(const AttentionParams& p) {
   return dispatch_dtype_dim(p, [&](auto dtype_tag, auto dim_tag) {
     using T = typename decltype(dtype_tag)::type;
     constexpr int D = decltype(dim_tag)::value;
-    std::string error = launch_delta<T, D>(p);
-    if (!error.empty()) return error;
     if (hopper && p.backward_kernel != KernelChoice::kPortable) {
       std::string refusal;
-      error = backward_sm90(p, refusal);
+      const std::string error = backward_sm90(p, refusal);  // its dQ pass works out delta itself
       if (refusal.empty()) return error;
       // auto: the portable kernels read any layout the checks above accept.
       if (p.backward_kernel == KernelChoice::kHopper) return "backward_kernel='hopper' cannot take this call: " + refusal;
     }
-    return launch_portable<T, D>(p);
+    const std::string error = launch_delta<T, D>(p);
+    return error.empty() ? launch_portable<T, D>(p) : error;
   });
 }
 

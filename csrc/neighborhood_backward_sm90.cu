@@ -11,8 +11,9 @@
 //   P = exp(S scale - LSE), dS = P (dP - delta)         (per row or, key-major, per column)
 //   key-major: acc1 += P B1 (dV += P^T dO)              (P from registers, B MN-major: the
 //   acc0 += dS B0 (dQ += dS K, or dK += dS^T Q)          forward's P V)
-// so dQ = scale acc0, dK = scale acc0 and dV = acc1. The statistics pass (delta = rowsum(dO O) -
-// dLSE) runs before, in neighborhood_backward.cu. One producer thread issues the copies into a
+// so dQ = scale acc0, dK = scale acc0 and dV = acc1. The query-major pass also works out each
+// query's delta = rowsum(dO O) - dLSE (it holds the row's dO) and writes it for the key-major
+// pass, which runs after it. One producer thread issues the copies into a
 // ring of stages ("full"/"empty" mbarriers as in the forward); key-major, one producer warp
 // gathers the streamed queries' LSE (log2 units) and delta into the stage beside them.
 #include <cuda_runtime.h>
@@ -189,6 +190,53 @@ __device__ inline void gather_stats(const AttentionParams& p, const TileShape& s
   }
 }
 
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v);
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
+struct RowStats {
+  float lse2;   // the row's LSE in log2 units (+inf where it is -inf: every P of the row is 0)
+  float delta;  // rowsum(dO O) - dLSE
+};
+
+// Query-major: the statistics of own row `row` (group coordinates x) of a half, whose dO tile
+// `d_o` (128-byte-swizzled, [64][D]) is in shared memory. The four threads of a quad (t = 0..3)
+// share the row: each sums dO * O over every fourth 16-byte piece (O read from global memory),
+// then the quad adds; thread 0 writes delta for the key-major pass. Rows past the grid get 0.
+template <typename T, int D>
+__device__ inline RowStats own_row_stats(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
+                                         bool inside, const T* d_o, int row, int t) {
+  float sum = 0.f;
+  int64_t index = 0;
+  if (inside) {
+    index = (w.batch * grid_tokens(p) + token_index(p, w, x)) * p.heads + w.head;
+    const T* o = reinterpret_cast<const T*>(p.out.ptr) + w.batch * p.out.batch_stride + w.head * p.out.head_stride +
+                 token_offset(p, p.out, w, x);
+#pragma unroll
+    for (int piece = t; piece < D / 8; piece += 4) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + piece * 8);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d_o + swizzled_element<kHalfRows>(row, piece));
+      const uint32_t os[4] = {ov.x, ov.y, ov.z, ov.w}, ds[4] = {dv.x, dv.y, dv.z, dv.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 a = unpack2<T>(os[i]), b = unpack2<T>(ds[i]);
+        sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+      }
+    }
+  }
+  sum = quad_sum(sum);  // every lane of the quad takes part (the shuffles need the whole warp)
+  if (!inside) return {0.f, 0.f};
+  const float* grad_lse = reinterpret_cast<const float*>(p.grad_lse);
+  const float delta = sum - (grad_lse ? grad_lse[index] : 0.f);
+  if (t == 0) reinterpret_cast<float*>(p.delta)[index] = delta;
+  const float lse = reinterpret_cast<const float*>(p.lse)[index];
+  return {lse == -INFINITY ? INFINITY : lse * kLog2e, delta};
+}
+
 template <typename T, int D, int RANK, bool KEY_MAJOR>
 __device__ inline void consume(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt, int64_t pairs,
                                const T* own, const T* stream, const float2* stats, const uint64_t* below,
@@ -222,29 +270,22 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     const bool inside_b = row_b < h.rows && tile_row_coords(w, shape, h.first_row + row_b, x_b);
     const RowWindow win_a = query_window(p, w, x_a, inside_a, KEY_MAJOR);
     const RowWindow win_b = query_window(p, w, x_b, inside_b, KEY_MAJOR);
-    // Query-major: the rows' own statistics (key-major reads the columns' from the stage).
-    float lse2_a = 0.f, lse2_b = 0.f, delta_a = 0.f, delta_b = 0.f;
-    if (!KEY_MAJOR) {
-      const float* lse = reinterpret_cast<const float*>(p.lse);
-      const float* delta = reinterpret_cast<const float*>(p.delta);
-      if (inside_a) {
-        const int64_t row = (w.batch * tokens + token_index(p, w, x_a)) * p.heads + w.head;
-        lse2_a = lse[row] == -INFINITY ? INFINITY : lse[row] * kLog2e;
-        delta_a = delta[row];
-      }
-      if (inside_b) {
-        const int64_t row = (w.batch * tokens + token_index(p, w, x_b)) * p.heads + w.head;
-        lse2_b = lse[row] == -INFINITY ? INFINITY : lse[row] * kLog2e;
-        delta_b = delta[row];
-      }
-    }
-
     float acc0[kAccRegs], acc1[KEY_MAJOR ? kAccRegs : 1];
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) acc0[i] = 0.f;
 #pragma unroll
     for (int i = 0; i < (KEY_MAJOR ? kAccRegs : 1); ++i) acc1[i] = 0.f;
     Barrier::wait(own_full, pair_count & 1);
+
+    // Query-major: the rows' own statistics, LSE read and delta = rowsum(dO O) - dLSE worked out
+    // here from the dO tile and written for the key-major pass (which reads the columns' from
+    // its stages), so no separate pass over O and dO runs.
+    float lse2_a = 0.f, lse2_b = 0.f, delta_a = 0.f, delta_b = 0.f;
+    if constexpr (!KEY_MAJOR) {
+      const RowStats a = own_row_stats<T, D>(p, w, x_a, inside_a, a1, row_a, t);
+      const RowStats b = own_row_stats<T, D>(p, w, x_b, inside_b, a1, row_b, t);
+      lse2_a = a.lse2, delta_a = a.delta, lse2_b = b.lse2, delta_b = b.delta;
+    }
 
     for (int hs = 0; hs < head_steps(p, KEY_MAJOR); ++hs) {
       TileCursor cursor{{0, 0, 0}};

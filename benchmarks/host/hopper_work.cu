@@ -1,7 +1,8 @@
-// The Hopper forward kernel's work on a problem, counted on the host with the kernel's own tiling
-// code (csrc/pair_tiles.cuh, key_tiles.cuh): the query tile and key tile shapes, the pairs its
-// wgmma computes (64 rows per half times 64 keys per key tile the half visits) per attended pair,
-// and the share of visited tiles that need a mask. Reads problems like tests/cuda_host/
+// The Hopper kernels' work on a problem, counted on the host with the kernels' own tiling code
+// (csrc/pair_tiles.cuh, key_tiles.cuh), for the query-major walk (forward and dQ) and the
+// key-major one (dK/dV, rows are keys, partner tiles hold queries): the pair and partner tile
+// shapes, the pairs their wgmma computes (64 rows per half times 64 partners per tile the half
+// visits) per attended pair, and the share of visited tiles that need a mask. Reads problems like tests/cuda_host/
 // tiling_check.cu ("pattern" then per padded axis "length window stride dilation causal shift")
 // and prints one line per problem. Driven by benchmarks/hopper_work.py.
 #include <cstdio>
@@ -15,38 +16,41 @@ using namespace haloattn;
 int main() {
   AttentionParams p;
   while (read_problem(p)) {
-    const TileShape shape = choose_pair_tile(p);
-    KeyTiling kt;
-    if (!choose_key_tiling(p, shape, kt)) {
-      std::printf("no key tiling\n");
-      continue;
-    }
-    double attended = 0, computed = 0, tiles_visited = 0, tiles_masked = 0;
-    for (int64_t pair = 0; pair < count_tiles(p, shape, 1); ++pair) {
-      const PairTiles t = pair_tiles(p, shape, kt, pair);
-      if (t.work.empty) continue;
-      for (int half = 0; half < 2; ++half) {
-        const TileHalf h = tile_half(t.work, shape, half);
-        if (h.work.empty) continue;
-        const HalfTiles v = half_tiles(p, t, h, kt);
-        double own = 1, full = 1;
-        for (int a = 0; a < kMaxRank; ++a) {
-          own *= v.end[a] - v.first[a];
-          full *= max(min(v.full_hi[a], v.end[a]) - max(v.full_lo[a], v.first[a]), 0);
-        }
-        computed += own * kKeyTileTokens * 64;
-        tiles_visited += own;
-        tiles_masked += own - full;
-        for (int r = 0; r < h.rows; ++r) {
-          int x[kMaxRank];
-          if (!tile_row_coords(t.work, shape, h.first_row + r, x)) continue;
-          const RowWindow w = query_window(p, t.work, x, true);
-          attended += double(w.hi[0] - w.lo[0]) * (w.hi[1] - w.lo[1]) * (w.hi[2] - w.lo[2]);
+    for (const bool inverse : {false, true}) {
+      const TileShape shape = choose_pair_tile(p);
+      KeyTiling kt;
+      if (!choose_key_tiling(p, shape, kt, inverse)) {
+        std::printf("no partner tiling ");
+        continue;
+      }
+      double attended = 0, computed = 0, tiles_visited = 0, tiles_masked = 0;
+      for (int64_t pair = 0; pair < count_tiles(p, shape, 1); ++pair) {
+        const PairTiles t = pair_tiles(p, shape, kt, pair, inverse);
+        if (t.work.empty) continue;
+        for (int half = 0; half < 2; ++half) {
+          const TileHalf h = tile_half(t.work, shape, half);
+          if (h.work.empty) continue;
+          const HalfTiles v = half_tiles(p, t, h, kt, inverse);
+          double own = 1, full = 1;
+          for (int a = 0; a < kMaxRank; ++a) {
+            own *= v.end[a] - v.first[a];
+            full *= max(min(v.full_hi[a], v.end[a]) - max(v.full_lo[a], v.first[a]), 0);
+          }
+          computed += own * kKeyTileTokens * 64;
+          tiles_visited += own;
+          tiles_masked += own - full;
+          for (int r = 0; r < h.rows; ++r) {
+            int x[kMaxRank];
+            if (!tile_row_coords(t.work, shape, h.first_row + r, x)) continue;
+            const RowWindow w = query_window(p, t.work, x, true, inverse);
+            attended += double(w.hi[0] - w.lo[0]) * (w.hi[1] - w.lo[1]) * (w.hi[2] - w.lo[2]);
+          }
         }
       }
+      std::printf("rows %dx%dx%d partners %dx%dx%d computed/attended %.3f masked %.2f ", shape.n[0], shape.n[1],
+                  shape.n[2], kt.n[0], kt.n[1], kt.n[2], computed / attended, tiles_masked / tiles_visited);
     }
-    std::printf("q %dx%dx%d keys %dx%dx%d computed/attended %.3f masked %.2f\n", shape.n[0], shape.n[1], shape.n[2],
-                kt.n[0], kt.n[1], kt.n[2], computed / attended, tiles_masked / tiles_visited);
+    std::printf("\n");
   }
   return 0;
 }
