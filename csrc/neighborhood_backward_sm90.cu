@@ -31,7 +31,7 @@
 #include "pair_tiles.cuh"
 #include "row_output.cuh"
 #include "row_windows.cuh"
-#include "sm90_copies.cuh"
+#include "sm90_common.cuh"
 #include "tensor_maps.h"
 #include "token_tiles.cuh"
 #include "wgmma_ops.cuh"
@@ -40,10 +40,6 @@ namespace haloattn {
 namespace sm90 {
 namespace {
 
-constexpr int kHalfRows = 64;    // own rows per consumer warpgroup (the M of one wgmma)
-constexpr int kConsumers = 2;    // warpgroups, one per half of a pair tile
-constexpr int kWarpgroup = 128;  // threads
-constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 constexpr int kStatsWarp = 1;    // the producer warpgroup's warp that gathers LSE and delta
 
 // The consumers hold S, dP, one or two gradient accumulators and P / dS fragments: at head dim
@@ -54,9 +50,6 @@ constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
 static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers * kWarpgroup <=
                   kLaunchRegisters * kThreads, "the register split exceeds the launch allocation");
-
-using Barrier = cutlass::arch::ClusterBarrier;
-using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // One streamed tile per stage (64 partner tokens: the N of S and the K of the accumulating
 // products). A tile costs four (key-major) or three 64 x 64 x D products per consumer, two to
@@ -340,13 +333,7 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         }
         uint32_t pf[kKSteps][4], dsf[kKSteps][4];
         if constexpr (KEY_MAJOR) {  // acc1 += P B1 (dV += P^T dO) runs while dS is formed
-#pragma unroll
-          for (int kk = 0; kk < kKSteps; ++kk) {
-            pf[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-            pf[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-            pf[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-            pf[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-          }
+          accumulator_to_fragments<T>(s, pf);
           fence_registers(acc1);
           cute::warpgroup_arrive();
 #pragma unroll
@@ -367,13 +354,7 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
             s[4 * j + 2 + e] *= dp[4 * j + 2 + e] - d_b;
           }
         }
-#pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-          dsf[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-          dsf[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-          dsf[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-          dsf[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+        accumulator_to_fragments<T>(s, dsf);
         fence_registers(acc0);
         cute::warpgroup_arrive();
 #pragma unroll
@@ -493,21 +474,12 @@ std::string plan(const AttentionParams& p, bool key_major, Plan& out) {
 
 template <typename T, int D, bool KEY_MAJOR>
 std::string launch(const AttentionParams& p, const Plan& plan) {
-  int sms = 0;
-  HALOATTN_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
   const int rank = effective_rank(p);
   auto kernel = rank == 1   ? backward_kernel<T, D, 1, KEY_MAJOR>
                 : rank == 2 ? backward_kernel<T, D, 2, KEY_MAJOR>
                             : backward_kernel<T, D, 3, KEY_MAJOR>;
-  const size_t smem = Smem<T, D, KEY_MAJOR>::kLaunchBytes;
-  HALOATTN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  // Persistent, one CTA per SM, as the forward: the pairs in flight at once are neighbours whose
-  // partner boxes overlap in L2.
-  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(plan.pairs, sms));
-  kernel<<<ctas, kThreads, smem, reinterpret_cast<cudaStream_t>(p.stream)>>>(p, plan.shape, plan.kt, plan.pairs,
-                                                                              plan.maps);
-  HALOATTN_CUDA_TRY(cudaGetLastError());
-  return {};
+  return launch_persistent(p, kernel, Smem<T, D, KEY_MAJOR>::kLaunchBytes, plan.pairs, plan.shape, plan.kt, plan.pairs,
+                           plan.maps);
 }
 
 }  // namespace

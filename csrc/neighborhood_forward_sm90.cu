@@ -31,7 +31,7 @@
 #include "pair_tiles.cuh"
 #include "row_output.cuh"
 #include "row_windows.cuh"
-#include "sm90_copies.cuh"
+#include "sm90_common.cuh"
 #include "tensor_maps.h"
 #include "token_tiles.cuh"
 #include "wgmma_ops.cuh"
@@ -39,11 +39,6 @@
 namespace haloattn {
 namespace sm90 {
 namespace {
-
-constexpr int kHalfRows = 64;    // queries per consumer warpgroup (the M of one wgmma)
-constexpr int kConsumers = 2;    // warpgroups, one per half of a pair tile
-constexpr int kWarpgroup = 128;  // threads
-constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 
 // Registers per thread after the role split (setmaxnreg): the producer is one thread issuing
 // copies (its few spills of pair geometry cost nothing the ring does not hide), the consumers
@@ -55,9 +50,6 @@ constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers * kWarpgroup <=
                   kLaunchRegisters * kThreads, "the register split exceeds the launch allocation");
-
-using Barrier = cutlass::arch::ClusterBarrier;
-using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // Keys per stage (the N of S = Q K^T: one key tile) and the ring depth, consumed in a software
 // pipeline with two P register buffers. 128-key chunks (2 deep, consumed one at a time, as S, O
@@ -254,14 +246,7 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         l_a += s[4 * j + 0] + s[4 * j + 1];
         l_b += s[4 * j + 2] + s[4 * j + 3];
       }
-      // Two adjacent 8-key accumulator tiles are one 16-key k-step of P.
-#pragma unroll
-      for (int kk = 0; kk < kChunk / 16; ++kk) {
-        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
+      accumulator_to_fragments<T>(s, pa);
     };
     auto rescale = [&](float alpha_a, float alpha_b) {
       // Once the row maxima settle (after a chunk or two) the rescale is a no-op: skip it.
@@ -441,22 +426,11 @@ std::string plan(const AttentionParams& p, Plan& out) {
 
 template <typename T, int D>
 std::string launch(const AttentionParams& p, const Plan& plan) {
-  int sms = 0;
-  HALOATTN_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
   const int rank = effective_rank(p);
   auto kernel = rank == 1   ? forward_kernel<T, D, 1>
                 : rank == 2 ? forward_kernel<T, D, 2>
                             : forward_kernel<T, D, 3>;
-  const size_t smem = Smem<T, D>::kLaunchBytes;
-  HALOATTN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  // Persistent: one CTA per SM (its shared memory allows no second), each walking pairs
-  // blockIdx.x, + gridDim.x, ...: the pairs in flight at once are neighbours, whose key boxes
-  // overlap in L2.
-  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(plan.pairs, sms));
-  kernel<<<ctas, kThreads, smem, reinterpret_cast<cudaStream_t>(p.stream)>>>(p, plan.shape, plan.kt, plan.pairs,
-                                                                              plan.maps);
-  HALOATTN_CUDA_TRY(cudaGetLastError());
-  return {};
+  return launch_persistent(p, kernel, Smem<T, D>::kLaunchBytes, plan.pairs, plan.shape, plan.kt, plan.pairs, plan.maps);
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
+#include "mma_fragments.cuh"
+
 #include <cstdint>
 #include <utility>
 
@@ -120,6 +122,19 @@ __device__ __forceinline__ void mma_rs(const uint32_t (&a)[4], uint64_t b, float
 template <typename T, int N>
 __device__ __forceinline__ void mma_rs_k(const uint32_t (&a)[4], uint64_t b, float (&d)[N / 2], bool accumulate) {
   reg_smem_k<typename RegSmemKAtom<T, N>::type>(a, b, d, accumulate, std::make_index_sequence<N / 2>{});
+}
+
+// A 64 x N accumulator (P or dS) as the register A fragments of N / 16 k-steps: two adjacent
+// 8-column accumulator tiles are one 16-column k-step.
+template <typename T, int K>
+__device__ __forceinline__ void accumulator_to_fragments(const float (&s)[K * 8], uint32_t (&a)[K][4]) {
+#pragma unroll
+  for (int kk = 0; kk < K; ++kk) {
+    a[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+    a[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+    a[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+    a[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
 }
 
 // Keeps the compiler from moving register reads or writes of an accumulator across the

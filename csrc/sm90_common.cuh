@@ -1,17 +1,32 @@
-// What the Hopper kernels (forward and backward) share around their copies and math: TMA box
-// copies of one head's tile in the 128-byte-swizzled panels wgmma reads, the pair tile's halves,
-// the single-instruction exp2, and the rank the masks test.
+// What the Hopper kernels (forward and backward) share: their thread layout (a producer
+// warpgroup and one consumer warpgroup per half of a pair tile), TMA box copies of one head's
+// tile in the 128-byte-swizzled panels wgmma reads, the pair tile's halves, the
+// single-instruction exp2, and the rank the masks test.
 #pragma once
 
 #include <cute/arch/copy_sm90_desc.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
+#include <cuda_runtime.h>
+#include <cutlass/arch/barrier.h>
+
+#include <algorithm>
+#include <string>
 
 #include "attention_params.h"
+#include "kernel_launch.h"
 #include "token_tiles.cuh"
 #include "wgmma_ops.cuh"
 
 namespace haloattn {
 namespace sm90 {
+
+constexpr int kHalfRows = 64;    // rows per consumer warpgroup (the M of one wgmma)
+constexpr int kConsumers = 2;    // warpgroups, one per half of a pair tile
+constexpr int kWarpgroup = 128;  // threads
+constexpr int kThreads = kWarpgroup * (1 + kConsumers);
+
+using Barrier = cutlass::arch::ClusterBarrier;
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // Group coordinate `x` along axis a as the token coordinate a copy starts at.
 __device__ inline int token_coordinate(const AttentionParams& p, const TileWork& w, int a, int x) {
@@ -61,6 +76,20 @@ inline int effective_rank(const AttentionParams& p) {
   int rank = kMaxRank;
   for (int a = 0; a < kMaxRank - 1 && p.axis[a].length == 1; ++a) --rank;
   return rank;
+}
+
+// Launches a persistent Hopper kernel: one CTA per SM (its shared memory allows no second), each
+// walking pairs blockIdx.x, + gridDim.x, ...: the pairs in flight at once are neighbours, whose
+// partner boxes overlap in L2.
+template <typename Kernel, typename... Args>
+std::string launch_persistent(const AttentionParams& p, Kernel kernel, size_t smem, int64_t pairs, const Args&... args) {
+  int sms = 0;
+  HALOATTN_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
+  HALOATTN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const unsigned ctas = static_cast<unsigned>(std::min<int64_t>(pairs, sms));
+  kernel<<<ctas, kThreads, smem, reinterpret_cast<cudaStream_t>(p.stream)>>>(p, args...);
+  HALOATTN_CUDA_TRY(cudaGetLastError());
+  return {};
 }
 
 }  // namespace sm90
