@@ -45,19 +45,12 @@ constexpr int kStatsWarp = 1;    // the producer warpgroup's warp that gathers L
 // The consumers hold S, dP, one or two gradient accumulators and P / dS fragments: at head dim
 // 128 key-major that is 224 registers before addresses, so the producer warpgroup gives all but
 // 24 of its registers away (its copies' bookkeeping spills to L1, off the critical path).
-constexpr int kLaunchRegisters = 168;
 constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
-static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers * kWarpgroup <=
-                  kLaunchRegisters * kThreads, "the register split exceeds the launch allocation");
-
-// One streamed tile per stage (64 partner tokens: the N of S and the K of the accumulating
-// products). A tile costs four (key-major) or three 64 x 64 x D products per consumer, two to
-// three times a forward tile, so four stages hide the copies' latency with room to spare.
-constexpr int kChunk = kKeyTileTokens;
-constexpr int kStages = 4;
-__device__ inline int stage_of(int n) { return n % kStages; }
-__device__ inline uint32_t phase_of(int n) { return (n / kStages) & 1; }
+static_assert(register_split_fits(kProducerRegisters, kConsumerRegisters), "the register split exceeds the launch allocation");
+// A streamed tile costs four (key-major) or three 64 x 64 x D products per consumer, two to
+// three times a forward tile, so the ring's four stages hide the copies' latency with room to
+// spare.
 
 // The tensor maps of one pass: own[0], own[1] are Q, dO (query-major) or K, V (key-major) with a
 // half tile's box; stream[0], stream[1] are K, V or Q, dO with the partner tile's box.
@@ -400,9 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const AttentionPa
                                                                const __grid_constant__ BackwardMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<T, D, KEY_MAJOR>;
-  extern __shared__ unsigned char smem_unaligned[];
-  const uint32_t raw = cute::cast_smem_ptr_to_uint(smem_unaligned);
-  unsigned char* smem = smem_unaligned + ((1024 - (raw & 1023)) & 1023);
+  unsigned char* smem = aligned_shared_memory();
   T* own = reinterpret_cast<T*>(smem + L::kOwn);
   T* stream = reinterpret_cast<T*>(smem + L::kStream);
   float2* stats = reinterpret_cast<float2*>(smem + L::kStats);
@@ -426,8 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const AttentionPa
       cute::prefetch_tma_descriptor(&maps.stream[i]);
     }
   }
-  for (int i = threadIdx.x; i < kMaxRank * kMaskEntries; i += kThreads)
-    below[i] = prefix_mask(kt, i / kMaskEntries, i % kMaskEntries);
+  fill_prefix_masks(below, kt);
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 

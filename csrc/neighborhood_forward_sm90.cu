@@ -42,24 +42,14 @@ namespace {
 
 // Registers per thread after the role split (setmaxnreg): the producer is one thread issuing
 // copies (its few spills of pair geometry cost nothing the ring does not hide), the consumers
-// hold Q's fragments, S, O, two P buffers and their rows' windows. The split only moves
-// the registers the CTA was launched with (kLaunchRegisters per thread, the __launch_bounds__
-// cap): asking for more would block setmaxnreg.inc forever.
-constexpr int kLaunchRegisters = 168;
+// hold Q's fragments, S, O, two P buffers and their rows' windows.
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
-static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers * kWarpgroup <=
-                  kLaunchRegisters * kThreads, "the register split exceeds the launch allocation");
+static_assert(register_split_fits(kProducerRegisters, kConsumerRegisters), "the register split exceeds the launch allocation");
 
-// Keys per stage (the N of S = Q K^T: one key tile) and the ring depth, consumed in a software
-// pipeline with two P register buffers. 128-key chunks (2 deep, consumed one at a time, as S, O
-// and one P filled the registers of the earlier cp.async kernel) measured 0.67-0.95x of this.
-constexpr int kChunk = kKeyTileTokens;
-constexpr int kStages = 4;
-// Ring positions: the n-th chunk a CTA handles (over all its pairs) sits in stage n % kStages,
-// and its barriers complete their phase number n / kStages.
-__device__ inline int stage_of(int n) { return n % kStages; }
-__device__ inline uint32_t phase_of(int n) { return (n / kStages) & 1; }
+// The ring's tiles are consumed in a software pipeline with two P register buffers. 128-key
+// chunks (2 deep, consumed one at a time, as S, O and one P filled the registers of the earlier
+// cp.async kernel) measured 0.67-0.95x of this.
 
 template <typename T, int D>
 struct Smem {
@@ -361,9 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
                                                               const __grid_constant__ ForwardMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<T, D>;
-  extern __shared__ unsigned char smem_unaligned[];
-  const uint32_t raw = cute::cast_smem_ptr_to_uint(smem_unaligned);
-  unsigned char* smem = smem_unaligned + ((1024 - (raw & 1023)) & 1023);
+  unsigned char* smem = aligned_shared_memory();
   T* sQ = reinterpret_cast<T*>(smem + L::kQ);
   T* sK = reinterpret_cast<T*>(smem + L::kK);
   T* sV = reinterpret_cast<T*>(smem + L::kV);
@@ -387,8 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
     cute::prefetch_tma_descriptor(&maps.key);
     cute::prefetch_tma_descriptor(&maps.value);
   }
-  for (int i = threadIdx.x; i < kMaxRank * kMaskEntries; i += kThreads)
-    below[i] = prefix_mask(kt, i / kMaskEntries, i % kMaskEntries);
+  fill_prefix_masks(below, kt);
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 

@@ -14,6 +14,7 @@
 
 #include "attention_params.h"
 #include "kernel_launch.h"
+#include "key_tiles.cuh"
 #include "token_tiles.cuh"
 #include "wgmma_ops.cuh"
 
@@ -27,6 +28,22 @@ constexpr int kThreads = kWarpgroup * (1 + kConsumers);
 
 using Barrier = cutlass::arch::ClusterBarrier;
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+// Registers per thread at launch (the __launch_bounds__(kThreads, 1) cap). setmaxnreg only moves
+// them between the warpgroups after the role split: asking for more would block
+// setmaxnreg.inc forever.
+constexpr int kLaunchRegisters = 168;
+constexpr bool register_split_fits(int producer, int consumer) {
+  return producer * kWarpgroup + consumer * kConsumers * kWarpgroup <= kLaunchRegisters * kThreads;
+}
+
+// The ring the partner tiles stream through: one 64-token tile per stage (the N of S), four
+// stages. The n-th tile a CTA handles (over all its pairs) sits in stage n % kStages, and its
+// barriers complete their phase number n / kStages.
+constexpr int kChunk = kKeyTileTokens;
+constexpr int kStages = 4;
+__device__ inline int stage_of(int n) { return n % kStages; }
+__device__ inline uint32_t phase_of(int n) { return (n / kStages) & 1; }
 
 // Group coordinate `x` along axis a as the token coordinate a copy starts at.
 __device__ inline int token_coordinate(const AttentionParams& p, const TileWork& w, int a, int x) {
@@ -76,6 +93,21 @@ inline int effective_rank(const AttentionParams& p) {
   int rank = kMaxRank;
   for (int a = 0; a < kMaxRank - 1 && p.axis[a].length == 1; ++a) --rank;
   return rank;
+}
+
+// The kernel's dynamic shared memory, 1024-byte aligned: tiles in the 128-byte-swizzled layout
+// must be (the hardware applies the swizzle to address bits), and the launch is only promised
+// 16, so it asks for 1024 bytes more.
+__device__ inline unsigned char* aligned_shared_memory() {
+  extern __shared__ unsigned char smem_unaligned[];
+  const uint32_t raw = cute::cast_smem_ptr_to_uint(smem_unaligned);
+  return smem_unaligned + ((1024 - (raw & 1023)) & 1023);
+}
+
+// Every thread of the CTA fills the partner tiling's prefix masks (key_tiles.cuh) into `below`.
+__device__ inline void fill_prefix_masks(uint64_t* below, const KeyTiling& kt) {
+  for (int i = threadIdx.x; i < kMaxRank * kMaskEntries; i += kThreads)
+    below[i] = prefix_mask(kt, i / kMaskEntries, i % kMaskEntries);
 }
 
 // Launches a persistent Hopper kernel: one CTA per SM (its shared memory allows no second), each
