@@ -152,22 +152,34 @@ __device__ inline void gather_stats(const AttentionParams& p, const TileShape& s
       for (int c = 0; c < t.chunks; ++c, ++chunk_count) {
         const int n = chunk_count, stage = stage_of(n);
         if (n >= kStages) Barrier::wait(&empty[stage], phase_of(n) ^ 1);
-        for (int j = lane; j < kChunk; j += 32) {
+        // Each lane's two tokens: both rows' loads are issued before either is used, so the
+        // stage waits for one round trip to memory, not two.
+        constexpr int kPerLane = kChunk / 32;
+        int64_t rows[kPerLane];
+        bool inside[kPerLane];
+#pragma unroll
+        for (int r = 0; r < kPerLane; ++r) {
+          const int j = lane + 32 * r;
           const int offset[kMaxRank] = {j / (kt.n[1] * kt.n[2]), j / kt.n[2] % kt.n[1], j % kt.n[2]};
           int x[kMaxRank];
-          bool inside = true;
+          inside[r] = true;
           for (int a = 0; a < kMaxRank; ++a) {
             x[a] = t.start[a] + cursor.i[a] * kt.n[a] + offset[a];
-            inside = inside && x[a] >= 0 && x[a] < w.group_len[a];
+            inside[r] = inside[r] && x[a] >= 0 && x[a] < w.group_len[a];
           }
-          float lse2 = 0.f, d = 0.f;
-          if (inside) {
-            const int64_t row = (w.batch * tokens + token_index(p, w, x)) * p.heads + head;
-            // A row that attends nothing has LSE -inf: +inf makes every one of its P exactly 0.
-            lse2 = lse[row] == -INFINITY ? INFINITY : lse[row] * kLog2e;
-            d = delta[row];
-          }
-          stats[stage * kChunk + j] = make_float2(lse2, d);
+          rows[r] = inside[r] ? (w.batch * tokens + token_index(p, w, x)) * p.heads + head : 0;
+        }
+        float lse_of[kPerLane], delta_of[kPerLane];
+#pragma unroll
+        for (int r = 0; r < kPerLane; ++r) {
+          lse_of[r] = inside[r] ? lse[rows[r]] : 0.f;
+          delta_of[r] = inside[r] ? delta[rows[r]] : 0.f;
+        }
+#pragma unroll
+        for (int r = 0; r < kPerLane; ++r) {
+          // A row that attends nothing has LSE -inf: +inf makes every one of its P exactly 0.
+          const float lse2 = lse_of[r] == -INFINITY ? INFINITY : lse_of[r] * kLog2e;
+          stats[stage * kChunk + lane + 32 * r] = make_float2(lse2, delta_of[r]);
         }
         Barrier::arrive(&full[stage]);
         step_tile(cursor, t.tiles);
@@ -324,32 +336,32 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
             s[4 * j + 2 + e] = (mask_b >> (8 * j + e)) & 1 ? p_b : 0.f;
           }
         }
-        uint32_t pf[kKSteps][4], dsf[kKSteps][4];
-        if constexpr (KEY_MAJOR) {  // acc1 += P B1 (dV += P^T dO) runs while dS is formed
-          accumulator_to_fragments<T>(s, pf);
-          fence_registers(acc1);
-          cute::warpgroup_arrive();
-#pragma unroll
-          for (int kk = 0; kk < kKSteps; ++kk) mma_rs<T, D>(pf[kk], mn_major_descriptor<T, kChunk>(b1, kk), acc1);
-          cute::warpgroup_commit_batch();
-          cute::warpgroup_wait<1>();  // dP is ready (committed before P B1)
-        } else {
-          cute::warpgroup_wait<0>();
-        }
+        cute::warpgroup_wait<0>();  // dP is ready
         fence_registers(dp);
+        // dS = P (dP - delta), formed in dP's registers while P stays in S's: at head dim 128
+        // key-major the consumer has no registers for P's fragments beside S, dP and both
+        // accumulators, so both products are issued only once dS is done.
 #pragma unroll
         for (int j = 0; j < kPartnerTiles; ++j) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float d_a = KEY_MAJOR ? col_stats[8 * j + 2 * t + e].y : delta_a;
             const float d_b = KEY_MAJOR ? col_stats[8 * j + 2 * t + e].y : delta_b;
-            s[4 * j + e] *= dp[4 * j + e] - d_a;
-            s[4 * j + 2 + e] *= dp[4 * j + 2 + e] - d_b;
+            dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - d_a);
+            dp[4 * j + 2 + e] = s[4 * j + 2 + e] * (dp[4 * j + 2 + e] - d_b);
           }
         }
-        accumulator_to_fragments<T>(s, dsf);
+        uint32_t pf[kKSteps][4], dsf[kKSteps][4];
+        if constexpr (KEY_MAJOR) accumulator_to_fragments<T>(s, pf);
+        accumulator_to_fragments<T>(dp, dsf);
+        // acc1 += P B1 (dV += P^T dO, key-major) and acc0 += dS B0.
         fence_registers(acc0);
+        if constexpr (KEY_MAJOR) fence_registers(acc1);
         cute::warpgroup_arrive();
+        if constexpr (KEY_MAJOR) {
+#pragma unroll
+          for (int kk = 0; kk < kKSteps; ++kk) mma_rs<T, D>(pf[kk], mn_major_descriptor<T, kChunk>(b1, kk), acc1);
+        }
 #pragma unroll
         for (int kk = 0; kk < kKSteps; ++kk) mma_rs<T, D>(dsf[kk], mn_major_descriptor<T, kChunk>(b0, kk), acc0);
         cute::warpgroup_commit_batch();
