@@ -24,8 +24,8 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 class CudaBackend(Backend):
     name = "cuda"
-    # Below triton (100): its Hopper kernels (wgmma, TMA) measured 0.60-0.93x triton's forward and
-    # 0.64-0.88x its backward on the ten benchmark problems (H100, 2026-11-26,
+    # Below triton (100): its Hopper kernels (wgmma, TMA) measured 0.56-0.93x triton's forward and
+    # 0.58-0.86x its backward on the ten benchmark problems (H100, 2026-11-26,
     # benchmarks/RESULTS.md); the tuning cache can still pick cuda where it wins.
     priority = 90
     description = "compiled CUDA/CuTe kernels for Hopper (sm_90a), forward and deterministic backward"
