@@ -13,9 +13,9 @@
 //   acc0 += dS B0 (dQ += dS K, or dK += dS^T Q)          forward's P V)
 // so dQ = scale acc0, dK = scale acc0 and dV = acc1. The query-major pass also works out each
 // query's delta = rowsum(dO O) - dLSE (it holds the row's dO) and writes it for the key-major
-// pass, which runs after it. One producer thread issues the copies into a
-// ring of stages ("full"/"empty" mbarriers as in the forward); key-major, one producer warp
-// gathers the streamed queries' LSE (log2 units) and delta into the stage beside them.
+// pass, which runs after it. One producer thread issues the copies into a ring of stages
+// ("full"/"empty" mbarriers as in the forward); key-major, one producer warp gathers the
+// streamed queries' LSE (log2 units) and delta into the stage beside them.
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -55,9 +55,10 @@ struct RegisterSplit {
   static constexpr int kConsumer = kRoomy ? 224 : 240;
   static_assert(register_split_fits(kProducer, kConsumer), "the register split exceeds the launch allocation");
 };
-// A streamed tile costs four (key-major) or three 64 x 64 x D products per consumer, two to
-// three times a forward tile, so the ring's four stages hide the copies' latency with room to
-// spare.
+
+// The ring (sm90_common.cuh) holds four streamed tiles: a tile costs four (key-major) or three
+// 64 x 64 x D products per consumer, two to three times a forward tile, so four stages hide the
+// copies' latency with room to spare.
 
 // The tensor maps of one pass: own[0], own[1] are Q, dO (query-major) or K, V (key-major) with a
 // half tile's box; stream[0], stream[1] are K, V or Q, dO with the partner tile's box.
