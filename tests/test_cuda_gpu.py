@@ -2,8 +2,9 @@
 
 Random problems across ranks, both patterns, per-axis window / stride / dilation / causal / shift,
 GQA/MQA, float16 / bfloat16, head_dim 64 and 128, with the LSE and its gradient; larger grids
-(several tiles and key chunks per CTA) against the reference backend; a bitwise-repeatable
-backward. Run with ``pytest -m gpu``; skipped where the backend cannot run.
+(several tiles and key chunks per CTA) against the reference backend; each forward and each
+backward kernel (portable, Hopper) forced in turn; a bitwise-repeatable backward. Run with
+``pytest -m gpu``; skipped where the backend cannot run.
 """
 
 import os
