@@ -64,8 +64,8 @@ std::string forward(const AttentionParams& params);
 // cannot take the call (a layout or dilation its tensor-map copies cannot read).
 std::string forward_sm90(const AttentionParams& params, std::string& refusal);
 std::string backward(const AttentionParams& params);
-// The Hopper backward (dQ and dK/dV kernels), after backward's checks and its delta pass: sets
-// `refusal` (and launches nothing) where it cannot take the call.
+// The Hopper backward (a dQ pass that also writes delta, then a dK/dV pass), after backward's
+// checks: sets `refusal` (and launches nothing) where it cannot take the call.
 std::string backward_sm90(const AttentionParams& params, std::string& refusal);
 // Number of CUDA devices, or -1 with the runtime's error in `error`.
 int device_count(std::string& error);

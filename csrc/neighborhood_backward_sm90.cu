@@ -138,6 +138,10 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
   }
 }
 
+// A row's LSE in log2 units, the P = exp2(S scale log2e - LSE log2e) of both passes use. A row
+// that attends nothing has LSE -inf: +inf makes every one of its P exactly 0.
+__device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
 // Key-major only: one warp writes each streamed query tile's [LSE in log2 units, delta] per
 // token into the stage's statistics, then arrives on the stage's full barrier (its arrival
 // releases the writes to the consumers that wait there). Tokens outside the grid get finite
@@ -185,23 +189,13 @@ __device__ inline void gather_stats(const AttentionParams& p, const TileShape& s
         }
 #pragma unroll
         for (int r = 0; r < kPerLane; ++r) {
-          // A row that attends nothing has LSE -inf: +inf makes every one of its P exactly 0.
-          const float lse2 = lse_of[r] == -INFINITY ? INFINITY : lse_of[r] * kLog2e;
-          stats[stage * kChunk + lane + 32 * r] = make_float2(lse2, delta_of[r]);
+          stats[stage * kChunk + lane + 32 * r] = make_float2(lse_log2(lse_of[r]), delta_of[r]);
         }
         Barrier::arrive(&full[stage]);
         step_tile(cursor, t.tiles);
       }
     }
   }
-}
-
-template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t v);
-template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
-template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }
 
 struct RowStats {
@@ -240,7 +234,7 @@ __device__ inline RowStats own_row_stats(const AttentionParams& p, const TileWor
   const float delta = sum - (grad_lse ? grad_lse[index] : 0.f);
   if (t == 0) reinterpret_cast<float*>(p.delta)[index] = delta;
   const float lse = reinterpret_cast<const float*>(p.lse)[index];
-  return {lse == -INFINITY ? INFINITY : lse * kLog2e, delta};
+  return {lse_log2(lse), delta};
 }
 
 template <typename T, int D, int RANK, bool KEY_MAJOR>

@@ -1,6 +1,7 @@
-// The kernels' epilogues: a thread's share of one row (columns 8j + 2t and
-// 8j + 2t + 1 of every 8-column tile j, as mma.sync and wgmma accumulators both lay them out)
-// written as O / l, and the row's natural-log LSE.
+// The kernels' epilogues: a thread's share of one row (columns 8j + 2t and 8j + 2t + 1 of every
+// 8-column tile j, as mma.sync and wgmma accumulators both lay them out) written to a token
+// tensor (store_values: the backward's gradients), or as O / l with the row's natural-log LSE
+// (store_row: the forward).
 #pragma once
 
 #include "mma_fragments.cuh"
