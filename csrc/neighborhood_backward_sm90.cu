@@ -14,8 +14,9 @@
 // so dQ = scale acc0, dK = scale acc0 and dV = acc1. The query-major pass also works out each
 // query's delta = rowsum(dO O) - dLSE (it holds the row's dO) and writes it for the key-major
 // pass, which runs after it. One producer thread issues the copies into a ring of stages
-// ("full"/"empty" mbarriers as in the forward); key-major, one producer warp gathers the
-// streamed queries' LSE (log2 units) and delta into the stage beside them.
+// ("full"/"empty" mbarriers as in the forward); key-major, the producer warpgroup's other three
+// warps take turns gathering the streamed queries' LSE (log2 units) and delta into the stage
+// beside them.
 #include <cuda_runtime.h>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -40,13 +41,18 @@ namespace haloattn {
 namespace sm90 {
 namespace {
 
-constexpr int kStatsWarp = 1;    // the producer warpgroup's warp that gathers LSE and delta
+// The producer warpgroup's warps that gather LSE and delta (key-major), taking the stages in
+// turn: one warp waits a round trip to memory per stage, which at 2-D 31x31 (Nsight Compute's
+// stall sampling) left the consumers waiting on the stage's full barrier while the copy thread,
+// its copies long done, waited for an empty stage.
+constexpr int kFirstStatsWarp = 1;
+constexpr int kStatsWarps = kWarpgroup / 32 - kFirstStatsWarp;
 
 // Registers per thread after the role split. The consumers hold S, dP, one or two gradient
 // accumulators and dS fragments: key-major at head dim 128 that is 192 registers before
 // addresses, so the producer warpgroup keeps only 24 (its copies' and the statistics'
 // bookkeeping then spills to L1). Key-major at head dim 64 the consumers need far fewer and the
-// statistics warp, which spilled at 24, keeps 56: that pass's device time fell from 0.84 to
+// statistics warps, which spilled at 24, keep 56: that pass's device time fell from 0.84 to
 // 0.72 ms (2-D 31x31, H100). The query-major pass measured the same either way and keeps 24.
 template <bool KEY_MAJOR, int D>
 struct RegisterSplit {
@@ -142,17 +148,27 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
 // that attends nothing has LSE -inf: +inf makes every one of its P exactly 0.
 __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
 
-// Key-major only: one warp writes each streamed query tile's [LSE in log2 units, delta] per
-// token into the stage's statistics, then arrives on the stage's full barrier (its arrival
-// releases the writes to the consumers that wait there). Tokens outside the grid get finite
-// values; their scores are masked.
+// Key-major only: the statistics warps write each streamed query tile's [LSE in log2 units,
+// delta] per token into the stage's statistics, warp `turn` taking every kStatsWarps-th stage,
+// then arrive on the stage's full barrier (the arrival releases the writes to the consumers that
+// wait there). Tokens outside the grid get finite values; their scores are masked.
 template <bool KEY_MAJOR>
 __device__ inline void gather_stats(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt,
-                                    int64_t pairs, float2* stats, uint64_t* full, uint64_t* empty) {
+                                    int64_t pairs, int turn, float2* stats, uint64_t* full, uint64_t* empty) {
   const int lane = threadIdx.x % 32;
   const float* lse = reinterpret_cast<const float*>(p.lse);
   const float* delta = reinterpret_cast<const float*>(p.delta);
   const int64_t tokens = grid_tokens(p);
+  // Each lane's two tokens of a tile, as offsets from the tile's origin: the same for every tile.
+  constexpr int kPerLane = kChunk / 32;
+  int offset[kPerLane][kMaxRank];
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    const int j = lane + 32 * r;
+    offset[r][0] = j / (kt.n[1] * kt.n[2]);
+    offset[r][1] = j / kt.n[2] % kt.n[1];
+    offset[r][2] = j % kt.n[2];
+  }
   int chunk_count = 0;
   for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
     const PairTiles t = pair_tiles(p, shape, kt, pair, KEY_MAJOR);
@@ -161,22 +177,19 @@ __device__ inline void gather_stats(const AttentionParams& p, const TileShape& s
     for (int hs = 0; hs < head_steps(p, KEY_MAJOR); ++hs) {
       const int head = streamed_head(p, w.head, hs, KEY_MAJOR);
       TileCursor cursor{{0, 0, 0}};
-      for (int c = 0; c < t.chunks; ++c, ++chunk_count) {
+      for (int c = 0; c < t.chunks; ++c, ++chunk_count, step_tile(cursor, t.tiles)) {
         const int n = chunk_count, stage = stage_of(n);
-        if (n >= kStages) Barrier::wait(&empty[stage], phase_of(n) ^ 1);
-        // Each lane's two tokens: both rows' loads are issued before either is used, so the
-        // stage waits for one round trip to memory, not two.
-        constexpr int kPerLane = kChunk / 32;
+        if (n % kStatsWarps != turn) continue;
+        // Both rows' loads are issued before either is used (and before the wait for the
+        // stage), so a stage costs one round trip to memory, not two.
         int64_t rows[kPerLane];
         bool inside[kPerLane];
 #pragma unroll
         for (int r = 0; r < kPerLane; ++r) {
-          const int j = lane + 32 * r;
-          const int offset[kMaxRank] = {j / (kt.n[1] * kt.n[2]), j / kt.n[2] % kt.n[1], j % kt.n[2]};
           int x[kMaxRank];
           inside[r] = true;
           for (int a = 0; a < kMaxRank; ++a) {
-            x[a] = t.start[a] + cursor.i[a] * kt.n[a] + offset[a];
+            x[a] = t.start[a] + cursor.i[a] * kt.n[a] + offset[r][a];
             inside[r] = inside[r] && x[a] >= 0 && x[a] < w.group_len[a];
           }
           rows[r] = inside[r] ? (w.batch * tokens + token_index(p, w, x)) * p.heads + head : 0;
@@ -187,12 +200,12 @@ __device__ inline void gather_stats(const AttentionParams& p, const TileShape& s
           lse_of[r] = inside[r] ? lse[rows[r]] : 0.f;
           delta_of[r] = inside[r] ? delta[rows[r]] : 0.f;
         }
+        if (n >= kStages) Barrier::wait(&empty[stage], phase_of(n) ^ 1);
 #pragma unroll
         for (int r = 0; r < kPerLane; ++r) {
           stats[stage * kChunk + lane + 32 * r] = make_float2(lse_log2(lse_of[r]), delta_of[r]);
         }
         Barrier::arrive(&full[stage]);
-        step_tile(cursor, t.tiles);
       }
     }
   }
@@ -418,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const AttentionPa
   uint64_t* empty = full + kStages;
 
   if (threadIdx.x == 0) {
-    // Full barriers: the copy thread's arrival plus its bytes (and key-major the stats warp);
+    // Full barriers: the copy thread's arrival plus its bytes (and key-major one stats warp's);
     // empty ones: every consumer thread.
     Barrier::init(own_full, 1);
     Barrier::init(own_empty, kConsumers * kWarpgroup);
@@ -439,8 +452,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const AttentionPa
     cutlass::arch::warpgroup_reg_dealloc<RegisterSplit<KEY_MAJOR, D>::kProducer>();
     if (threadIdx.x == 0)
       produce<T, D, KEY_MAJOR>(p, shape, kt, pairs, maps, own, stream, own_full, own_empty, full, empty);
-    else if (KEY_MAJOR && threadIdx.x / 32 == kStatsWarp)
-      gather_stats<KEY_MAJOR>(p, shape, kt, pairs, stats, full, empty);
+    else if (KEY_MAJOR && threadIdx.x / 32 >= kFirstStatsWarp)
+      gather_stats<KEY_MAJOR>(p, shape, kt, pairs, threadIdx.x / 32 - kFirstStatsWarp, stats, full, empty);
   } else {
     cutlass::arch::warpgroup_reg_alloc<RegisterSplit<KEY_MAJOR, D>::kConsumer>();
     consume<T, D, RANK, KEY_MAJOR>(p, shape, kt, pairs, own, stream, stats, below, own_full, own_empty, full, empty);
