@@ -44,8 +44,8 @@ __host__ __device__ inline PairTiles pair_tiles(const AttentionParams& p, const 
     const int n = kt.n[a];
     // key_range is monotone, so the common window starts inside the box (lo <= anchor).
     const int anchor = common.hi[a] > common.lo[a] ? common.lo[a] : lo[a];
-    t.start[a] = anchor - (anchor - lo[a] + n - 1) / n * n;
-    t.tiles[a] = (lo[a] + extent[a] - t.start[a] + n - 1) / n;
+    t.start[a] = anchor - ceil_div_nonneg(anchor - lo[a], n) * n;
+    t.tiles[a] = ceil_div_nonneg(lo[a] + extent[a] - t.start[a], n);
     t.chunks *= t.tiles[a];
   }
   return t;
@@ -71,11 +71,11 @@ __host__ __device__ inline HalfTiles half_tiles(const AttentionParams& p, const 
       continue;
     }
     // Every offset below is >= 0: the tiles start at or before the union box, which holds both.
-    v.first[a] = (lo[a] - t.start[a]) / n;
-    v.end[a] = (lo[a] + extent[a] - 1 - t.start[a]) / n + 1;
+    v.first[a] = div_nonneg(lo[a] - t.start[a], n);
+    v.end[a] = div_nonneg(lo[a] + extent[a] - 1 - t.start[a], n) + 1;
     if (common.hi[a] > common.lo[a]) {
-      v.full_lo[a] = (common.lo[a] - t.start[a] + n - 1) / n;
-      v.full_hi[a] = (common.hi[a] - t.start[a]) / n;
+      v.full_lo[a] = ceil_div_nonneg(common.lo[a] - t.start[a], n);
+      v.full_hi[a] = div_nonneg(common.hi[a] - t.start[a], n);
     } else {
       v.full_lo[a] = v.full_hi[a] = 0;
     }

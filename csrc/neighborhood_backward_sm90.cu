@@ -92,8 +92,8 @@ struct Smem {
 // The streamed tiles' head for step `hs` of a pair of (KV) head `head`: key-major walks the
 // query heads of the KV head's group, query-major reads its query head's KV head.
 __device__ inline int streamed_head(const AttentionParams& p, int head, int hs, bool key_major) {
-  const int group = p.heads / p.kv_heads;
-  return key_major ? head * group + hs : head / group;
+  const int group = div_nonneg(p.heads, p.kv_heads);
+  return key_major ? head * group + hs : div_nonneg(head, group);
 }
 
 __device__ inline int head_steps(const AttentionParams& p, bool key_major) {

@@ -86,7 +86,7 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
     const PairTiles t = pair_tiles(p, shape, kt, pair);
     const TileWork& w = t.work;
     if (w.empty) continue;
-    const int kv_head = w.head / (p.heads / p.kv_heads);
+    const int kv_head = div_nonneg(w.head, div_nonneg(p.heads, p.kv_heads));
     const int buffer = pair_count & 1;
     // The consumers release a query buffer (two pairs back) once its queries are in registers.
     if (pair_count >= 2) Barrier::wait(&q_empty[buffer], ((pair_count >> 1) - 1) & 1);
@@ -185,22 +185,39 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     int c = -1;
     TileCursor cursor{{0, 0, -1}};
 
-    // Mask, online softmax and P's A fragments of the current tile's scores; returns the rescale
-    // factors of O (applied by the caller once no P V is still adding into O).
-    auto softmax = [&](float (&s)[kSRegs], uint32_t (&pa)[kChunk / 16][4], float& alpha_a, float& alpha_b) {
-      if (!tile_in(cursor, own.full_lo, own.full_hi)) {  // one branch per tile, not per score
+    // The current tile's key masks for this thread's two rows, worked out while its scores are
+    // computed on the tensor cores (between the issue and the wait, where the warp would
+    // otherwise only wait): about 50-110 integer instructions and eight shared loads a masked
+    // tile that are then off the softmax's path. `masked` is false for tiles inside every one of
+    // the half's rows' windows (one branch per tile, not per score).
+    struct TileMask {
+      bool masked;
+      uint64_t a, b;  // bit 8j + e: this thread's score 4j + e (row a) or 4j + 2 + e (row b)
+    };
+    auto tile_mask = [&]() {
+      TileMask m{!tile_in(cursor, own.full_lo, own.full_hi), 0, 0};
+      if (m.masked) {
         int origin[kMaxRank];
 #pragma unroll
         for (int a = 0; a < kMaxRank; ++a) origin[a] = tiles.start[a] + cursor.i[a] * kt.n[a];
         // This thread's scores are keys 8j + 2t + e: shift its bits down to 8j + e.
-        const uint64_t mask_a = row_mask<RANK>(win_a, origin, kt, below) >> (2 * t);
-        const uint64_t mask_b = row_mask<RANK>(win_b, origin, kt, below) >> (2 * t);
+        m.a = row_mask<RANK>(win_a, origin, kt, below) >> (2 * t);
+        m.b = row_mask<RANK>(win_b, origin, kt, below) >> (2 * t);
+      }
+      return m;
+    };
+
+    // Mask, online softmax and P's A fragments of the current tile's scores; returns the rescale
+    // factors of O (applied by the caller once no P V is still adding into O).
+    auto softmax = [&](float (&s)[kSRegs], const TileMask& mask, uint32_t (&pa)[kChunk / 16][4], float& alpha_a,
+                       float& alpha_b) {
+      if (mask.masked) {
 #pragma unroll
         for (int j = 0; j < kKeyTiles; ++j) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            if (!((mask_a >> (8 * j + e)) & 1)) s[4 * j + e] = -INFINITY;
-            if (!((mask_b >> (8 * j + e)) & 1)) s[4 * j + 2 + e] = -INFINITY;
+            if (!((mask.a >> (8 * j + e)) & 1)) s[4 * j + e] = -INFINITY;
+            if (!((mask.b >> (8 * j + e)) & 1)) s[4 * j + 2 + e] = -INFINITY;
           }
         }
       }
@@ -282,9 +299,10 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
       Barrier::wait(&full[prev_stage], phase_of(chunk_count + c));
       cute::warpgroup_arrive();
       issue_scores(s, prev_stage);
+      const TileMask first_mask = tile_mask();
       cute::warpgroup_wait<0>();
       fence_registers(s);
-      softmax(s, pa_prev, alpha_a, alpha_b);
+      softmax(s, first_mask, pa_prev, alpha_a, alpha_b);
       rescale(alpha_a, alpha_b);  // O holds earlier runs' sums (no P V is in flight)
       // One step: the next tile's scores and softmax (into `next`) around the P V of `current`.
       auto step = [&](uint32_t (&current)[kChunk / 16][4], uint32_t (&next)[kChunk / 16][4]) {
@@ -295,9 +313,10 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         cute::warpgroup_arrive();
         issue_scores(s, stage);
         issue_values(current, prev_stage);
+        const TileMask mask = tile_mask();
         cute::warpgroup_wait<1>();  // the scores (committed first) are ready
         fence_registers(s);
-        softmax(s, next, alpha_a, alpha_b);
+        softmax(s, mask, next, alpha_a, alpha_b);
         cute::warpgroup_wait<0>();  // the previous P V is done with O, its P and its stage
         fence_registers(o);
         fence_fragments(current);

@@ -17,11 +17,11 @@ struct TileShape {
 };
 
 __host__ __device__ inline int max_group_length(const AxisParams& a) {
-  return (a.length + a.dilation - 1) / a.dilation;
+  return ceil_div_nonneg(a.length, a.dilation);
 }
 
 __host__ __device__ inline int tiles_along(const AxisParams& a, const TileShape& shape, int axis) {
-  return (max_group_length(a) + shape.n[axis] - 1) / shape.n[axis];
+  return ceil_div_nonneg(max_group_length(a), shape.n[axis]);
 }
 
 // Balanced power-of-two tile: repeatedly double the axis that still needs the most tiles.
@@ -40,10 +40,10 @@ inline TileShape choose_tile(const AttentionParams& p) {
 }
 
 __host__ __device__ inline void unravel3(int flat, const int (&extent)[kMaxRank], int (&c)[kMaxRank]) {
-  c[2] = flat % extent[2];
-  flat /= extent[2];
-  c[1] = flat % extent[1];
-  c[0] = flat / extent[1];
+  const int rest = div_nonneg(flat, extent[2]);
+  c[2] = flat - rest * extent[2];
+  c[0] = div_nonneg(rest, extent[1]);
+  c[1] = rest - c[0] * extent[1];
 }
 
 // One CTA's share of the grid: a box [x0, x1) of dilation group `group` of (batch, head).
@@ -61,15 +61,17 @@ __host__ __device__ inline TileWork locate_tile(const AttentionParams& p, const 
   int tile_coord[kMaxRank];
   for (int a = kMaxRank - 1; a >= 0; --a) {
     const int n = tiles_along(p.axis[a], shape, a);
-    tile_coord[a] = cta % n;
-    cta /= n;
+    const int rest = div_nonneg(cta, n);
+    tile_coord[a] = cta - rest * n;
+    cta = rest;
   }
   for (int a = kMaxRank - 1; a >= 0; --a) {
-    w.group[a] = cta % p.axis[a].dilation;
-    cta /= p.axis[a].dilation;
+    const int rest = div_nonneg(cta, p.axis[a].dilation);
+    w.group[a] = cta - rest * p.axis[a].dilation;
+    cta = rest;
   }
-  w.head = cta % heads;
-  w.batch = cta / heads;
+  w.batch = div_nonneg(cta, heads);
+  w.head = cta - w.batch * heads;
   w.empty = false;
   for (int a = 0; a < kMaxRank; ++a) {
     w.group_len[a] = group_length(p.axis[a], w.group[a]);
