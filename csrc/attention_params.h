@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fast_divisor.h"
+
 namespace haloattn {
 
 constexpr int kMaxRank = 3;
@@ -18,7 +20,17 @@ struct AxisParams {
   int dilation = 1;
   int causal = 0;
   int shift = 0;
+  // The index rules' divisors, prepared once per call (with_divisors): the kernels divide by them
+  // at every tile.
+  Divisor by_stride, by_window, by_dilation;
 };
+
+inline AxisParams with_divisors(AxisParams a) {
+  a.by_stride = Divisor(a.stride);
+  a.by_window = Divisor(a.window);
+  a.by_dilation = Divisor(a.dilation);
+  return a;
+}
 
 // A [B, *spatial, heads, dim] tensor read or written in place: its element strides.
 struct TokenTensor {

@@ -45,7 +45,7 @@ AttentionParams make_params(int dtype, int pattern, int batch, int heads, int kv
   p.value_dim = value_dim;
   for (int a = 0; a < kMaxRank; ++a) {
     const AxisTuple& x = axes[a];
-    p.axis[a] = {x[0], x[1], x[2], x[3], x[4], x[5]};
+    p.axis[a] = haloattn::with_divisors({x[0], x[1], x[2], x[3], x[4], x[5]});
   }
   p.scale = static_cast<float>(scale);
   p.stream = stream;

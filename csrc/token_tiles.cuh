@@ -6,6 +6,7 @@
 #pragma once
 
 #include "attention_params.h"
+#include "nonnegative_division.cuh"
 #include "window_geometry.cuh"
 
 namespace haloattn {
@@ -17,7 +18,7 @@ struct TileShape {
 };
 
 __host__ __device__ inline int max_group_length(const AxisParams& a) {
-  return ceil_div_nonneg(a.length, a.dilation);
+  return a.by_dilation.ceil_div(a.length);
 }
 
 __host__ __device__ inline int tiles_along(const AxisParams& a, const TileShape& shape, int axis) {
@@ -66,7 +67,7 @@ __host__ __device__ inline TileWork locate_tile(const AttentionParams& p, const 
     cta = rest;
   }
   for (int a = kMaxRank - 1; a >= 0; --a) {
-    const int rest = div_nonneg(cta, p.axis[a].dilation);
+    const int rest = p.axis[a].by_dilation.div(cta);
     w.group[a] = cta - rest * p.axis[a].dilation;
     cta = rest;
   }

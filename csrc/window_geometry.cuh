@@ -3,7 +3,6 @@
 #pragma once
 
 #include "attention_params.h"
-#include "nonnegative_division.cuh"
 
 namespace haloattn {
 
@@ -13,7 +12,7 @@ struct Range {
 };
 
 __host__ __device__ inline int group_length(const AxisParams& a, int group) {
-  return ceil_div_nonneg(a.length - group, a.dilation);
+  return a.by_dilation.ceil_div(a.length - group);
 }
 
 // Keys [lo, hi) that query x sees. Both ends are non-decreasing in x, so the keys of a run of
@@ -22,17 +21,17 @@ __host__ __device__ inline Range key_range(const AxisParams& a, Pattern pattern,
   const int K = a.window;
   if (pattern == Pattern::kWindow) {
     const int s = a.shift;
-    const int raw_start = s > 0 ? div_nonneg(x + K - s, K) * K - (K - s) : div_nonneg(x, K) * K;
+    const int raw_start = s > 0 ? a.by_window.div(x + K - s) * K - (K - s) : a.by_window.div(x) * K;
     int hi = min(raw_start + K, group_len);
     if (a.causal) hi = min(hi, x + 1);
     return {max(raw_start, 0), hi};
   }
   const int S = a.stride;
   if (a.causal) {
-    const int leader = min(div_nonneg(x, S) * S + S - 1, group_len - 1);
+    const int leader = min(a.by_stride.div(x) * S + S - 1, group_len - 1);
     return {max(leader - K + 1, 0), x + 1};
   }
-  const int leader = min(div_nonneg(x, S) * S + S / 2, group_len - 1);
+  const int leader = min(a.by_stride.div(x) * S + S / 2, group_len - 1);
   const int start = min(max(leader - K / 2, 0), group_len - K);
   return {start, start + K};
 }
@@ -51,11 +50,11 @@ __host__ __device__ inline Range query_range(const AxisParams& a, Pattern patter
   const int S = a.stride;
   if (a.causal) {
     const int overflow = y + K >= group_len ? 1 : 0;
-    return {y, min((div_nonneg(y + K, S) + overflow) * S, group_len)};
+    return {y, min((a.by_stride.div(y + K) + overflow) * S, group_len)};
   }
   const int left = K / 2, right = K / 2 + K % 2 - 1, off = S - S / 2 - 1;
-  const int lo = y >= K ? div_nonneg(y - right + off, S) * S : 0;
-  const int hi = y >= group_len - K ? group_len : min(div_nonneg(y + left + off + 1, S) * S, group_len);
+  const int lo = y >= K ? a.by_stride.div(y - right + off) * S : 0;
+  const int hi = y >= group_len - K ? group_len : min(a.by_stride.div(y + left + off + 1) * S, group_len);
   return {lo, hi};
 }
 
