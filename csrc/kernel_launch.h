@@ -42,6 +42,9 @@ inline std::string check_supported(const AttentionParams& p) {
     const AxisParams& x = p.axis[a];
     if (x.window < 1 || x.dilation < 1 || x.stride < 1 || x.stride > x.window || x.window * x.dilation > x.length)
       return "axis " + std::to_string(a) + " has an invalid window/stride/dilation";
+    // The kernels divide by the precomputed divisors, not by the fields: they must agree.
+    if (x.by_stride.d != x.stride || x.by_window.d != x.window || x.by_dilation.d != x.dilation)
+      return "axis " + std::to_string(a) + " was built without with_divisors (attention_params.h)";
   }
   for (auto [name, t] : {std::pair<const char*, const TokenTensor&>{"query", p.query}, {"key", p.key},
                          {"value", p.value}, {"out", p.out}}) {

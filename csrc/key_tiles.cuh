@@ -146,44 +146,4 @@ __host__ __device__ __forceinline__ uint64_t row_mask(const RowWindow& w, const 
   return m;
 }
 
-// The key tile shape for a problem: the power-of-two extents (product 64) whose tiles cover the
-// key boxes of a pair tile in the middle of the grid with the fewest tiles a consumer computes,
-// then with the most tiles that skip the mask. Axes of one token keep extent 1 (unless all are),
-// and each extent times its dilation stays <= 256 (a TMA box dimension: the copy engine steps
-// over the other dilation groups). False when no shape fits (a 1-D dilation above 4). With
-// `inverse`, the same for the query tiles of the key-major backward.
-inline bool choose_key_tiling(const AttentionParams& p, const TileShape& shape, KeyTiling& best, bool inverse = false) {
-  int64_t middle = 0;
-  for (int a = 0; a < kMaxRank; ++a) middle = middle * tiles_along(p.axis[a], shape, a) + tiles_along(p.axis[a], shape, a) / 2;
-  bool one_token = true;  // every dilation group is one token: any tile covers it
-  for (int a = 0; a < kMaxRank; ++a) one_token = one_token && max_group_length(p.axis[a]) == 1;
-  int64_t best_cost = -1;
-  for (int e0 = 0; e0 <= 6; ++e0) {
-    for (int e1 = 0; e0 + e1 <= 6; ++e1) {
-      const KeyTiling kt{{1 << e0, 1 << e1, 1 << (6 - e0 - e1)}};
-      bool fits = true;
-      for (int a = 0; a < kMaxRank; ++a)
-        fits = fits && (kt.n[a] == 1 || one_token || max_group_length(p.axis[a]) > 1) &&
-               kt.n[a] * p.axis[a].dilation <= 256;
-      if (!fits) continue;
-      const PairTiles t = pair_tiles(p, shape, kt, middle, inverse);
-      int64_t computed = 0, masked = 0;
-      for (int half = 0; half < 2; ++half) {
-        const HalfTiles v = half_tiles(p, t, tile_half(t.work, shape, half), kt, inverse);
-        int64_t own = 1, full = 1;
-        for (int a = 0; a < kMaxRank; ++a) {
-          own *= v.end[a] - v.first[a];
-          full *= max(min(v.full_hi[a], v.end[a]) - max(v.full_lo[a], v.first[a]), 0);
-        }
-        computed += own;
-        masked += own - full;
-      }
-      // A masked tile costs about a third more than a clean one (the mask and its branch).
-      const int64_t cost = 3 * computed + masked;
-      if (best_cost < 0 || cost < best_cost) best = kt, best_cost = cost;
-    }
-  }
-  return best_cost >= 0;
-}
-
 }  // namespace haloattn

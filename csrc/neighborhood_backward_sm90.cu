@@ -30,6 +30,7 @@
 #include "key_tiles.cuh"
 #include "mma_fragments.cuh"
 #include "pair_tiles.cuh"
+#include "pair_tiling.h"
 #include "row_output.cuh"
 #include "row_windows.cuh"
 #include "sm90_common.cuh"
@@ -470,11 +471,10 @@ struct Plan {
 };
 
 std::string plan(const AttentionParams& p, bool key_major, Plan& out) {
-  out.shape = choose_pair_tile(p);
+  if (!choose_pair_tiling(p, key_major, out.shape, out.kt))
+    return "no 64-token partner tile fits a copy box at this dilation (tile * dilation <= 256)";
   out.pairs = count_tiles(p, out.shape, key_major ? p.kv_heads : p.heads);
   if (out.pairs > kMaxCtas) return "the problem needs more than 2^31 - 1 pair tiles";
-  if (!choose_key_tiling(p, out.shape, out.kt, key_major))
-    return "no 64-token partner tile fits a copy box at this dilation (tile * dilation <= 256)";
   const TileShape half = half_shape(out.shape);
   const TokenTensor& own0 = key_major ? p.key : p.query;
   const TokenTensor& own1 = key_major ? p.value : p.grad_out;

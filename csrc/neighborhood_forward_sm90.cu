@@ -29,6 +29,7 @@
 #include "key_tiles.cuh"
 #include "mma_fragments.cuh"
 #include "pair_tiles.cuh"
+#include "pair_tiling.h"
 #include "row_output.cuh"
 #include "row_windows.cuh"
 #include "sm90_common.cuh"
@@ -418,11 +419,10 @@ struct Plan {
 };
 
 std::string plan(const AttentionParams& p, Plan& out) {
-  out.shape = choose_pair_tile(p);
+  if (!choose_pair_tiling(p, false, out.shape, out.kt))
+    return "no 64-token key tile fits a copy box at this dilation (tile * dilation <= 256)";
   out.pairs = count_tiles(p, out.shape, p.heads);
   if (out.pairs > kMaxCtas) return "the problem needs more than 2^31 - 1 pair tiles";
-  if (!choose_key_tiling(p, out.shape, out.kt))
-    return "no 64-token key tile fits a copy box at this dilation (tile * dilation <= 256)";
   const TileShape half = half_shape(out.shape);
   std::string bad = encode_token_map(out.maps.query, "query", p, p.query, p.heads, half.n);
   if (bad.empty()) bad = encode_token_map(out.maps.key, "key", p, p.key, p.kv_heads, out.kt.n);

@@ -23,6 +23,19 @@ inline TileShape choose_pair_tile(const AttentionParams& p) {
   return s;
 }
 
+// The shape of tile_half's halves (the query map's box): the pair halved along its first axis
+// longer than one token.
+__host__ __device__ inline TileShape half_shape(const TileShape& pair) {
+  TileShape h = pair;
+  for (int a = 0; a < kMaxRank; ++a) {
+    if (pair.n[a] >= 2) {
+      h.n[a] /= 2;
+      break;
+    }
+  }
+  return h;
+}
+
 struct TileHalf {
   TileWork work;  // the half as a tile of its own (empty past the grid)
   int first_row;  // its first row among the pair's rows (flat order)

@@ -75,19 +75,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// The shape of tile_half's halves (the query map's box): the pair halved along its first axis
-// longer than one token.
-__host__ __device__ inline TileShape half_shape(const TileShape& pair) {
-  TileShape h = pair;
-  for (int a = 0; a < kMaxRank; ++a) {
-    if (pair.n[a] >= 2) {
-      h.n[a] /= 2;
-      break;
-    }
-  }
-  return h;
-}
-
 // The grid's rank once leading unit axes are dropped (masks test only the others).
 inline int effective_rank(const AttentionParams& p) {
   int rank = kMaxRank;

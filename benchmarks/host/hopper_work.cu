@@ -1,5 +1,5 @@
 // The Hopper kernels' work on a problem, counted on the host with the kernels' own tiling code
-// (csrc/pair_tiles.cuh, key_tiles.cuh), for the query-major walk (forward and dQ) and the
+// (csrc/pair_tiles.cuh, key_tiles.cuh, pair_tiling.h), for the query-major walk (forward and dQ) and the
 // key-major one (dK/dV, rows are keys, partner tiles hold queries): the pair and partner tile
 // shapes, the pairs their wgmma computes (64 rows per half times 64 partners per tile the half
 // visits) per attended pair, and the share of visited tiles that need a mask. Reads problems like tests/cuda_host/
@@ -10,6 +10,7 @@
 #include "../../tests/cuda_host/problem_input.h"
 #include "key_tiles.cuh"
 #include "pair_tiles.cuh"
+#include "pair_tiling.h"
 
 using namespace haloattn;
 
@@ -17,9 +18,9 @@ int main() {
   AttentionParams p;
   while (read_problem(p)) {
     for (const bool inverse : {false, true}) {
-      const TileShape shape = choose_pair_tile(p);
+      TileShape shape;
       KeyTiling kt;
-      if (!choose_key_tiling(p, shape, kt, inverse)) {
+      if (!choose_pair_tiling(p, inverse, shape, kt)) {
         std::printf("no partner tiling ");
         continue;
       }

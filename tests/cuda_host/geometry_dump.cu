@@ -8,7 +8,7 @@
 int main() {
   int pattern, length, window, stride, dilation, causal, shift;
   while (std::scanf("%d %d %d %d %d %d %d", &pattern, &length, &window, &stride, &dilation, &causal, &shift) == 7) {
-    haloattn::AxisParams a{length, window, stride, dilation, causal, shift};
+    const haloattn::AxisParams a = haloattn::with_divisors({length, window, stride, dilation, causal, shift});
     const auto p = static_cast<haloattn::Pattern>(pattern);
     for (int i = 0; i < length; ++i) {
       const int group = i % dilation, len = haloattn::group_length(a, group);

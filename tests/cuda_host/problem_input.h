@@ -19,6 +19,7 @@ inline bool read_problem(AttentionParams& p) {
     AxisParams& x = p.axis[a];
     if (std::scanf("%d %d %d %d %d %d", &x.length, &x.window, &x.stride, &x.dilation, &x.causal, &x.shift) != 6)
       return false;
+    x = with_divisors(x);
   }
   return true;
 }

@@ -23,6 +23,7 @@
 
 #include "key_tiles.cuh"
 #include "pair_tiles.cuh"
+#include "pair_tiling.h"
 #include "problem_input.h"
 #include "row_windows.cuh"
 
@@ -131,10 +132,11 @@ uint64_t row_mask_at_rank(int rank, const RowWindow& w, const int (&origin)[kMax
 // keys) or, with `inverse`, the dK/dV walk (rows are keys, partner tiles hold the queries that
 // attend them).
 const char* check_pairs(const AttentionParams& p, bool inverse) {
-  const TileShape shape = choose_pair_tile(p);
-  if (shape.n[0] * shape.n[1] * shape.n[2] > 2 * kTileTokens) return "a pair tile holds more than 128 tokens";
+  TileShape shape;
   KeyTiling kt;
-  if (!choose_key_tiling(p, shape, kt, inverse)) {
+  const bool tiled = choose_pair_tiling(p, inverse, shape, kt);
+  if (tiled && shape.n[0] * shape.n[1] * shape.n[2] > 2 * kTileTokens) return "a pair tile holds more than 128 tokens";
+  if (!tiled) {
     // Only a dilation too wide for a copy box may leave no tiling.
     for (int a = 0; a < kMaxRank; ++a)
       if (p.axis[a].dilation > 4) return "ok";
