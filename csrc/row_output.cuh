@@ -31,6 +31,17 @@ __device__ __forceinline__ void store_values(const AttentionParams& p, const Tok
   }
 }
 
+// The natural-log LSE of row x of tile w (one lane of the row's quad writes it): l is the row's
+// softmax sum, max_log2 its maximum in log2 units.
+__device__ __forceinline__ void store_lse(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
+                                          float l, float max_log2, int t) {
+  if (t == 0) {
+    float* lse = reinterpret_cast<float*>(p.lse);
+    lse[(w.batch * grid_tokens(p) + token_index(p, w, x)) * p.heads + w.head] =
+        l > 0.f ? (max_log2 + log2f(l)) * kLn2 : -INFINITY;
+  }
+}
+
 // Row at group coordinates x of tile w: `pair(j)` gives this thread's two unnormalised values
 // of tile j; l is the row's softmax sum, max_log2 its maximum in log2 units.
 template <typename T, int TILES, typename Pair>
@@ -41,11 +52,7 @@ __device__ __forceinline__ void store_row(const AttentionParams& p, const TileWo
     const float2 v = pair(j);
     return make_float2(v.x * inv_l, v.y * inv_l);
   });
-  if (t == 0) {
-    float* lse = reinterpret_cast<float*>(p.lse);
-    lse[(w.batch * grid_tokens(p) + token_index(p, w, x)) * p.heads + w.head] =
-        l > 0.f ? (max_log2 + log2f(l)) * kLn2 : -INFINITY;
-  }
+  store_lse(p, w, x, l, max_log2, t);
 }
 
 }  // namespace haloattn

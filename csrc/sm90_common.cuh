@@ -66,6 +66,27 @@ __device__ inline void copy_box(const CUtensorMap* map, uint64_t* bar, void* dst
   }
 }
 
+// The reverse of copy_box: a [rows][D] tile in shared memory (D / 64 swizzled panels) written to
+// the tokens of map `map` at group coordinates x, one bulk copy per panel, committed as one bulk
+// group (wait for its reads with cute::tma_store_wait). The copy engine skips rows past the grid
+// and past a dilation group's end, as copy_box's loads zero-fill them.
+template <int D>
+__device__ inline void store_box(const CUtensorMap* map, const void* src, int rows, const AttentionParams& p,
+                                 const TileWork& w, int head, const int (&x)[kMaxRank]) {
+  const int c2 = token_coordinate(p, w, 2, x[2]), c1 = token_coordinate(p, w, 1, x[1]), c0 = token_coordinate(p, w, 0, x[0]);
+#pragma unroll
+  for (int panel = 0; panel < D / kPanelCols; ++panel) {
+    cute::SM90_TMA_STORE_5D::copy(map, static_cast<const unsigned char*>(src) + panel * rows * kPanelCols * sizeof(uint16_t),
+                                  head * D + panel * kPanelCols, c2, c1, c0, w.batch);
+  }
+  cute::tma_store_arrive();
+}
+
+// Barrier `id` (1-15; 0 is __syncthreads) over the `threads` threads that reach it.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // 2^x in one MUFU instruction (ex2.approx.ftz: about 2 ulp, denormal results flushed to zero,
 // as FlashAttention's exponentials). exp2f adds a range fix-up of about four instructions per
 // score, which was a fifth of the consumer's instructions.

@@ -24,7 +24,7 @@ namespace haloattn {
 constexpr int kMapPanel = 64;
 
 struct ForwardMaps {
-  CUtensorMap query, key, value;
+  CUtensorMap query, key, value, out;  // out: the query map's box, for the epilogue's stores
 };
 
 inline std::string tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000& encode) {
