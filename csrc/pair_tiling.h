@@ -5,16 +5,16 @@
 // size (128 rows, fewer on tiny grids) that the grid can use (no extent beyond its axis rounded
 // up to a power of two, unit axes kept at 1, each half's copy box within 256 token steps), each
 // with every power-of-two partner tile of 64 tokens whose extents times their dilation stay
-// <= 256 (a TMA box dimension). The cost is
-// 3 per partner tile computed plus 1 per tile that needs a mask (the mask and its branch cost
-// about a third of a tile), summed over every pair of one (batch, head): exactly, since a pair's
-// tile counts are products of per-axis counts, so their sum over the grid is the product of
-// per-axis sums (tiling_totals). A middle pair alone misjudged shapes that overhang the grid.
-// Against choose_pair_tile's balanced shape this computes 7-18 % fewer tiles on 3-D problems
-// (16x48x48, window 7x15x15, either pass, causal or not) and the same on the 2-D ones.
+// <= 256 (a TMA box dimension). The cost is 3 per partner tile computed plus 1 per tile that
+// needs a mask (the mask and its branch cost about a third of a tile), summed over every pair of
+// one (batch, head): exactly, since a pair's tile counts are products of per-axis counts, so
+// their sum over the grid is the product of per-axis sums (tiling_totals). One pair in the
+// middle of the grid, the earlier yardstick, misjudged shapes that overhang the grid's edges.
+// Against the balanced shape this computes 7-18 % fewer tiles on 3-D 16x48x48 with a 7x15x15
+// window (either pass, causal in time or not) and the same on the benchmark's 2-D problems.
 //
 // The search takes up to a few milliseconds on large 3-D grids, so each thread keeps its last
-// answers, keyed by what they depend on (the axes, the pattern and the direction).
+// eight answers, keyed by what they depend on (the axes, the pattern and the direction).
 #pragma once
 
 #include <cstring>
