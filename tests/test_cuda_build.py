@@ -206,6 +206,16 @@ def test_kernel_index_rules_match_geometry(tmp_path):
 
 
 @needs_nvcc
+def test_fast_divisor_matches_integer_division(tmp_path):
+    """csrc/fast_divisor.h's multiply-shift division, which the kernels' index rules use for
+    strides, windows and dilations, against C++'s `/` (divisors 1..4096 exhaustively on small
+    numerators, large divisors and numerators up to 2^31 - 1)."""
+    exe = _host_program(tmp_path, "divisor_check")
+    verdict = subprocess.run([str(exe)], capture_output=True, text=True, check=True, timeout=600).stdout
+    assert verdict.strip() == "ok", verdict
+
+
+@needs_nvcc
 def test_kernel_tiles_cover_every_attended_pair(tmp_path):
     exe = _host_program(tmp_path, "tiling_check")
     rng = random.Random(1)

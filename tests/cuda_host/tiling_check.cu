@@ -153,6 +153,7 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
   for (int i = 0; i < kMaxRank * kMaskEntries; ++i) below[i] = prefix_mask(kt, i / kMaskEntries, i % kMaskEntries);
   const int rank = effective_rank(p);
   std::vector<int> seen(grid_tokens(p), 0);
+  double computed = 0, masked = 0;  // over every pair, for pair_tiling.h's closed form
   for (int cta = 0; cta < count_tiles(p, shape, 1); ++cta) {
     AttentionParams one_head = p;
     one_head.heads = one_head.kv_heads = 1;
@@ -163,6 +164,13 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
       const TileHalf h = tile_half(w, shape, half);
       if (h.rows > kTileTokens) return "a half holds more than 64 rows";
       const HalfTiles v = half_tiles(p, t, h, kt, inverse);
+      double own = 1, full = 1;
+      for (int a = 0; a < kMaxRank; ++a) {
+        own *= v.end[a] - v.first[a];
+        full *= std::max(std::min(v.full_hi[a], v.end[a]) - std::max(v.full_lo[a], v.first[a]), 0);
+      }
+      computed += own;
+      masked += own - full;
       for (int a = 0; a < kMaxRank; ++a)
         if (v.first[a] < 0 || v.end[a] > t.tiles[a] || (!h.work.empty && v.first[a] >= v.end[a]))
           return "a half's key tiles leave the pair's tile grid";
@@ -211,6 +219,9 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
   }
   for (int count : seen)
     if (count != 1) return "a token is not in exactly one half of a pair";
+  const TilingTotals totals = tiling_totals(p, shape, kt, inverse);
+  if (totals.computed != computed || totals.masked != masked)
+    return "tiling_totals disagrees with the tiles the pairs visit";
   return "ok";
 }
 
