@@ -135,6 +135,20 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
   TileShape shape;
   KeyTiling kt;
   const bool tiled = choose_pair_tiling(p, inverse, shape, kt);
+  {
+    // The per-thread cache answers again after the other direction's search with what a fresh
+    // search gives.
+    TileShape other_shape, again_shape, fresh_shape;
+    KeyTiling other_kt, again_kt, fresh_kt;
+    choose_pair_tiling(p, !inverse, other_shape, other_kt);
+    const bool again = choose_pair_tiling(p, inverse, again_shape, again_kt);
+    const bool fresh = search_pair_tiling(p, inverse, fresh_shape, fresh_kt);
+    if (again != tiled || fresh != tiled) return "choose_pair_tiling's answer changes between calls";
+    for (int a = 0; tiled && a < kMaxRank; ++a)
+      if (again_shape.n[a] != shape.n[a] || fresh_shape.n[a] != shape.n[a] || again_kt.n[a] != kt.n[a] ||
+          fresh_kt.n[a] != kt.n[a])
+        return "choose_pair_tiling's answer changes between calls";
+  }
   if (tiled && shape.n[0] * shape.n[1] * shape.n[2] > 2 * kTileTokens) return "a pair tile holds more than 128 tokens";
   if (!tiled) {
     // Only a dilation too wide for a copy box may leave no tiling.
