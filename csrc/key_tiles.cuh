@@ -58,6 +58,12 @@ struct HalfTiles {
   int full_lo[kMaxRank], full_hi[kMaxRank];
 };
 
+// Along axis a: the tiles a half visits, and of those the ones that need no mask.
+__host__ __device__ inline int visited_tiles(const HalfTiles& v, int a) { return v.end[a] - v.first[a]; }
+__host__ __device__ inline int unmasked_tiles(const HalfTiles& v, int a) {
+  return max(min(v.full_hi[a], v.end[a]) - max(v.full_lo[a], v.first[a]), 0);
+}
+
 __host__ __device__ inline HalfTiles half_tiles(const AttentionParams& p, const PairTiles& t, const TileHalf& h,
                                                 const KeyTiling& kt, bool inverse = false) {
   HalfTiles v;

@@ -48,8 +48,8 @@ inline TilingTotals tiling_totals(const AttentionParams& p, const TileShape& sha
         if (t.work.empty) continue;  // past this group's end along a
         for (int half = 0; half < 2; ++half) {
           const HalfTiles v = half_tiles(p, t, tile_half(t.work, shape, half), kt, inverse);
-          own[half][a] += v.end[a] - v.first[a];
-          full[half][a] += std::max(std::min(v.full_hi[a], v.end[a]) - std::max(v.full_lo[a], v.first[a]), 0);
+          own[half][a] += visited_tiles(v, a);
+          full[half][a] += unmasked_tiles(v, a);
         }
       }
     }
@@ -70,10 +70,12 @@ inline int next_power_of_two(int n) {
   return p;
 }
 
-inline bool one_token_groups(const AttentionParams& p) {  // every dilation group is one token
-  bool one = true;
-  for (int a = 0; a < kMaxRank; ++a) one = one && max_group_length(p.axis[a]) == 1;
-  return one;
+// Whether axis a may have a tile extent above 1: it has more than one token per dilation group,
+// or no axis has (then any extents cover the grid).
+inline bool extent_allowed(const AttentionParams& p, int a) {
+  bool one_token = true;
+  for (int b = 0; b < kMaxRank; ++b) one_token = one_token && max_group_length(p.axis[b]) == 1;
+  return one_token || max_group_length(p.axis[a]) > 1;
 }
 
 // A partner tile candidate: unit axes keep extent 1, and each extent times its dilation fits a
@@ -81,8 +83,7 @@ inline bool one_token_groups(const AttentionParams& p) {  // every dilation grou
 inline bool usable_partner_tile(const AttentionParams& p, const KeyTiling& kt) {
   bool usable = true;
   for (int a = 0; a < kMaxRank; ++a)
-    usable = usable && (kt.n[a] == 1 || one_token_groups(p) || max_group_length(p.axis[a]) > 1) &&
-             kt.n[a] * p.axis[a].dilation <= 256;
+    usable = usable && (kt.n[a] == 1 || extent_allowed(p, a)) && kt.n[a] * p.axis[a].dilation <= 256;
   return usable;
 }
 
@@ -93,7 +94,7 @@ inline bool usable_pair_shape(const AttentionParams& p, const TileShape& shape) 
   bool usable = true;
   for (int a = 0; a < kMaxRank; ++a) {
     const int length = max_group_length(p.axis[a]);
-    usable = usable && (shape.n[a] == 1 || one_token_groups(p) || length > 1) &&
+    usable = usable && (shape.n[a] == 1 || extent_allowed(p, a)) &&
              shape.n[a] <= next_power_of_two(length) && half.n[a] * p.axis[a].dilation <= 256;
   }
   return usable;

@@ -34,8 +34,8 @@ int main() {
           const HalfTiles v = half_tiles(p, t, h, kt, inverse);
           double own = 1, full = 1;
           for (int a = 0; a < kMaxRank; ++a) {
-            own *= v.end[a] - v.first[a];
-            full *= max(min(v.full_hi[a], v.end[a]) - max(v.full_lo[a], v.first[a]), 0);
+            own *= visited_tiles(v, a);
+            full *= unmasked_tiles(v, a);
           }
           computed += own * kKeyTileTokens * 64;
           tiles_visited += own;

@@ -180,8 +180,8 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
       const HalfTiles v = half_tiles(p, t, h, kt, inverse);
       double own = 1, full = 1;
       for (int a = 0; a < kMaxRank; ++a) {
-        own *= v.end[a] - v.first[a];
-        full *= std::max(std::min(v.full_hi[a], v.end[a]) - std::max(v.full_lo[a], v.first[a]), 0);
+        own *= visited_tiles(v, a);
+        full *= unmasked_tiles(v, a);
       }
       computed += own;
       masked += own - full;
