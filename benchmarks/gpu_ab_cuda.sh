@@ -4,7 +4,8 @@
 # GPU tests of gpu_run_cuda.sh and bench_cuda.py, then rebuilds with ab_base/csrc and benchmarks it.
 # Usage (GPU machine, repo root, nvidia-cutlass importable): bash benchmarks/gpu_ab_cuda.sh
 # Knobs: those of gpu_run_cuda.sh, AB_PROBLEMS (bench_cuda.py --only list), SPLIT_PROBLEMS (also a
-# per-kernel device-time split, kernel_split.py --backend cuda, of these problems on both trees).
+# per-kernel device-time split, kernel_split.py --backend cuda, of these problems on both trees),
+# SASS=1 (the working tree's module disassembled into $OUT/new.sass.gz, to read its spills and waits).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export HALOATTN_CUDA=on
@@ -18,6 +19,10 @@ split() {
     --json "$OUT/split_$1.json" 2>&1 | tail -12
 }
 split new
+if [ -n "$SASS" ]; then
+  module=$(python3 -c "import haloattn_cuda._C as m; print(m.__file__)")
+  cuobjdump -sass "$module" 2>&1 | gzip > "$OUT/new.sass.gz" || echo "cuobjdump failed"
+fi
 mv csrc csrc_new && cp -r ab_base/csrc csrc
 start=$(date +%s)
 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install_base.log" 2>&1 || { tail -20 "$OUT/install_base.log"; exit 1; }
