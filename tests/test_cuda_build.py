@@ -8,6 +8,8 @@
   core/haloattn/geometry.py's key_range / query_range on every coordinate, the kernels' work
   decomposition (tiles, key boxes, inverse query boxes) covers every attended pair, and the
   ldmatrix addressing yields the MMA fragment layouts (needs nvcc).
+* The Hopper kernels compile for sm_90a with their wgmma asynchronous: ptxas does not serialise
+  them (needs nvcc and the nvidia-cutlass headers, a test extra).
 """
 
 import dataclasses
