@@ -126,12 +126,17 @@ __host__ __device__ inline int run_length(const TileCursor& c, const HalfTiles& 
 constexpr int kMaskEntries = kKeyTileTokens + 1;
 
 __host__ __device__ inline uint64_t prefix_mask(const KeyTiling& kt, int axis, int k) {
+  // Token j's axis-a offset is (j / inner) % n[a], inner the product of the faster axes'
+  // extents: within each period of n[a] * inner tokens, the first min(k, n[a]) * inner are set.
+  // Built by repeating that block, without the per-token divisions by run-time extents that
+  // held every warp at the kernels' start (3.7 % of the forward's samples on 2-D 31x31).
+  int inner = 1;
+  for (int b = axis + 1; b < kMaxRank; ++b) inner *= kt.n[b];
+  const int period = kt.n[axis] * inner;
+  const int bits = min(max(k, 0), kt.n[axis]) * inner;
+  const uint64_t block = bits >= kKeyTileTokens ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
   uint64_t m = 0;
-  for (int j = 0; j < kKeyTileTokens; ++j) {
-    // (Selected, not indexed: a run-time index would put the offsets in local memory.)
-    const int offset = axis == 0 ? j / (kt.n[1] * kt.n[2]) : axis == 1 ? j / kt.n[2] % kt.n[1] : j % kt.n[2];
-    if (offset < k) m |= uint64_t{1} << j;
-  }
+  for (int start = 0; start < kKeyTileTokens; start += period) m |= block << start;
   return m;
 }
 
