@@ -130,10 +130,11 @@ __host__ __device__ inline uint64_t prefix_mask(const KeyTiling& kt, int axis, i
   // extents: within each period of n[a] * inner tokens, the first min(k, n[a]) * inner are set.
   // Built by repeating that block, without the per-token divisions by run-time extents that
   // held every warp at the kernels' start (3.7 % of the forward's samples on 2-D 31x31).
-  int inner = 1;
-  for (int b = axis + 1; b < kMaxRank; ++b) inner *= kt.n[b];
-  const int period = kt.n[axis] * inner;
-  const int bits = min(max(k, 0), kt.n[axis]) * inner;
+  // (Extents selected, not indexed: a run-time index puts the tiling in local memory.)
+  const int n = axis == 0 ? kt.n[0] : axis == 1 ? kt.n[1] : kt.n[2];
+  const int inner = axis == 0 ? kt.n[1] * kt.n[2] : axis == 1 ? kt.n[2] : 1;
+  const int period = n * inner;
+  const int bits = min(max(k, 0), n) * inner;
   const uint64_t block = bits >= kKeyTileTokens ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
   uint64_t m = 0;
   for (int start = 0; start < kKeyTileTokens; start += period) m |= block << start;
