@@ -241,11 +241,33 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
 
 }  // namespace
 
+// key_tiles.cuh's prefix masks against their definition, token by token, for every 64-token
+// tiling (not only those the problems below pick): bit j of prefix_mask(kt, a, k) is set exactly
+// when token j's offset along axis a (row-major over the tile's extents) is below k.
+const char* check_prefix_masks() {
+  for (int e0 = 0; e0 <= 6; ++e0) {
+    for (int e1 = 0; e0 + e1 <= 6; ++e1) {
+      const KeyTiling kt{{1 << e0, 1 << e1, 1 << (6 - e0 - e1)}};
+      for (int a = 0; a < kMaxRank; ++a) {
+        for (int k = 0; k < kMaskEntries; ++k) {
+          const uint64_t m = prefix_mask(kt, a, k);
+          for (int j = 0; j < kKeyTileTokens; ++j) {
+            const int offset = a == 0 ? j / (kt.n[1] * kt.n[2]) : a == 1 ? j / kt.n[2] % kt.n[1] : j % kt.n[2];
+            if (((m >> j) & 1) != (offset < k ? 1u : 0u)) return "a prefix mask disagrees with its definition";
+          }
+        }
+      }
+    }
+  }
+  return "ok";
+}
+
 int main() {
+  const char* masks = check_prefix_masks();
   AttentionParams p;
   while (read_problem(p)) {
     const char* verdict = "ok";
-    for (const char* v : {check(p, true), check(p, false), check_pairs(p, false), check_pairs(p, true)})
+    for (const char* v : {masks, check(p, true), check(p, false), check_pairs(p, false), check_pairs(p, true)})
       if (verdict[0] == 'o' && verdict[1] == 'k') verdict = v;
     std::printf("%s\n", verdict);
   }
