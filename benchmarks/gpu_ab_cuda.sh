@@ -3,7 +3,7 @@
 # (a copy of another revision's csrc/, carried in). Builds the working tree, runs the smoke run and
 # GPU tests of gpu_run_cuda.sh and bench_cuda.py, then rebuilds with ab_base/csrc and benchmarks it.
 # Usage (GPU machine, repo root, nvidia-cutlass importable): bash benchmarks/gpu_ab_cuda.sh
-# Knobs: those of gpu_run_cuda.sh, AB_PROBLEMS (bench_cuda.py --only list), SPLIT_PROBLEMS (also a
+# Knobs: those of gpu_run_cuda.sh, AB_BASES (the other trees' directories, default ab_base), AB_PROBLEMS (bench_cuda.py --only list), SPLIT_PROBLEMS (also a
 # per-kernel device-time split, kernel_split.py --backend cuda, of these problems on both trees),
 # SASS=1 (the working tree's module disassembled into $OUT/new.sass.gz, to read its spills and waits).
 OUT=${OUT:-/tmp/out}
@@ -23,13 +23,20 @@ if [ -n "$SASS" ]; then
   module=$(python3 -c "import haloattn_cuda._C as m; print(m.__file__)")
   cuobjdump -sass "$module" 2>&1 | gzip > "$OUT/new.sass.gz" || echo "cuobjdump failed"
 fi
-mv csrc csrc_new && cp -r ab_base/csrc csrc
-start=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install_base.log" 2>&1 || { tail -20 "$OUT/install_base.log"; exit 1; }
-echo "base install took $(( $(date +%s) - start )) s"
-timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only ${AB_PROBLEMS:-0,1,2,3,4,5,6,7,8,9} --no-portable \
-  --json "$OUT/bench_base.json" 2>&1 | tail -12
-split base
+# Every other tree: ab_base/csrc, or each directory of AB_BASES (e.g. "ab_base ab_variant"), named
+# by the directory's name without its "ab_" (files bench_<name>.json, split_<name>.json).
+mv csrc csrc_new
+for dir in ${AB_BASES:-ab_base}; do
+  name=${dir#ab_}
+  rm -rf csrc && cp -r "$dir/csrc" csrc
+  find csrc -type f -exec touch {} +
+  start=$(date +%s)
+  python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install_$name.log" 2>&1 || { tail -20 "$OUT/install_$name.log"; continue; }
+  echo "$name install took $(( $(date +%s) - start )) s"
+  timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only ${AB_PROBLEMS:-0,1,2,3,4,5,6,7,8,9} --no-portable \
+    --json "$OUT/bench_$name.json" 2>&1 | tail -12
+  split "$name"
+done
 rm -rf csrc && mv csrc_new csrc
-# The restored files keep their old times: touch them, or the next build reuses the base objects.
+# The restored files keep their old times: touch them, or the next build reuses the other trees' objects.
 find csrc -type f -exec touch {} +

@@ -227,7 +227,7 @@ __device__ inline RowStats own_row_stats(const AttentionParams& p, const TileWor
   float sum = 0.f;
   int64_t index = 0;
   if (inside) {
-    index = (w.batch * grid_tokens(p) + token_index(p, w, x)) * p.heads + w.head;
+    index = lse_index(p, w, x);
     const T* o = reinterpret_cast<const T*>(p.out.ptr) + w.batch * p.out.batch_stride + w.head * p.out.head_stride +
                  token_offset(p, p.out, w, x);
 #pragma unroll

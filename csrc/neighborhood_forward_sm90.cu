@@ -7,6 +7,9 @@
 //     spatial 64-token boxes over the union key box), each K or V tile one TMA copy per 64
 //     channels into a ring of shared-memory stages in the 128-byte-swizzled layout wgmma reads;
 //     the copy engine counts the bytes in on each stage's "full" mbarrier;
+//   * two planning warps of the same warpgroup work out each pair's geometry (pair_plans.cuh:
+//     its key tiles, each half's tile ranges, each row's window and LSE index) into a ring of
+//     plans, up to kPlanStages pairs ahead;
 //   * each consumer warpgroup owns one half (64 queries) and, for the key tiles that meet its own
 //     key box, computes S = Q K^T (wgmma, both from smem), masks tiles that are not inside every
 //     one of its rows' windows, runs the online softmax in registers and accumulates O += P V
@@ -28,6 +31,7 @@
 #include "kernel_launch.h"
 #include "key_tiles.cuh"
 #include "mma_fragments.cuh"
+#include "pair_plans.cuh"
 #include "pair_tiles.cuh"
 #include "pair_tiling.h"
 #include "row_output.cuh"
@@ -41,11 +45,15 @@ namespace haloattn {
 namespace sm90 {
 namespace {
 
-// Registers per thread after the role split (setmaxnreg): the producer is one thread issuing
-// copies (its few spills of pair geometry cost nothing the ring does not hide), the consumers
-// hold Q's fragments, S, O, two P buffers and their rows' windows.
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
+// Registers per thread after the role split (setmaxnreg): the producer warpgroup is one thread
+// issuing copies and two warps planning pairs, each lane holding one pair's geometry (with 40
+// registers they spilled about 800 bytes; 72 leave about 200, all in that geometry), the
+// consumers hold Q's fragments, S, O, two P buffers and their rows' windows (216 leave them
+// without spills).
+constexpr int kProducerRegisters = 72;
+constexpr int kConsumerRegisters = 216;
+constexpr int kPlanningWarps = kConsumers;  // warps 1 and 2, one per half
+constexpr int kPlanStages = 4;              // plans written ahead of the consumers
 static_assert(register_split_fits(kProducerRegisters, kConsumerRegisters), "the register split exceeds the launch allocation");
 
 // The ring's tiles are consumed in a software pipeline with two P register buffers. 128-key
@@ -62,14 +70,19 @@ struct Smem {
   static constexpr size_t kV = kK + kStages * kTileBytes;
   // Prefix masks of the key tile shape (key_tiles.cuh), [axis][kMaskEntries].
   static constexpr size_t kBelow = kV + kStages * kTileBytes;
-  static constexpr size_t kBarriers = kBelow + kMaxRank * kMaskEntries * sizeof(uint64_t);
-  // Q full[2], Q empty[2], K/V full[stages], K/V empty[stages].
-  static constexpr int kBarrierCount = 4 + 2 * kStages;
+  // The ring of pair plans (pair_plans.cuh).
+  static constexpr size_t kPlans = (kBelow + kMaxRank * kMaskEntries * sizeof(uint64_t) + 15) / 16 * 16;
+  static constexpr size_t kBarriers = kPlans + kPlanStages * sizeof(PairPlan);
+  // Q full[2], Q empty[2], K/V full[stages], K/V empty[stages], plan full[plan stages], plan
+  // empty[plan stages].
+  static constexpr int kBarrierCount = 4 + 2 * kStages + 2 * kPlanStages;
   static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t);
   // Tiles must start 1024-byte aligned (the swizzle is applied to address bits); dynamic shared
   // memory is only promised 16, so the launch asks for one alignment's worth more.
   static constexpr size_t kLaunchBytes = kBytes + 1024;
   static_assert(kTileBytes % 1024 == 0, "tiles 1024-aligned");
+  static_assert(kPlans % alignof(PairPlan) == 0, "plans aligned");
+  static_assert(kPlanHalfRows == kHalfRows, "a plan holds a consumer's rows");
 };
 
 template <typename T, int D>
@@ -115,10 +128,68 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
   }
 }
 
+// The planning warps, one per half. Each lane works out the pair-level geometry (the part that
+// divides) of one of the CTA's next 32 pairs, so a warp's latency is spent once per 32 pairs;
+// then, pair by pair in order, the owning lane writes the pair's and the half's fields and every
+// lane two of the half's rows. Laid out per pair (every lane on the same pair, two warps, the
+// plan ring tied to the query buffers) the planning measured 0.93x on a four-tile walk: its
+// latency then exceeded a pair's time. The last plan is marked done.
+__device__ inline void plan_pairs(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt, int64_t pairs,
+                                  int half, PairPlan* plans, uint64_t* plan_full, uint64_t* plan_empty) {
+  const int lane = threadIdx.x % 32;
+  const TileShape half_tile = half_shape(shape);
+  int pair_count = 0;
+  // Waits for plan `pair_count`'s stage to be free and returns it.
+  auto claim = [&]() -> PairPlan& {
+    const int stage = pair_count % kPlanStages;
+    if (pair_count >= kPlanStages) Barrier::wait(&plan_empty[stage], (pair_count / kPlanStages - 1) & 1);
+    return plans[stage];
+  };
+  const int64_t batch_step = static_cast<int64_t>(gridDim.x) * 32;
+  for (int64_t first = blockIdx.x; first < pairs; first += batch_step) {
+    const int64_t pair = first + static_cast<int64_t>(lane) * gridDim.x;
+    PairTiles t;
+    t.work.empty = true;
+    if (pair < pairs) t = pair_tiles(p, shape, kt, pair);
+    TileHalf h;
+    HalfTiles own;
+    if (!t.work.empty) {
+      h = tile_half(t.work, shape, half);
+      own = half_tiles(p, t, h, kt);
+    }
+    for (unsigned todo = __ballot_sync(~0u, !t.work.empty); todo != 0; todo &= todo - 1) {
+      const int owner = __ffs(todo) - 1;
+      PairPlan& plan = claim();
+      if (lane == owner) {
+        if (half == 0) {
+          plan.done = 0;
+          for (int a = 0; a < kMaxRank; ++a) {
+            plan.start[a] = t.start[a];
+            plan.tiles[a] = t.tiles[a];
+          }
+          plan.chunks = t.chunks;
+        }
+        plan.half[half].work = h.work;
+        plan.half[half].own = own;
+      }
+      __syncwarp();  // the owner's half tile, read back by every lane
+      write_half_rows(p, half_tile, plan.half[half].work, lane, plan.rows[half]);
+      // Every lane arrives (the barrier counts both warps' lanes): each lane's writes are
+      // released by its own arrival, and the consumers' wait acquires them.
+      Barrier::arrive(&plan_full[pair_count % kPlanStages]);
+      ++pair_count;
+    }
+  }
+  PairPlan& last = claim();
+  if (half == 0 && lane == 0) last.done = 1;
+  Barrier::arrive(&plan_full[pair_count % kPlanStages]);
+}
+
 template <typename T, int D, int RANK>
-__device__ inline void consume(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt, int64_t pairs,
-                               const CUtensorMap* out_map, T* sQ, const T* sK, const T* sV, const uint64_t* below, uint64_t* q_full,
-                               uint64_t* q_empty, uint64_t* full, uint64_t* empty) {
+__device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
+                               const CUtensorMap* out_map, T* sQ, const T* sK, const T* sV, const uint64_t* below,
+                               const PairPlan* plans, uint64_t* plan_full, uint64_t* plan_empty, uint64_t* q_full, uint64_t* q_empty,
+                               uint64_t* full, uint64_t* empty) {
   using L = Smem<T, D>;
   constexpr int kSRegs = kChunk / 2;  // S accumulators per thread (64 x kChunk over 128 threads)
   constexpr int kORegs = D / 2;
@@ -141,26 +212,34 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     unreleased_buffer = -1;
   };
 
-  for (int64_t pair = blockIdx.x; pair < pairs; pair += gridDim.x) {
-    const PairTiles tiles = pair_tiles(p, shape, kt, pair);
-    if (tiles.work.empty) continue;
-    const TileWork& w = tiles.work;
-    const TileHalf h = tile_half(w, shape, half);
-    const HalfTiles own = half_tiles(p, tiles, h, kt);
+  for (;;) {
+    const int buffer = pair_count & 1;
+    // The pair's geometry, from the planning warps.
+    const int plan_stage = pair_count % kPlanStages;
+    Barrier::wait(&plan_full[plan_stage], (pair_count / kPlanStages) & 1);
+    const PairPlan& plan = plans[plan_stage];
+    if (plan.done) break;
+    struct {
+      int start[kMaxRank], tiles[kMaxRank];
+      int chunks;
+    } tiles;
+#pragma unroll
+    for (int a = 0; a < kMaxRank; ++a) {
+      tiles.start[a] = plan.start[a];
+      tiles.tiles[a] = plan.tiles[a];
+    }
+    tiles.chunks = plan.chunks;
+    const HalfTiles own = plan.half[half].own;
 
-    // The two rows this thread accumulates, and their neighbourhoods (group coordinates).
+    // The two rows this thread accumulates: their neighbourhoods (group coordinates).
     const int row_a = warp * 16 + g, row_b = row_a + 8;
-    int x_a[kMaxRank], x_b[kMaxRank];
-    const bool inside_a = row_a < h.rows && tile_row_coords(w, shape, h.first_row + row_a, x_a);
-    const bool inside_b = row_b < h.rows && tile_row_coords(w, shape, h.first_row + row_b, x_b);
-    const RowWindow win_a = query_window(p, w, x_a, inside_a);
-    const RowWindow win_b = query_window(p, w, x_b, inside_b);
+    const RowWindow win_a = plan.rows[half][row_a].window;
+    const RowWindow win_b = plan.rows[half][row_b].window;
 
     float o[kORegs];
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // maxima in raw score units
-    const int buffer = pair_count & 1;
     // The half's queries move to registers once (A fragments of S = Q K^T), so the scores'
     // wgmma reads only K from shared memory: with 64-key tiles, re-reading Q for every tile
     // would be a third of the consumers' shared-memory traffic. The buffer then stages the
@@ -377,18 +456,22 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
       *reinterpret_cast<uint32_t*>(sQ_half + swizzled_element<kHalfRows>(row_b, j) + 2 * t) =
           pack2<T>(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
     }
-    if (inside_a) store_lse(p, w, x_a, l_a, m_a * scale_log2, t);
-    if (inside_b) store_lse(p, w, x_b, l_b, m_b * scale_log2, t);
+    // (Read from the plan here, not held in registers through the pair.)
+    const int64_t lse_a = plan.rows[half][row_a].lse, lse_b = plan.rows[half][row_b].lse;
+    if (lse_a >= 0) store_lse_at(p, lse_a, l_a, m_a * scale_log2, t);
+    if (lse_b >= 0) store_lse_at(p, lse_b, l_b, m_b * scale_log2, t);
     // The writes (generic proxy) before the copy engine's reads (async proxy), by every writer;
     // the same fence orders the ldmatrix reads of Q before the engine's next write of the buffer.
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(1 + half, kWarpgroup);
     if (tid == 0) {
-      if (!h.work.empty) store_box<D>(out_map, sQ_half, kHalfRows, p, w, w.head, h.work.x0);
+      const TileWork& out_tile = plan.half[half].work;
+      if (!out_tile.empty) store_box<D>(out_map, sQ_half, kHalfRows, p, out_tile, out_tile.head, out_tile.x0);
       unreleased_buffer = buffer;
     } else {
       Barrier::arrive(&q_empty[buffer]);
     }
+    Barrier::arrive(&plan_empty[plan_stage]);  // the pair's plan is read
   }
   release_output_buffer();
 }
@@ -408,6 +491,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
   uint64_t* q_empty = q_full + 2;
   uint64_t* full = q_empty + 2;
   uint64_t* empty = full + kStages;
+  uint64_t* plan_full = empty + kStages;
+  uint64_t* plan_empty = plan_full + kPlanStages;
+  PairPlan* plans = reinterpret_cast<PairPlan*>(smem + L::kPlans);
 
   if (threadIdx.x == 0) {
     // Full barriers: the producer's one arrival plus the copies' bytes; empty ones: every consumer.
@@ -418,6 +504,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full[s], 1);
       Barrier::init(&empty[s], kConsumers * kWarpgroup);
+    }
+    for (int s = 0; s < kPlanStages; ++s) {
+      Barrier::init(&plan_full[s], kPlanningWarps * 32);
+      Barrier::init(&plan_empty[s], kConsumers * kWarpgroup);
     }
     cute::prefetch_tma_descriptor(&maps.query);
     cute::prefetch_tma_descriptor(&maps.key);
@@ -431,9 +521,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
   if (threadIdx.x < kWarpgroup) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (threadIdx.x == 0) produce<T, D>(p, shape, kt, pairs, maps, sQ, sK, sV, q_full, q_empty, full, empty);
+    const int warp = threadIdx.x / 32;
+    if (warp == 1 || warp == 2) plan_pairs(p, shape, kt, pairs, warp - 1, plans, plan_full, plan_empty);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-    consume<T, D, RANK>(p, shape, kt, pairs, &maps.out, sQ, sK, sV, below, q_full, q_empty, full, empty);
+    consume<T, D, RANK>(p, kt, &maps.out, sQ, sK, sV, below, plans, plan_full, plan_empty, q_full, q_empty, full, empty);
   }
 #endif
 }

@@ -31,15 +31,16 @@ __device__ __forceinline__ void store_values(const AttentionParams& p, const Tok
   }
 }
 
-// The natural-log LSE of row x of tile w (one lane of the row's quad writes it): l is the row's
-// softmax sum, max_log2 its maximum in log2 units.
+// The natural-log LSE of a row into LSE element `index` (lse_index; one lane of the row's quad
+// writes it): l is the row's softmax sum, max_log2 its maximum in log2 units.
+__device__ __forceinline__ void store_lse_at(const AttentionParams& p, int64_t index, float l, float max_log2, int t) {
+  if (t == 0) reinterpret_cast<float*>(p.lse)[index] = l > 0.f ? (max_log2 + log2f(l)) * kLn2 : -INFINITY;
+}
+
+// The same for row x of tile w.
 __device__ __forceinline__ void store_lse(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank],
                                           float l, float max_log2, int t) {
-  if (t == 0) {
-    float* lse = reinterpret_cast<float*>(p.lse);
-    lse[(w.batch * grid_tokens(p) + token_index(p, w, x)) * p.heads + w.head] =
-        l > 0.f ? (max_log2 + log2f(l)) * kLn2 : -INFINITY;
-  }
+  store_lse_at(p, lse_index(p, w, x), l, max_log2, t);
 }
 
 // Row at group coordinates x of tile w: `pair(j)` gives this thread's two unnormalised values

@@ -131,4 +131,9 @@ __host__ __device__ inline int64_t grid_tokens(const AttentionParams& p) {
   return static_cast<int64_t>(p.axis[0].length) * p.axis[1].length * p.axis[2].length;
 }
 
+// Index of the query at group coordinates x of tile w in the [B, *spatial, H] LSE buffer.
+__host__ __device__ inline int64_t lse_index(const AttentionParams& p, const TileWork& w, const int (&x)[kMaxRank]) {
+  return (w.batch * grid_tokens(p) + token_index(p, w, x)) * p.heads + w.head;
+}
+
 }  // namespace haloattn

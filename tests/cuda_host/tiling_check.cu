@@ -16,12 +16,15 @@
 //                 tile the half computes; on every such tile the row's bit mask (row_mask, at the
 //                 kernel's rank and at rank 3) agrees with `attends` key by key, and tiles the
 //                 half leaves unmasked are attended whole by every row; run_length splits the
-//                 tiles inside the half's range into the runs a row-major walk meets.
+//                 tiles inside the half's range into the runs a row-major walk meets; the
+//                 forward's planned rows (pair_plans.cuh: worked out from the half's own tile)
+//                 equal the pair's rows, windows and LSE indices.
 // Prints "ok" or the first mismatch, one line per problem.
 #include <cstdio>
 #include <vector>
 
 #include "key_tiles.cuh"
+#include "pair_plans.cuh"
 #include "pair_tiles.cuh"
 #include "pair_tiling.h"
 #include "problem_input.h"
@@ -196,6 +199,19 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
         if (run_left == 0 && inside) run_left = run_length(walk, v, t.tiles);
         if (inside != (run_left > 0)) return "run_length disagrees with the tiles inside the half's range";
         if (run_left > 0) --run_left;
+      }
+      if (!inverse) {
+        RowPlan planned[kPlanHalfRows];
+        for (int lane = 0; lane < 32; ++lane) write_half_rows(p, half_shape(shape), h.work, lane, planned);
+        for (int r = 0; r < kPlanHalfRows; ++r) {
+          int x[kMaxRank];
+          const bool inside = r < h.rows && tile_row_coords(w, shape, h.first_row + r, x);
+          const RowWindow window = query_window(p, w, x, inside);
+          bool same = planned[r].lse == (inside ? lse_index(p, w, x) : -1);
+          for (int a = 0; a < kMaxRank; ++a)
+            same = same && planned[r].window.lo[a] == window.lo[a] && planned[r].window.hi[a] == window.hi[a];
+          if (!same) return "a planned row differs from the pair's row";
+        }
       }
       for (int r = 0; r < h.rows; ++r) {
         int x[kMaxRank];
