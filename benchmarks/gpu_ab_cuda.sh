@@ -3,7 +3,7 @@
 # (a copy of another revision's csrc/, carried in). Builds the working tree, runs the smoke run and
 # GPU tests of gpu_run_cuda.sh and bench_cuda.py, then rebuilds with ab_base/csrc and benchmarks it.
 # Usage (GPU machine, repo root, nvidia-cutlass importable): bash benchmarks/gpu_ab_cuda.sh
-# Knobs: those of gpu_run_cuda.sh, AB_BASES (the other trees' directories, default ab_base), AB_PROBLEMS (bench_cuda.py --only list), SPLIT_PROBLEMS (also a
+# Knobs: those of gpu_run_cuda.sh, AB_BASES (the other trees' directories, default ab_base), AB_PROBLEMS (bench_cuda.py --only list), AB_BASE_PROBLEMS (the same for the other trees, default AB_PROBLEMS), SPLIT_PROBLEMS (also a
 # per-kernel device-time split, kernel_split.py --backend cuda, of these problems on both trees),
 # SASS=1 (the working tree's module disassembled into $OUT/new.sass.gz, to read its spills and waits).
 OUT=${OUT:-/tmp/out}
@@ -33,7 +33,7 @@ for dir in ${AB_BASES:-ab_base}; do
   start=$(date +%s)
   python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install_$name.log" 2>&1 || { tail -20 "$OUT/install_$name.log"; continue; }
   echo "$name install took $(( $(date +%s) - start )) s"
-  timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only ${AB_PROBLEMS:-0,1,2,3,4,5,6,7,8,9} --no-portable \
+  timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_cuda.py --only ${AB_BASE_PROBLEMS:-${AB_PROBLEMS:-0,1,2,3,4,5,6,7,8,9}} --no-portable \
     --json "$OUT/bench_$name.json" 2>&1 | tail -12
   split "$name"
 done
