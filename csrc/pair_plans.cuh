@@ -41,10 +41,12 @@ struct PairPlan {
   RowPlan rows[2][kPlanHalfRows];
 };
 
-// Rows [0, 64) of a half with tile w (its rows in the half's own flat order, half_tile its
-// shape), two per lane of a planning warp.
-__host__ __device__ inline void write_half_rows(const AttentionParams& p, const TileShape& half_tile, const TileWork& w,
-                                       int lane, RowPlan* rows) {
+// Rows [0, 64) of a half with tile w (half_tile its shape), two per lane of a planning warp. A
+// half's rows are a contiguous run of its pair's rows in flat order (pair_tiles.cuh), so the
+// half's own tile gives each row the coordinates the pair gives it (tests/cuda_host/
+// tiling_check.cu compares them) and the planning lanes need only the half, not the pair.
+__host__ __device__ inline void write_half_rows(const AttentionParams& p, const TileShape& half_tile,
+                                                const TileWork& w, int lane, RowPlan* rows) {
 #pragma unroll
   for (int i = 0; i < kPlanHalfRows / 32; ++i) {
     const int row = lane + 32 * i;
