@@ -282,6 +282,15 @@ def test_hopper_key_tiles_against_reference(spatial, window, options, monkeypatc
 
 
 @requires_cuda_backend
+def test_hopper_forward_plans_many_pairs_per_cta(monkeypatch):
+    # About 6000 pair tiles, so each CTA (one per SM) takes 40 and more: its planning lanes work
+    # out two batches of 32 pairs, the ring of plans wraps many times, and the dilation groups of
+    # unequal length leave empty pairs that every role must skip alike (pair_plans.cuh).
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "hopper")
+    check_problem((32, 34), (5, 7), dilation=(1, 2), batch=128, heads=4, kv_heads=2, against="reference")
+
+
+@requires_cuda_backend
 def test_compiles_with_fullgraph():
     gen = torch.Generator().manual_seed(2)
     q, k, v = (t.detach() for t in _inputs((12, 12), 2, 2, 64, torch.float16, 1, gen))
