@@ -48,8 +48,8 @@ namespace {
 // Registers per thread after the role split (setmaxnreg): the producer warpgroup is one thread
 // issuing copies and two warps planning pairs, each lane holding one pair's geometry (with 40
 // registers they spilled about 800 bytes; 72 leave about 200, all in that geometry), the
-// consumers hold Q's fragments, S, O, two P buffers and their rows' windows (216 leave them
-// without spills).
+// consumers hold Q's fragments, S, O, two P buffers and their rows' windows (216 leave no
+// spills in the steps; at rank 3 a few per-pair scalars spill).
 constexpr int kProducerRegisters = 72;
 constexpr int kConsumerRegisters = 216;
 constexpr int kPlanningWarps = kConsumers;  // warps 1 and 2, one per half
