@@ -163,11 +163,7 @@ __device__ inline void plan_pairs(const AttentionParams& p, const TileShape& sha
       if (lane == owner) {
         if (half == 0) {
           plan.done = 0;
-          for (int a = 0; a < kMaxRank; ++a) {
-            plan.start[a] = t.start[a];
-            plan.tiles[a] = t.tiles[a];
-          }
-          plan.chunks = t.chunks;
+          plan.walk = key_tile_walk(t);
         }
         plan.half[half].work = h.work;
         plan.half[half].own = own;
@@ -219,16 +215,7 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
     Barrier::wait(&plan_full[plan_stage], (pair_count / kPlanStages) & 1);
     const PairPlan& plan = plans[plan_stage];
     if (plan.done) break;
-    struct {
-      int start[kMaxRank], tiles[kMaxRank];
-      int chunks;
-    } tiles;
-#pragma unroll
-    for (int a = 0; a < kMaxRank; ++a) {
-      tiles.start[a] = plan.start[a];
-      tiles.tiles[a] = plan.tiles[a];
-    }
-    tiles.chunks = plan.chunks;
+    const KeyTileWalk tiles = plan.walk;
     const HalfTiles own = plan.half[half].own;
 
     // The two rows this thread accumulates: their neighbourhoods (group coordinates).

@@ -32,11 +32,26 @@ struct HalfPlan {
 
 constexpr int kPlanHalfRows = 64;  // rows per half (the consumers' kHalfRows)
 
-struct PairPlan {
-  int done;                // 1: the CTA has no more pairs; nothing else is set
-  int start[kMaxRank];     // PairTiles::start, tiles and chunks: the pair's key tile walk
+// The pair's key tile walk (PairTiles without the pair's own tile).
+struct KeyTileWalk {
+  int start[kMaxRank];
   int tiles[kMaxRank];
   int chunks;
+};
+
+__device__ inline KeyTileWalk key_tile_walk(const PairTiles& t) {
+  KeyTileWalk k;
+  for (int a = 0; a < kMaxRank; ++a) {
+    k.start[a] = t.start[a];
+    k.tiles[a] = t.tiles[a];
+  }
+  k.chunks = t.chunks;
+  return k;
+}
+
+struct PairPlan {
+  int done;  // 1: the CTA has no more pairs; nothing else is set
+  KeyTileWalk walk;
   HalfPlan half[2];
   RowPlan rows[2][kPlanHalfRows];
 };
