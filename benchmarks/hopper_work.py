@@ -40,13 +40,13 @@ def main():
         subprocess.run(["nvcc", "-std=c++17", "-x", "cu", "-I", os.path.join(ROOT, "csrc"),
                         os.path.join(ROOT, "benchmarks", "host", "hopper_work.cu"), "-o", exe], check=True)
         out = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True).stdout
-    print("| problem | query pair / key tile | computed / attended | masked tiles "
-          "| key pair / query tile (dK/dV) | computed / attended | masked tiles |")
-    print("|---|---|---|---|---|---|---|")
+    print("| problem | query pair / key tile | computed / attended | masked tiles | tiles per run "
+          "| key pair / query tile (dK/dV) | computed / attended | masked tiles | tiles per run |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, line in zip(names, out.splitlines()):
         parts = line.split()
-        print(f"| {name} | {parts[1]} / {parts[3]} | {parts[5]} | {parts[7]} "
-              f"| {parts[9]} / {parts[11]} | {parts[13]} | {parts[15]} |")
+        print(f"| {name} | {parts[1]} / {parts[3]} | {parts[5]} | {parts[7]} | {parts[9]} "
+              f"| {parts[11]} / {parts[13]} | {parts[15]} | {parts[17]} | {parts[19]} |")
 
 if __name__ == "__main__":
     main()
