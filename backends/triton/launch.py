@@ -276,35 +276,43 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
     ))
 
 
-def relative_one_hot(axis, pattern: str, device) -> torch.Tensor:
-    """[L, K, 2K-1] float64: 1 where slot p of query coordinate x holds bias-table entry r on this
-    axis. Slot p of x is key ``lo(x) + p`` (group units), so r = lo(x) - x // dilation + K - 1 + p;
-    slots past the query's count hold zeros in dS, so they may point anywhere (clamped)."""
+def relative_slots(axis, pattern: str, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """For query coordinate x and bias-table entry r on this axis: the slot p of x that holds r
+    ([L, 2K-1] int64, clamped into 0..K-1) and whether one does ([L, 2K-1] bool). Slot p of x is
+    key ``lo(x) + p`` (group units), so r = lo(x) - x // dilation + K - 1 + p: along r, x's slots
+    are its K entries from that offset on. A slot whose r falls outside the table lies past the
+    query's count, where dS holds zeros, and is left out."""
     x = torch.arange(axis.length, device=device)
     _, lo, _ = key_range(axis, pattern, x)
     K = axis.window
-    rel = (lo - x // axis.dilation + K - 1)[:, None] + torch.arange(K, device=device)[None, :]
-    return torch.nn.functional.one_hot(rel.clamp(0, 2 * K - 2), 2 * K - 1).double()
+    first_entry = lo - x // axis.dilation + K - 1
+    slot = torch.arange(2 * K - 1, device=device)[None, :] - first_entry[:, None]
+    return slot.clamp(0, K - 1), (slot >= 0) & (slot < K)
 
 
 def rpb_gradient(problem: Problem, ds: torch.Tensor, rpb: torch.Tensor) -> torch.Tensor:
     """The bias table's gradient from the dQ kernel's dS buffer [B, H, N, prod(K)].
 
     A (query, slot) pair's table entry is a product of per-axis entries, each set by that axis'
-    coordinate and slot alone, so the scatter-add factorises into one contraction per axis with
-    that axis' one-hot [L, K, 2K-1] matrix: matrix products, deterministic and without atomics
-    (a sort plus a float64 prefix sum over all B*H*N*prod(K) values took 17 ms of a 3-D 7x9x9
-    problem's backward on an H100, 2026-11-25). Accumulated in float64."""
+    coordinate and slot alone, so the scatter-add factorises into one contraction per axis: each
+    query coordinate's K slots are gathered into its row of 2K-1 table entries, then the rows are
+    summed over the coordinate. Deterministic, without atomics (a sort plus a float64 prefix sum
+    over all B*H*N*prod(K) values took 17 ms of a 3-D 7x9x9 problem's backward on an H100,
+    2026-11-25), and its memory is about twice the float64 chunk of dS (a dense [L, K, 2K-1]
+    one-hot matrix per axis took 4-5 GiB on long axes with large windows and would not fit for a
+    1-D window of 2047). Accumulated in float64."""
     r, H = problem.rank, problem.heads
-    one_hots = [relative_one_hot(axis, problem.pattern, ds.device) for axis in problem.axes]
+    slots = [relative_slots(axis, problem.pattern, ds.device) for axis in problem.axes]
     per_head = ds[0].numel() // H  # N * prod(K)
     step = max(1, RPB_GRADIENT_CHUNK // (8 * per_head))  # heads per float64 copy
     table = []
     for h0 in range(0, H, step):
         g = ds[:, h0:h0 + step].sum(0).double().reshape(-1, *problem.spatial, *problem.window)
-        for a, one_hot in enumerate(one_hots):
-            # dims now: [h, x_a .. x_r, p_a .. p_r, r_1 .. r_(a-1)]; contract (x_a, p_a) -> r_a at the end
-            g = torch.tensordot(g, one_hot, dims=([1, 1 + r - a], [0, 1]))
+        for a, (slot, present) in enumerate(slots):
+            # dims now: [h, x_a .. x_r, p_a .. p_r, r_1 .. r_(a-1)]; (x_a, p_a) -> r_a, appended last
+            g = g.movedim((1, 1 + r - a), (-2, -1))
+            index = slot.expand(*g.shape[:-1], slot.shape[-1])
+            g = (torch.gather(g, -1, index) * present).sum(-2)
         table.append(g)
     return torch.cat(table).to(rpb.dtype).reshape(rpb.shape)
 
