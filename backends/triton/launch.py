@@ -22,6 +22,7 @@ from haloattn.problem import Problem
 
 from . import batch_slices, tiles
 from .device_limits import has_copy_engine
+from .relative_fold import fold_into_table, slots_of_entries
 from .plugin import interpreting
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .backward_kernels import dkdv_kernel, dq_kernel, extra_dkdv_kernel, row_stats_kernel
@@ -277,43 +278,28 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
 
 
 def relative_slots(axis, pattern: str, device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """For query coordinate x and bias-table entry r on this axis: the slot p of x that holds r
-    ([L, 2K-1] int64, clamped into 0..K-1) and whether one does ([L, 2K-1] bool). Slot p of x is
-    key ``lo(x) + p`` (group units), so r = lo(x) - x // dilation + K - 1 + p: along r, x's slots
-    are its K entries from that offset on. A slot whose r falls outside the table lies past the
-    query's count, where dS holds zeros, and is left out."""
+    """This axis' ``slots_of_entries``: slot p of query coordinate x is key ``lo(x) + p`` (group
+    units), table entry lo(x) - x // dilation + K - 1 + p. A slot whose entry falls outside the
+    table lies past the query's count, where dS holds zeros, and is left out."""
     x = torch.arange(axis.length, device=device)
     _, lo, _ = key_range(axis, pattern, x)
-    K = axis.window
-    first_entry = lo - x // axis.dilation + K - 1
-    slot = torch.arange(2 * K - 1, device=device)[None, :] - first_entry[:, None]
-    return slot.clamp(0, K - 1), (slot >= 0) & (slot < K)
+    return slots_of_entries(lo - x // axis.dilation + axis.window - 1, axis.window)
 
 
 def rpb_gradient(problem: Problem, ds: torch.Tensor, rpb: torch.Tensor) -> torch.Tensor:
-    """The bias table's gradient from the dQ kernel's dS buffer [B, H, N, prod(K)].
-
-    A (query, slot) pair's table entry is a product of per-axis entries, each set by that axis'
-    coordinate and slot alone, so the scatter-add factorises into one contraction per axis: each
-    query coordinate's K slots are gathered into its row of 2K-1 table entries, then the rows are
-    summed over the coordinate. Deterministic, without atomics (a sort plus a float64 prefix sum
-    over all B*H*N*prod(K) values took 17 ms of a 3-D 7x9x9 problem's backward on an H100,
-    2026-11-25), and its memory is about twice the float64 chunk of dS (a dense [L, K, 2K-1]
-    one-hot matrix per axis took 4-5 GiB on long axes with large windows and would not fit for a
-    1-D window of 2047). Accumulated in float64."""
-    r, H = problem.rank, problem.heads
+    """The bias table's gradient from the dQ kernel's dS buffer [B, H, N, prod(K)], folded axis
+    by axis (relative_fold: deterministic; a sort plus a float64 prefix sum over all
+    B*H*N*prod(K) values took 17 ms of a 3-D 7x9x9 problem's backward on an H100, 2026-11-25, and
+    dense per-axis one-hot products 4-5 GiB on long axes with large windows). Accumulated in
+    float64, whole heads at a time."""
+    H = problem.heads
     slots = [relative_slots(axis, problem.pattern, ds.device) for axis in problem.axes]
     per_head = ds[0].numel() // H  # N * prod(K)
     step = max(1, RPB_GRADIENT_CHUNK // (8 * per_head))  # heads per float64 copy
     table = []
     for h0 in range(0, H, step):
         g = ds[:, h0:h0 + step].sum(0).double().reshape(-1, *problem.spatial, *problem.window)
-        for a, (slot, present) in enumerate(slots):
-            # dims now: [h, x_a .. x_r, p_a .. p_r, r_1 .. r_(a-1)]; (x_a, p_a) -> r_a, appended last
-            g = g.movedim((1, 1 + r - a), (-2, -1))
-            index = slot.expand(*g.shape[:-1], slot.shape[-1])
-            g = (torch.gather(g, -1, index) * present).sum(-2)
-        table.append(g)
+        table.append(fold_into_table(g, slots))
     return torch.cat(table).to(rpb.dtype).reshape(rpb.shape)
 
 

@@ -14,6 +14,7 @@ import triton
 from .device_constants import device_constant
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .plugin import interpreting
+from .relative_fold import fold_into_table, slots_of_entries
 from .window_kernels import window_backward_kernel, window_forward_kernel
 
 MAX_WINDOW_TOKENS = 256
@@ -227,27 +228,19 @@ def dense_bias(rpb: torch.Tensor, launch: WindowLaunch, problem) -> torch.Tensor
     return torch.where(inside, table[:, index], 0.0).contiguous()
 
 
-def _bias_one_hot(windows: Tuple[int, int, int], block: int, device: torch.device) -> torch.Tensor:
-    """``[BLOCK * BLOCK, table size]``: which table entry each tile pair's bias came from (built
-    once per device: device_constants)."""
-    return device_constant(("bias_one_hot", windows, block, device), device,
-                           lambda: _build_bias_one_hot(windows, block, device))
-
-
-def _build_bias_one_hot(windows: Tuple[int, int, int], block: int, device: torch.device) -> torch.Tensor:
-    index, inside = _bias_index(windows, block, device)
-    table_size = math.prod(2 * w - 1 for w in windows)
-    one_hot = torch.zeros(block * block, table_size, device=device, dtype=torch.float64)
-    one_hot[torch.arange(index.numel(), device=device), index.reshape(-1)] = inside.reshape(-1).double()
-    return one_hot
+def _window_slots(windows: Tuple[int, int, int], device: torch.device):
+    """Per axis, ``slots_of_entries`` of a window: query coordinate x's key slot p (the key's
+    coordinate) holds table entry p - x + W - 1."""
+    return [slots_of_entries(W - 1 - torch.arange(W, device=device), W) for W in windows]
 
 
 def table_gradient(dbias: torch.Tensor, rpb: torch.Tensor, launch: WindowLaunch) -> torch.Tensor:
-    """Fold the ``[H, BLOCK, BLOCK]`` bias-tile gradient into the rpb table's shape. A one-hot
-    matrix product rather than index_add keeps the sum order fixed (deterministic on CUDA); float64
-    so that TF32 matmul settings cannot touch it (the product is tiny)."""
-    one_hot = _bias_one_hot(launch.windows, launch.block, dbias.device)
-    grad = dbias.reshape(dbias.shape[0], -1).double() @ one_hot
+    """Fold the ``[H, BLOCK, BLOCK]`` bias-tile gradient into the rpb table's shape, axis by axis
+    (relative_fold: a fixed summation order, deterministic on CUDA; float64 so that TF32 matmul
+    settings cannot touch it). Tile slots past the window's tokens carry no bias."""
+    volume = math.prod(launch.windows)
+    per_pair = dbias[:, :volume, :volume].double().reshape(dbias.shape[0], *launch.windows, *launch.windows)
+    grad = fold_into_table(per_pair, _window_slots(launch.windows, dbias.device))
     return grad.reshape(rpb.shape).to(rpb.dtype)
 
 
