@@ -23,7 +23,7 @@ from haloattn.geometry import Axis, attends
 from haloattn.problem import build_problem
 
 import oracle
-from test_reference_oracle import make_inputs, mask_odd_heads, problems, score_bias_by_head
+from test_reference_oracle import make_inputs, mask_odd_heads, mask_sparse, problems, score_bias_by_head
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 
@@ -62,6 +62,11 @@ def _leaves(tensors, kw):
               kw=dict(stride=[1], dilation=(1,), causal=(False,), pattern="neighborhood", shift=(0,)),
               softcap=0.7, scale=-1.5, extra=1, score_mod=score_bias_by_head, mask_mod=mask_odd_heads,
               kq_conv=None, seed=2147483647), False)
+# a key gradient of float32 rounding where rows attend one key (CI drew it, 2026-11-27)
+@example(dict(spatial=(4,), batch=1, heads=1, kv_heads=1, head_dim=1, value_dim=5, window=(1,), rpb=False,
+              kw=dict(stride=[1], dilation=(1,), causal=(False,), pattern="neighborhood", shift=(0,)),
+              softcap=None, scale=None, extra=1, score_mod=None, mask_mod=mask_sparse, kq_conv=None,
+              seed=4203), False)
 def test_flex_matches_oracle(spec, through_lse):
     """Outputs, LSE and every gradient (q, k, v, rpb, additional tokens) in float32 against the
     float64 oracle, over every pattern parameter, GQA, D_v != D, scale, softcap, rpb, mods and
@@ -92,7 +97,14 @@ def test_flex_matches_oracle(spec, through_lse):
     ref_grads = torch.autograd.grad(loss(ref_out, ref_lse), leaves)
     floor_out, floor_lse = oracle.attention(*tensors.values(), spec["window"], compute_dtype=torch.float32, **kw)
     floor_grads = torch.autograd.grad(loss(floor_out, floor_lse), leaves)
-    for leaf, a, b, f in zip(leaves, grads, ref_grads, floor_grads):
+    # The same contract through the backward's usual form, dS = P (dP - rowsum(dO * O)), in
+    # float32 (the reference backend): where a row's softmax holds one key its exact dS is 0 but
+    # this form leaves float32 rounding of dP (about 1e-7), which dominates a small gradient
+    # (a key seen by such rows: seed 4203 gives 2.5e-5 from flex and from this alike).
+    usual_out, usual_lse = haloattn.attention(*tensors.values(), spec["window"], return_lse=True,
+                                              backend="reference", **kw)
+    usual_grads = torch.autograd.grad(loss(usual_out, usual_lse), leaves)
+    for leaf, a, b, f, f2 in zip(leaves, grads, ref_grads, floor_grads, usual_grads):
         assert a.dtype == torch.float32
         err = oracle.rel_error(a, b)
         # An rpb entry sums score gradients that cancel (each softmax row's sum to zero without
@@ -103,7 +115,7 @@ def test_flex_matches_oracle(spec, through_lse):
         # every query through a saturated softcap: seed 2147483647 gives 2e-5 from flex and from
         # the reference backend alike): allow a few times what a plain float32 computation of the
         # contract misses by on these inputs; a wrong gradient is still off by order 1.
-        tolerance = max(tolerance, 3 * oracle.rel_error(f, b))
+        tolerance = max(tolerance, 3 * oracle.rel_error(f, b), 3 * oracle.rel_error(f2, b))
         assert err <= tolerance, f"gradient of a {tuple(leaf.shape)} input: rel error {err:.3g} for {spec}"
 
 
