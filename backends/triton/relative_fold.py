@@ -30,7 +30,8 @@ def fold_axis(grad: torch.Tensor, coordinate_dim: int, slot_dim: int, slot: torc
     (``slot``, ``present`` from ``slots_of_entries``)."""
     grad = grad.movedim((coordinate_dim, slot_dim), (-2, -1))
     index = slot.expand(*grad.shape[:-1], slot.shape[-1])
-    return (torch.gather(grad, -1, index) * present).sum(-2)
+    picked = torch.gather(grad, -1, index)
+    return picked.mul_(present).sum(-2)  # in place: one temporary of about twice grad, not two
 
 
 def fold_into_table(grad: torch.Tensor, slots) -> torch.Tensor:
