@@ -3,8 +3,10 @@
 # (a copy of another revision's csrc/, carried in). Builds the working tree, runs the smoke run and
 # GPU tests of gpu_run_cuda.sh and bench_cuda.py, then rebuilds with ab_base/csrc and benchmarks it.
 # Usage (GPU machine, repo root, nvidia-cutlass importable): bash benchmarks/gpu_ab_cuda.sh
-# Knobs: those of gpu_run_cuda.sh, AB_BASES (the other trees' directories, default ab_base), AB_PROBLEMS (bench_cuda.py --only list), AB_BASE_PROBLEMS (the same for the other trees, default AB_PROBLEMS), SPLIT_PROBLEMS (also a
-# per-kernel device-time split, kernel_split.py --backend cuda, of these problems on both trees),
+# Knobs: those of gpu_run_cuda.sh, AB_BASES (the other trees' directories, default ab_base),
+# AB_PROBLEMS (bench_cuda.py --only list), AB_BASE_PROBLEMS (the same for the other trees, default
+# AB_PROBLEMS), SPLIT_PROBLEMS (also a per-kernel device-time split, kernel_split.py --backend
+# cuda, of these problems on every tree),
 # SASS=1 (the working tree's module disassembled into $OUT/new.sass.gz, to read its spills and waits).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

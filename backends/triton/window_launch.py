@@ -230,8 +230,10 @@ def dense_bias(rpb: torch.Tensor, launch: WindowLaunch, problem) -> torch.Tensor
 
 def _window_slots(windows: Tuple[int, int, int], device: torch.device):
     """Per axis, ``slots_of_entries`` of a window: query coordinate x's key slot p (the key's
-    coordinate) holds table entry p - x + W - 1."""
-    return [slots_of_entries(W - 1 - torch.arange(W, device=device), W) for W in windows]
+    coordinate) holds table entry p - x + W - 1. Built once per device (device_constants): a
+    training step's backward should not rebuild them."""
+    return device_constant(("window_slots", windows, device), device, lambda: tuple(
+        slots_of_entries(W - 1 - torch.arange(W, device=device), W) for W in windows))
 
 
 def table_gradient(dbias: torch.Tensor, rpb: torch.Tensor, launch: WindowLaunch) -> torch.Tensor:
