@@ -476,7 +476,7 @@ def test_both_rescaling_rules_match_the_oracle(lazy, magnitude, fold):
     "spatial, window, options",
     [((9, 11), (3, 5), dict(dilation=(2, 1), causal=(True, False))), ((5, 6, 7), (3, 3, 5), {}),
      ((40,), 7, dict(stride=3)), ((10, 9), (4, 3), dict(pattern="window", shift=(2, 1))),
-     # A long axis with a large window: a dense [L, K, 2K-1] one-hot matrix would take 34 GB.
+     # A long axis with a large window: a dense [L, K, 2K-1] one-hot matrix would take 69 GB.
      ((4096,), 1023, {})],
 )
 def test_bias_gradient_equals_a_scatter_add(spatial, window, options, chunk, monkeypatch):

@@ -4,8 +4,8 @@ A table entry is a product of per-axis entries, each set by one axis' query coor
 slot alone, so the scatter-add from (query, slot) pairs into the table factorises into one step
 per axis: gather each coordinate's slots into its row of 2K-1 entries, then sum the rows over the
 coordinate. Deterministic (no atomics, a fixed summation order), and its memory is about twice
-the gradient's: a dense one-hot matrix of [coordinates x slots, entries] would grow with the
-window's cube on one axis (34 GB for a 1-D window of 1023 over 4096 tokens)."""
+the gradient's: a dense one-hot matrix of [coordinates x slots, entries] would grow with the axis
+length times the window's square (69 GB for a 1-D window of 1023 over 4096 tokens)."""
 
 from __future__ import annotations
 
