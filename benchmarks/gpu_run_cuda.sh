@@ -56,6 +56,14 @@ for spatial, window, opts in [((70,), 9, {}), ((12, 13), (5, 3), dict(dilation=(
     torch.cuda.synchronize()
     rel = [((g.float() - r).norm() / r.norm()).item() for g, r in zip(grads, ref_grads)]
     print(spatial, window, opts, 'out max abs diff', (out.float() - ref).abs().max().item(), 'grad rel errors', rel)
+# Benchmark-sized calls too (many pairs per CTA, long walks): a race between a ring's threads
+# may show only there.
+for spatial, window in [((128, 128), 31), ((16, 48, 48), (7, 15, 15))]:
+    q, k, v = (torch.randn(1, *spatial, 16, 128, device='cuda', dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    for _ in range(3):
+        haloattn.attention(q, k, v, window, backend='cuda').sum().backward()
+    torch.cuda.synchronize()
+    print(spatial, window, 'three forward and backward calls finished')
 " 2>&1 | tee "$OUT/smoke.log"; then
   echo "smoke run failed or timed out"
   sanitize
