@@ -401,6 +401,27 @@ def test_reasons_for_what_it_does_not_run(monkeypatch):
     assert any("kq_conv" in r for r in reasons)
 
 
+@pytest.mark.parametrize("hip,capability,expected", [
+    (None, (9, 0), None),
+    (None, (7, 5), "CUDA capability 7.5 is below 8.0"),
+    ("6.2.41133", (9, 4), "is an AMD GPU (torch built for ROCm 6.2.41133)"),
+    ("6.2.41133", (9, 0), "is an AMD GPU"),  # gfx90a reports 9.0, like a Hopper
+])
+def test_gpu_reasons_tell_nvidia_capabilities_from_amd_ones(monkeypatch, hip, capability, expected):
+    from types import SimpleNamespace
+
+    from haloattn.backends.triton import plugin
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    problem = SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16)
+    reasons = plugin.device_and_dtype_reasons(problem)
+    if expected is None:
+        assert reasons == []
+    else:
+        assert len(reasons) == 1 and expected in reasons[0], reasons
+
+
 def test_cpu_problems_stay_on_the_reference_without_the_interpreter(monkeypatch):
     reasons, chosen = _reasons(monkeypatch, False)
     assert any(r.startswith("device cpu: Triton runs on CUDA devices") or "no CUDA device" in r for r in reasons)

@@ -59,6 +59,13 @@ def device_and_dtype_reasons(problem) -> List[str]:
             )
     elif device.type != "cuda":
         reasons.append(f"device {device.type}: Triton runs on CUDA devices")
+    elif torch.version.hip is not None:
+        # A ROCm build of torch names AMD GPUs "cuda" and reports their gfx version as the
+        # capability (gfx942: 9.4), which would pass for a Hopper and select the TMA copies.
+        reasons.append(
+            f"device {device} is an AMD GPU (torch built for ROCm {torch.version.hip}): these kernels "
+            "are written, tuned and tested for NVIDIA GPUs (compute capability 8.0 and above)"
+        )
     else:
         capability = cuda_capability(device)
         if capability is not None and capability < (8, 0):
