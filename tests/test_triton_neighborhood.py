@@ -337,8 +337,9 @@ def test_value_tiles_of_problems_with_additional_tokens_are_at_least_64_wide(val
     assert tiles.value_block(problem) == block
 
 
-@pytest.mark.parametrize("optin_kib,capability", [(99, (8, 6)), (163, (8, 0)), (227, (9, 0))],
-                         ids=["ada-ampere-consumer", "a100", "hopper"])
+@pytest.mark.parametrize("optin_kib,capability", [(99, (8, 6)), (163, (8, 0)), (227, (9, 0)),
+                                                    (227, (10, 0)), (99, (12, 0))],
+                         ids=["ada-ampere-consumer", "a100", "hopper", "blackwell-datacenter", "blackwell-consumer"])
 def test_configs_fit_the_shared_memory_of_the_device(monkeypatch, forget_configs, optin_kib, capability):
     """Tiles chosen on a GPU with less shared memory than Hopper's must fit it (Triton would refuse
     the launch with OutOfResources): default and every tuning candidate, every kernel; and the
