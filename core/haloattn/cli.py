@@ -110,7 +110,9 @@ def cmd_info(args) -> int:
     print(f"triton   {triton_version}")
     devices = [torch.device("cpu")]
     print("devices:")
-    print(f"  cpu: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores".rstrip())
+    # platform.processor() is empty on many Linux machines: leave it out rather than print a gap.
+    processor = " ".join(part for part in (platform.machine(), platform.processor()) if part)
+    print(f"  cpu: {processor}, {os.cpu_count()} cores")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             cap = torch.cuda.get_device_capability(i)
