@@ -8,6 +8,7 @@
 # AB_PROBLEMS), SPLIT_PROBLEMS (also a per-kernel device-time split, kernel_split.py --backend
 # cuda, of these problems on every tree),
 # SASS=1 (the working tree's module disassembled into $OUT/new.sass.gz, to read its spills and waits).
+# Leaves in $OUT: bench_<tree>.json, split_<tree>.json, device.txt and logs.tar.gz (every log).
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export HALOATTN_CUDA=on
@@ -42,3 +43,11 @@ done
 rm -rf csrc && mv csrc_new csrc
 # The restored files keep their old times: touch them, or the next build reuses the other trees' objects.
 find csrc -type f -exec touch {} +
+# The device tool brings back only a few files from $OUT: keep the JSON results and device.txt
+# loose, and the logs (install, smoke, tests, bench, info) in one archive. The tests' verdict is
+# also printed, since a summary cut from the call's output tail is otherwise lost.
+[ -f "$OUT/tests.log" ] && echo "tests: $(tail -1 "$OUT/tests.log")"
+logs=$(cd "$OUT" && ls -- *.log info.txt 2>/dev/null)
+if [ -n "$logs" ]; then
+  (cd "$OUT" && tar -czf logs.tar.gz $logs && rm -f $logs)
+fi
