@@ -407,3 +407,19 @@ def test_backends_run_on_their_inputs_device(monkeypatch):
     with backend_module.on_device(torch.device("cuda", 0)), backend_module.on_device(torch.device("cpu")):
         pass
     assert entered == []  # already current, or not CUDA: nothing to switch
+
+
+@pytest.mark.parametrize("processor,expected", [("", "  cpu: x86_64, 7 cores"),
+                                                ("Intel64 Family 6", "  cpu: x86_64 Intel64 Family 6, 7 cores")])
+def test_info_names_the_cpu_without_a_gap(monkeypatch, capsys, processor, expected):
+    """``haloattn info``'s CPU line: the processor name where the platform gives one, and no stray
+    space before the comma where it gives none (most Linux machines)."""
+    import platform
+
+    from haloattn.cli import main
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(platform, "processor", lambda: processor)
+    monkeypatch.setattr("os.cpu_count", lambda: 7)
+    assert main(["info"]) == 0
+    assert expected in capsys.readouterr().out.splitlines()
