@@ -42,10 +42,16 @@ __host__ __device__ inline PairTiles pair_tiles(const AttentionParams& p, const 
   t.chunks = 1;
   for (int a = 0; a < kMaxRank; ++a) {
     const int n = kt.n[a];
-    // key_range is monotone, so the common window starts inside the box (lo <= anchor).
+    // key_range is monotone, so the common window starts inside the box (lo <= anchor). The
+    // anchored grid is taken only where it covers the box in as many tiles as one starting at
+    // the box: an extra tile costs more than the masks it saves (3-D 7x15x15: 2.02 computed
+    // pairs per attended one anchored on every axis, against 1.8 anchored where free).
     const int anchor = common.hi[a] > common.lo[a] ? common.lo[a] : lo[a];
-    t.start[a] = anchor - ceil_div_nonneg(anchor - lo[a], n) * n;
-    t.tiles[a] = ceil_div_nonneg(lo[a] + extent[a] - t.start[a], n);
+    const int anchored_start = anchor - ceil_div_nonneg(anchor - lo[a], n) * n;
+    const int anchored_tiles = ceil_div_nonneg(lo[a] + extent[a] - anchored_start, n);
+    const bool anchor_adds_a_tile = anchored_tiles > ceil_div_nonneg(extent[a], n);
+    t.start[a] = anchor_adds_a_tile ? lo[a] : anchored_start;
+    t.tiles[a] = anchor_adds_a_tile ? ceil_div_nonneg(extent[a], n) : anchored_tiles;
     t.chunks *= t.tiles[a];
   }
   return t;
