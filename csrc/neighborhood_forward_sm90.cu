@@ -54,6 +54,7 @@ constexpr int kProducerRegisters = 72;
 constexpr int kConsumerRegisters = 216;
 constexpr int kPlanningWarps = kConsumers;  // warps 1 and 2, one per half
 constexpr int kPlanStages = 4;              // plans written ahead of the consumers
+constexpr int kTurnBarrier = 3;             // named barriers 3 and 4: the consumers' turns
 static_assert(register_split_fits(kProducerRegisters, kConsumerRegisters), "the register split exceeds the launch allocation");
 
 // The ring's tiles are consumed in a software pipeline with two P register buffers. 128-key
@@ -200,6 +201,23 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
   // previous pair's output out of it (the epilogue below): at the next pair's start, or at the
   // end. -1: nothing to release.
   int unreleased_buffer = -1;
+  // The consumers take turns at issuing tensor-core work (FlashAttention-3's ping-pong): one
+  // warpgroup's products of a key tile are issued, then the other's, so one runs its softmax
+  // while the tensor cores work on the other's products instead of both waiting on their scores
+  // at once. A turn is a key tile of the walk: each consumer takes one per tile, also for tiles
+  // it only passes over, so both take the same number. Barrier 3 + h (1 and 2 are the
+  // epilogues') is consumer h's turn; consumer 0 gets the first one. Only on 1-D grids, where
+  // the halves walk long runs of the same tiles (forward 1.04-1.08x): where their tiles differ
+  // (2-D, 3-D) each half waits at the other's run ends and passed-over tiles (0.82-0.98x), also
+  // with turns on the tiles both compute only.
+  constexpr bool kTakeTurns = RANK == 1;
+  auto take_turn = [&]() {
+    if (kTakeTurns) named_barrier_sync(kTurnBarrier + half, kConsumers * kWarpgroup);
+  };
+  auto pass_turn = [&]() {
+    if (kTakeTurns) named_barrier_arrive(kTurnBarrier + (half ^ 1), kConsumers * kWarpgroup);
+  };
+  if (kTakeTurns && half == 0) named_barrier_arrive(kTurnBarrier, kConsumers * kWarpgroup);
   auto release_output_buffer = [&]() {
     if (tid == 0 && unreleased_buffer >= 0) {
       cute::tma_store_wait<0>();
@@ -344,9 +362,11 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
       }
     };
 
-    auto pass_over = [&]() {  // waits for the current tile and releases it unused
+    auto pass_over = [&]() {  // waits for the current tile, passes its turn on and releases it unused
       const int n = chunk_count + c;
       Barrier::wait(&full[stage_of(n)], phase_of(n));
+      take_turn();
+      pass_turn();
       Barrier::arrive(&empty[stage_of(n)]);
     };
     auto next_tile = [&]() {
@@ -374,8 +394,10 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
       float alpha_a, alpha_b;
       int prev_stage = stage_of(chunk_count + c);
       Barrier::wait(&full[prev_stage], phase_of(chunk_count + c));
+      take_turn();
       cute::warpgroup_arrive();
       issue_scores(s, prev_stage);
+      pass_turn();
       const TileMask first_mask = tile_mask();
       cute::warpgroup_wait<0>();
       fence_registers(s);
@@ -386,10 +408,12 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
         next_tile();
         const int n = chunk_count + c, stage = stage_of(n);
         Barrier::wait(&full[stage], phase_of(n));
+        take_turn();
         fence_registers(o);
         cute::warpgroup_arrive();
         issue_scores(s, stage);
         issue_values(current, prev_stage);
+        pass_turn();
         const TileMask mask = tile_mask();
         cute::warpgroup_wait<1>();  // the scores (committed first) are ready
         fence_registers(s);
@@ -460,6 +484,9 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
     }
     Barrier::arrive(&plan_empty[plan_stage]);  // the pair's plan is read
   }
+  // Consumer 1's last turn arrived on consumer 0's barrier (or, with no tiles, consumer 0's own
+  // first arrival is there): complete it, so no barrier is left half-arrived.
+  if (half == 0) take_turn();
   release_output_buffer();
 }
 

@@ -87,6 +87,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives on barrier `id` for `threads` threads without waiting: the other threads' bar.sync on
+// it completes once these arrivals and theirs add up to `threads`.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // 2^x in one MUFU instruction (ex2.approx.ftz: about 2 ulp, denormal results flushed to zero,
 // as FlashAttention's exponentials). exp2f adds a range fix-up of about four instructions per
 // score, which was a fifth of the consumer's instructions.
