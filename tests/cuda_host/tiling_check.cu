@@ -177,6 +177,16 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
     const PairTiles t = pair_tiles(one_head, shape, kt, cta, inverse);
     const TileWork& w = t.work;
     if (w.empty) continue;
+    // The tile grid covers the pair's key box in as few tiles per axis as any grid could: it is
+    // anchored at the common window only where that is free.
+    int box_lo[kMaxRank], box_extent[kMaxRank];
+    partner_box(one_head, w, box_lo, box_extent, inverse);
+    for (int a = 0; a < kMaxRank; ++a) {
+      if (t.start[a] > box_lo[a] || t.start[a] + t.tiles[a] * kt.n[a] < box_lo[a] + box_extent[a])
+        return "the key tile grid does not cover the pair's key box";
+      if (t.tiles[a] != (box_extent[a] + kt.n[a] - 1) / kt.n[a])
+        return "the key tile grid lays more tiles along an axis than the pair's key box needs";
+    }
     for (int half = 0; half < 2; ++half) {
       const TileHalf h = tile_half(w, shape, half);
       if (h.rows > kTileTokens) return "a half holds more than 64 rows";
