@@ -1,8 +1,8 @@
 // How the Hopper forward kernel walks a pair tile's keys: in spatial key tiles of 64 tokens
 // (e.g. 8x8 in 2-D, 2x4x8 in 3-D), each one copied by a single TMA instruction, laid over the
-// pair's union key box. The tile grid is anchored at the first half's common window (the keys
-// every one of its queries attends), so the tiles inside that window need no mask at all; the
-// others are masked per row with a 64-bit mask built from per-axis prefix masks (two shared
+// pair's union key box. Where that costs no extra tile, the tile grid is anchored at the first
+// half's common window (the keys every one of its queries attends), so the tiles inside that
+// window need no mask at all; the others are masked per row with a 64-bit mask built from per-axis prefix masks (two shared
 // loads and an and-not per axis), one bit test per score.
 #pragma once
 
