@@ -6,7 +6,7 @@
 # Knobs: those of gpu_run_cuda.sh, AB_BASES (the other trees' directories, default ab_base),
 # AB_PROBLEMS (bench_cuda.py --only list), AB_BASE_PROBLEMS (the same for the other trees, default
 # AB_PROBLEMS), SPLIT_PROBLEMS (also a per-kernel device-time split, kernel_split.py --backend
-# cuda, of these problems on every tree),
+# cuda, of these problems on every tree; SPLIT_ARGS="--extra" adds its extra problems, 10-13),
 # SASS=1 (the working tree's module disassembled into $OUT/new.sass.gz, to read its spills and waits).
 # Leaves in $OUT: bench_<tree>.json, split_<tree>.json, device.txt and logs.tar.gz (every log).
 OUT=${OUT:-/tmp/out}
@@ -18,7 +18,7 @@ find csrc -type f -exec touch {} +
 BENCH_PROBLEMS=${AB_PROBLEMS:-0,1,2,3,4,5,6,7,8,9} bash benchmarks/gpu_run_cuda.sh || exit 1
 mv "$OUT/bench.json" "$OUT/bench_new.json"
 split() {
-  [ -n "$SPLIT_PROBLEMS" ] && timeout 120 python3 benchmarks/kernel_split.py --backend cuda --only "$SPLIT_PROBLEMS" --calls 10 \
+  [ -n "$SPLIT_PROBLEMS" ] && timeout 120 python3 benchmarks/kernel_split.py --backend cuda --only "$SPLIT_PROBLEMS" --calls 10 $SPLIT_ARGS \
     --json "$OUT/split_$1.json" 2>&1 | tail -12
 }
 split new
