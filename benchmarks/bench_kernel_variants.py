@@ -39,6 +39,8 @@ EXTRA_PROBLEMS = [
     ("2-D 64x64, 13x13 dilation 2, D=64", (64, 64), 13, {"dilation": 2}, 64),
     ("3-D 8x32x32, 3x7x7, D=64", (8, 32, 32), (3, 7, 7), {}, 64),
     ("1-D 16384, causal window 1024, D=128", (16384,), 1024, {"causal": True}, 128),
+    # A short 1-D walk (five 64-key tiles a query tile): sliding windows of long-sequence models.
+    ("1-D 32768, window 255, D=128", (32768,), 255, {}, 128),
 ]
 
 from haloattn.backend import AttentionInputs  # noqa: E402

@@ -6,7 +6,7 @@
 # Knobs: those of gpu_run_cuda.sh, AB_BASES (the other trees' directories, default ab_base),
 # AB_PROBLEMS (bench_cuda.py --only list), AB_BASE_PROBLEMS (the same for the other trees, default
 # AB_PROBLEMS), SPLIT_PROBLEMS (also a per-kernel device-time split, kernel_split.py --backend
-# cuda, of these problems on every tree; SPLIT_ARGS="--extra" adds its extra problems, 10-13),
+# cuda, of these problems on every tree; SPLIT_ARGS="--extra" adds its extra problems, 10-14),
 # SASS=1 (the working tree's module disassembled into $OUT/new.sass.gz, to read its spills and waits).
 # Leaves in $OUT: bench_<tree>.json, split_<tree>.json, device.txt and logs.tar.gz (every log).
 OUT=${OUT:-/tmp/out}
