@@ -2,8 +2,8 @@
 // (e.g. 8x8 in 2-D, 2x4x8 in 3-D), each one copied by a single TMA instruction, laid over the
 // pair's union key box. Where that costs no extra tile, the tile grid is anchored at the first
 // half's common window (the keys every one of its queries attends), so the tiles inside that
-// window need no mask at all; the others are masked per row with a 64-bit mask built from per-axis prefix masks (two shared
-// loads and an and-not per axis), one bit test per score.
+// window need no mask at all; the others are masked per row with a 64-bit mask built from
+// per-axis prefix masks (two shared loads and an and-not per axis), one bit test per score.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +45,7 @@ __host__ __device__ inline PairTiles pair_tiles(const AttentionParams& p, const 
     // key_range is monotone, so the common window starts inside the box (lo <= anchor). The
     // anchored grid is taken only where it covers the box in as many tiles as one starting at
     // the box: an extra tile costs more than the masks it saves (3-D 7x15x15: 2.02 computed
-    // pairs per attended one anchored on every axis, against 1.8 anchored where free).
+    // pairs per attended one anchored on every axis, against 1.84 anchored where free).
     const int anchor = common.hi[a] > common.lo[a] ? common.lo[a] : lo[a];
     const int anchored_start = anchor - ceil_div_nonneg(anchor - lo[a], n) * n;
     const int anchored_tiles = ceil_div_nonneg(lo[a] + extent[a] - anchored_start, n);

@@ -363,7 +363,7 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
       }
     };
 
-    auto pass_over = [&]() {  // waits for the current tile, passes its turn on and releases it unused
+    auto pass_over = [&]() {  // waits for the current tile, takes its turn (1-D) and releases it unused
       const int n = chunk_count + c;
       Barrier::wait(&full[stage_of(n)], phase_of(n));
       take_turn();
