@@ -13,9 +13,10 @@ Two ceilings bound it:
 
 It also reports the share of a query tile's key-tile steps that need no per-score mask, with key
 tiles aligned to the key box (as the triton kernel walked them until 2026-11-25) and anchored at
-the tile's common window (as the cuda Hopper kernel does), for the same number of tiles or one
-more per axis. The triton kernels now anchor only where that adds no step
-(``tiles.walk_start``), so on the 2-D problems they get the anchored share.
+the tile's common window (as the cuda Hopper kernel did until 2026-11-27), for the same number of
+tiles or one more per axis. Both backends now anchor only where that adds no step
+(``tiles.walk_start``; cuda's ``key_tiles.cuh``), so on the 2-D problems they get the anchored
+share.
 
     python benchmarks/efficiency_bounds.py [--dense-tflops 630] [--bandwidth-tbs 3.0]
 """
@@ -59,7 +60,7 @@ def unmasked_share(problem, q_tile, kv_tile, anchored: bool) -> float:
     inside every query's window of the tile (the steps that need no per-score mask). Key tiles
     start at the union box's low end (``anchored=False``, the triton kernel's former walk) or are shifted so
     that one starts where the tile's common window does (``anchored=True``, the cuda Hopper
-    kernel's key_tiles.cuh), covering the same box. Per axis and query tile the counts are
+    kernel's key_tiles.cuh before 2026-11-27), covering the same box. Per axis and query tile the counts are
     independent, so the shares multiply over axes."""
     share = 1.0
     for axis, tq, tk in zip(problem.axes, q_tile, kv_tile):
