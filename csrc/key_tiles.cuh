@@ -49,9 +49,10 @@ __host__ __device__ inline PairTiles pair_tiles(const AttentionParams& p, const 
     const int anchor = common.hi[a] > common.lo[a] ? common.lo[a] : lo[a];
     const int anchored_start = anchor - ceil_div_nonneg(anchor - lo[a], n) * n;
     const int anchored_tiles = ceil_div_nonneg(lo[a] + extent[a] - anchored_start, n);
-    const bool anchor_adds_a_tile = anchored_tiles > ceil_div_nonneg(extent[a], n);
+    const int box_tiles = ceil_div_nonneg(extent[a], n);
+    const bool anchor_adds_a_tile = anchored_tiles > box_tiles;
     t.start[a] = anchor_adds_a_tile ? lo[a] : anchored_start;
-    t.tiles[a] = anchor_adds_a_tile ? ceil_div_nonneg(extent[a], n) : anchored_tiles;
+    t.tiles[a] = anchor_adds_a_tile ? box_tiles : anchored_tiles;
     t.chunks *= t.tiles[a];
   }
   return t;
