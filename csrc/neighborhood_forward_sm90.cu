@@ -61,22 +61,28 @@ static_assert(register_split_fits(kProducerRegisters, kConsumerRegisters), "the 
 // chunks (2 deep, consumed one at a time, as S, O and one P filled the registers of the earlier
 // cp.async kernel) measured 0.67-0.95x of this.
 
+// The forward's ring depth. With the stages shared by both consumers, a half can run at most the
+// ring's depth ahead of the other; at head dim 64 a stage is 16 KiB and eight fit beside the
+// query buffers and plans (about 178 KiB), at 128 four (about 211 KiB of the 227 an SM has).
+constexpr int forward_stages(int head_dim) { return head_dim <= 64 ? 8 : kStages; }
+
 template <typename T, int D>
 struct Smem {
+  static constexpr int kRing = forward_stages(D);
   static constexpr int kQElems = kHalfRows * D;  // one half's [64][D] queries
   static constexpr int kTileElems = kChunk * D;  // a [kChunk][D] key or value tile
   static constexpr size_t kTileBytes = kTileElems * sizeof(T);
   static constexpr size_t kQ = 0;                                          // [buffer][half][64][D]
   static constexpr size_t kK = kQ + 2 * kConsumers * kQElems * sizeof(T);  // [stage][kChunk][D]
-  static constexpr size_t kV = kK + kStages * kTileBytes;
+  static constexpr size_t kV = kK + kRing * kTileBytes;
   // Prefix masks of the key tile shape (key_tiles.cuh), [axis][kMaskEntries].
-  static constexpr size_t kBelow = kV + kStages * kTileBytes;
+  static constexpr size_t kBelow = kV + kRing * kTileBytes;
   // The ring of pair plans (pair_plans.cuh).
   static constexpr size_t kPlans = (kBelow + kMaxRank * kMaskEntries * sizeof(uint64_t) + 15) / 16 * 16;
   static constexpr size_t kBarriers = kPlans + kPlanStages * sizeof(PairPlan);
   // Q full[2], Q empty[2], K/V full[stages], K/V empty[stages], plan full[plan stages], plan
   // empty[plan stages].
-  static constexpr int kBarrierCount = 4 + 2 * kStages + 2 * kPlanStages;
+  static constexpr int kBarrierCount = 4 + 2 * kRing + 2 * kPlanStages;
   static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t);
   // Tiles must start 1024-byte aligned (the swizzle is applied to address bits); dynamic shared
   // memory is only promised 16, so the launch asks for one alignment's worth more.
@@ -115,8 +121,8 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
     }
     TileCursor cursor{{0, 0, 0}};
     for (int c = 0; c < t.chunks; ++c) {
-      const int n = chunk_count + c, stage = stage_of(n);
-      if (n >= kStages) Barrier::wait(&empty[stage], phase_of(n) ^ 1);
+      const int n = chunk_count + c, stage = stage_of<L::kRing>(n);
+      if (n >= L::kRing) Barrier::wait(&empty[stage], phase_of<L::kRing>(n) ^ 1);
       TxBarrier::arrive_and_expect_tx(&full[stage], 2 * L::kTileBytes);
       int x[kMaxRank];
       for (int a = 0; a < kMaxRank; ++a) x[a] = t.start[a] + cursor.i[a] * kt.n[a];
@@ -365,10 +371,10 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
 
     auto pass_over = [&]() {  // waits for the current tile, takes its turn (1-D) and releases it unused
       const int n = chunk_count + c;
-      Barrier::wait(&full[stage_of(n)], phase_of(n));
+      Barrier::wait(&full[stage_of<L::kRing>(n)], phase_of<L::kRing>(n));
       take_turn();
       pass_turn();
-      Barrier::arrive(&empty[stage_of(n)]);
+      Barrier::arrive(&empty[stage_of<L::kRing>(n)]);
     };
     auto next_tile = [&]() {
       ++c;
@@ -393,8 +399,8 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
       float s[kSRegs];
       uint32_t pa_prev[kChunk / 16][4], pa[kChunk / 16][4];
       float alpha_a, alpha_b;
-      int prev_stage = stage_of(chunk_count + c);
-      Barrier::wait(&full[prev_stage], phase_of(chunk_count + c));
+      int prev_stage = stage_of<L::kRing>(chunk_count + c);
+      Barrier::wait(&full[prev_stage], phase_of<L::kRing>(chunk_count + c));
       take_turn();
       cute::warpgroup_arrive();
       issue_scores(s, prev_stage);
@@ -407,8 +413,8 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
       // One step: the next tile's scores and softmax (into `next`) around the P V of `current`.
       auto step = [&](uint32_t (&current)[kChunk / 16][4], uint32_t (&next)[kChunk / 16][4]) {
         next_tile();
-        const int n = chunk_count + c, stage = stage_of(n);
-        Barrier::wait(&full[stage], phase_of(n));
+        const int n = chunk_count + c, stage = stage_of<L::kRing>(n);
+        Barrier::wait(&full[stage], phase_of<L::kRing>(n));
         take_turn();
         fence_registers(o);
         cute::warpgroup_arrive();
@@ -505,8 +511,8 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
   uint64_t* q_empty = q_full + 2;
   uint64_t* full = q_empty + 2;
-  uint64_t* empty = full + kStages;
-  uint64_t* plan_full = empty + kStages;
+  uint64_t* empty = full + L::kRing;
+  uint64_t* plan_full = empty + L::kRing;
   uint64_t* plan_empty = plan_full + kPlanStages;
   PairPlan* plans = reinterpret_cast<PairPlan*>(smem + L::kPlans);
 
@@ -516,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const AttentionPar
       Barrier::init(&q_full[b], 1);
       Barrier::init(&q_empty[b], kConsumers * kWarpgroup);
     }
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < L::kRing; ++s) {
       Barrier::init(&full[s], 1);
       Barrier::init(&empty[s], kConsumers * kWarpgroup);
     }

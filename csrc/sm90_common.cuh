@@ -38,12 +38,14 @@ constexpr bool register_split_fits(int producer, int consumer) {
 }
 
 // The ring the partner tiles stream through: one 64-token tile per stage (the N of S), four
-// stages. The n-th tile a CTA handles (over all its pairs) sits in stage n % kStages, and its
-// barriers complete their phase number n / kStages.
+// stages unless a kernel says otherwise (kRing). The n-th tile a CTA handles (over all its pairs)
+// sits in stage n % kRing, and its barriers complete their phase number n / kRing.
 constexpr int kChunk = kKeyTileTokens;
 constexpr int kStages = 4;
-__device__ inline int stage_of(int n) { return n % kStages; }
-__device__ inline uint32_t phase_of(int n) { return (n / kStages) & 1; }
+template <int kRing = kStages>
+__device__ inline int stage_of(int n) { return n % kRing; }
+template <int kRing = kStages>
+__device__ inline uint32_t phase_of(int n) { return (n / kRing) & 1; }
 
 // Group coordinate `x` along axis a as the token coordinate a copy starts at.
 __device__ inline int token_coordinate(const AttentionParams& p, const TileWork& w, int a, int x) {
