@@ -55,6 +55,7 @@ constexpr int kConsumerRegisters = 216;
 constexpr int kPlanningWarps = kConsumers;  // warps 1 and 2, one per half
 constexpr int kPlanStages = 4;              // plans written ahead of the consumers
 constexpr int kTurnBarrier = 3;             // named barriers 3 and 4: the consumers' turns
+constexpr int kTurnMinTiles = 16;           // the shortest walk whose pairs take turns
 static_assert(register_split_fits(kProducerRegisters, kConsumerRegisters), "the register split exceeds the launch allocation");
 
 // The ring's tiles are consumed in a software pipeline with two P register buffers. 128-key
@@ -213,16 +214,20 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
   // at once. A turn is a key tile of the walk: each consumer takes one per tile, also for tiles
   // it only passes over, so both take the same number. Barrier 3 + h (1 and 2 are the
   // epilogues') is consumer h's turn; consumer 0 gets the first one. Only on 1-D grids, where
-  // the halves walk long runs of the same tiles (forward 1.05-1.09x on walks of 18 and 33 tiles,
-  // but 0.95x on a walk of 6, 1-D window 255): where their tiles differ (2-D, 3-D) each half
-  // waits at the other's run ends and passed-over tiles (0.82-0.98x), also with turns on the
-  // tiles both compute only.
+  // the halves walk long runs of the same tiles (forward 1.05-1.09x on walks of 18 and 33 tiles):
+  // where their tiles differ (2-D, 3-D) each half waits at the other's run ends and passed-over
+  // tiles (0.82-0.98x), also with turns on the tiles both compute only. And only in pairs whose
+  // walk has at least kTurnMinTiles tiles: on a walk of 6 (1-D window 255) the turns' waits cost
+  // more than the overlap gains (0.95x). Both halves read the walk from the same plan, so they
+  // agree on which pairs take turns; between such pairs the token stays where the last one left
+  // it (an arrival on consumer 0's barrier).
   constexpr bool kTakeTurns = RANK == 1;
+  bool turns = false;  // this pair's
   auto take_turn = [&]() {
-    if (kTakeTurns) named_barrier_sync(kTurnBarrier + half, kConsumers * kWarpgroup);
+    if (kTakeTurns && turns) named_barrier_sync(kTurnBarrier + half, kConsumers * kWarpgroup);
   };
   auto pass_turn = [&]() {
-    if (kTakeTurns) named_barrier_arrive(kTurnBarrier + (half ^ 1), kConsumers * kWarpgroup);
+    if (kTakeTurns && turns) named_barrier_arrive(kTurnBarrier + (half ^ 1), kConsumers * kWarpgroup);
   };
   if (kTakeTurns && half == 0) named_barrier_arrive(kTurnBarrier, kConsumers * kWarpgroup);
   auto release_output_buffer = [&]() {
@@ -242,6 +247,7 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
     if (plan.done) break;
     const KeyTileWalk tiles = plan.walk;
     const HalfTiles own = plan.half[half].own;
+    turns = tiles.chunks >= kTurnMinTiles;
 
     // The two rows this thread accumulates: their neighbourhoods (group coordinates).
     const int row_a = warp * 16 + g, row_b = row_a + 8;
@@ -491,9 +497,9 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
     }
     Barrier::arrive(&plan_empty[plan_stage]);  // the pair's plan is read
   }
-  // Consumer 1's last turn arrived on consumer 0's barrier (or, with no tiles, consumer 0's own
+  // Consumer 1's last turn arrived on consumer 0's barrier (or, with no turns taken, consumer 0's own
   // first arrival is there): complete it, so no barrier is left half-arrived.
-  if (half == 0) take_turn();
+  if (kTakeTurns && half == 0) named_barrier_sync(kTurnBarrier, kConsumers * kWarpgroup);
   release_output_buffer();
 }
 
