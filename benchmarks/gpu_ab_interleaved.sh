@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Interleaved A/B of the compiled cuda backend: device times of several csrc/ trees measured in
+# alternating rounds, so that a drift of the shared machine (clocks, a neighbour) falls on every
+# tree alike instead of on whichever ran last. gpu_ab_cuda.sh times each tree once, one after the
+# other; differences of a few per cent between its trees were often within that drift.
+#
+# Each tree (the working tree's csrc/ as "new", then every directory of AB_BASES holding a csrc/,
+# named without its "ab_") is built once into a wheel and installed into a directory of its own;
+# then ROUNDS rounds run kernel_split.py on every tree in turn, each tree through PYTHONPATH.
+# ab_interleaved_summary.py prints each problem's median forward and backward time per tree and
+# the ratios to the first tree.
+# Usage (GPU machine, repo root, nvidia-cutlass importable):
+#   AB_BASES="ab_main" SPLIT_PROBLEMS=0,9 [SPLIT_ARGS=--extra] [ROUNDS=3] bash benchmarks/gpu_ab_interleaved.sh
+# Leaves in $OUT: split_<tree>_<round>.json, summary.txt, device.txt and the build logs.
+set -o pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export HALOATTN_CUDA=on PYTHONUNBUFFERED=1
+command -v nvcc > /dev/null || export PATH=/usr/local/cuda/bin:$PATH
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/device.txt"
+date -u | tee -a "$OUT/device.txt"
+SITES=${SITES:-/tmp/haloattn_ab_sites}
+rm -rf "$SITES" && mkdir -p "$SITES"
+
+build() {  # $1: tree name; builds the current csrc/ into $SITES/$1
+  find csrc -type f -exec touch {} +
+  local start=$(date +%s)
+  python3 -m pip wheel --no-build-isolation --no-deps . -w "$SITES/wheel_$1" > "$OUT/build_$1.log" 2>&1 || {
+    tail -20 "$OUT/build_$1.log"; return 1; }
+  python3 -m pip install -q --no-deps --target "$SITES/$1" "$SITES/wheel_$1"/haloattn-*.whl >> "$OUT/build_$1.log" 2>&1 || return 1
+  echo "$1 built in $(( $(date +%s) - start )) s"
+}
+
+trees="new"
+build new || exit 1
+mv csrc csrc_new
+for dir in ${AB_BASES:-ab_base}; do
+  name=${dir#ab_}
+  rm -rf csrc && cp -r "$dir/csrc" csrc
+  build "$name" && trees="$trees $name"
+done
+rm -rf csrc && mv csrc_new csrc
+find csrc -type f -exec touch {} +
+# An editable install would shadow the trees' packages: none may be importable besides them.
+python3 -m pip uninstall -y -q haloattn > /dev/null 2>&1
+
+for round in $(seq 1 ${ROUNDS:-3}); do
+  for name in $trees; do
+    echo "round $round: $name"
+    PYTHONPATH="$SITES/$name" timeout ${SPLIT_TIMEOUT:-120} python3 benchmarks/kernel_split.py --backend cuda \
+      --only "${SPLIT_PROBLEMS:-0,9}" --calls ${CALLS:-20} $SPLIT_ARGS --json "$OUT/split_${name}_$round.json" > "$OUT/split_${name}_$round.log" 2>&1 \
+      || tail -5 "$OUT/split_${name}_$round.log"
+  done
+done
+python3 benchmarks/ab_interleaved_summary.py "$OUT" $trees | tee "$OUT/summary.txt"
+(cd "$OUT" && tar -czf logs.tar.gz *.log && rm -f *.log)
