@@ -11,7 +11,8 @@
 # the ratios to the first tree.
 # Usage (GPU machine, repo root, nvidia-cutlass importable):
 #   AB_BASES="ab_main" SPLIT_PROBLEMS=0,9 [SPLIT_ARGS=--extra] [ROUNDS=3] bash benchmarks/gpu_ab_interleaved.sh
-# Leaves in $OUT: split_<tree>_<round>.json, summary.txt, device.txt and the build logs.
+# Leaves in $OUT: summary.txt, device.txt, splits.tar.gz (split_<tree>_<round>.json) and logs.tar.gz
+# (the device tool brings back only a few files).
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -54,4 +55,4 @@ for round in $(seq 1 ${ROUNDS:-3}); do
   done
 done
 python3 benchmarks/ab_interleaved_summary.py "$OUT" $trees | tee "$OUT/summary.txt"
-(cd "$OUT" && tar -czf logs.tar.gz *.log && rm -f *.log)
+(cd "$OUT" && tar -czf logs.tar.gz *.log && rm -f *.log && tar -czf splits.tar.gz split_*.json && rm -f split_*.json)
