@@ -24,9 +24,10 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 class CudaBackend(Backend):
     name = "cuda"
-    # Below triton (100): its Hopper kernels (wgmma, TMA) measured 0.56-0.93x triton's forward and
-    # 0.58-0.86x its backward on the ten benchmark problems (H100, 2026-11-26,
-    # benchmarks/RESULTS.md); the tuning cache can still pick cuda where it wins.
+    # Below triton (100): its Hopper kernels (wgmma, TMA) measured 0.73-1.21x triton's forward and
+    # 0.81-1.01x its forward+backward on the ten benchmark problems (H200, 2026-11-27,
+    # benchmarks/RESULTS.md): ahead on 1-D and aligned strided forwards only. The tuning cache
+    # (`haloattn tune`) picks cuda where it wins.
     priority = 90
     description = "compiled CUDA/CuTe kernels for Hopper (sm_90a), forward and deterministic backward"
 
