@@ -10,7 +10,8 @@
 # ab_interleaved_summary.py prints each problem's median forward and backward time per tree and
 # the ratios to the first tree.
 # Usage (GPU machine, repo root, nvidia-cutlass importable):
-#   AB_BASES="ab_main" SPLIT_PROBLEMS=0,9 [SPLIT_ARGS=--extra] [ROUNDS=3] bash benchmarks/gpu_ab_interleaved.sh
+#   AB_BASES="ab_main" SPLIT_PROBLEMS=0,9 [SPLIT_ARGS=--extra] [ROUNDS=3] [TESTS=tests/test_cuda_gpu.py] \
+#   bash benchmarks/gpu_ab_interleaved.sh
 # Leaves in $OUT: summary.txt, device.txt, splits.tar.gz (split_<tree>_<round>.json) and logs.tar.gz
 # (the device tool brings back only a few files).
 set -o pipefail
@@ -55,4 +56,11 @@ for round in $(seq 1 ${ROUNDS:-3}); do
   done
 done
 python3 benchmarks/ab_interleaved_summary.py "$OUT" $trees | tee "$OUT/summary.txt"
+# TESTS (a pytest selection): the GPU tests on the working tree's build, after the timings.
+if [ -n "$TESTS" ]; then
+  PYTHONPATH="$SITES/new" timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --timeout 100 \
+    --tb=short -rf $TESTS > "$OUT/tests.log" 2>&1
+  echo "tests: $(tail -1 "$OUT/tests.log")"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
+fi
 (cd "$OUT" && tar -czf logs.tar.gz *.log && rm -f *.log && tar -czf splits.tar.gz split_*.json && rm -f split_*.json)
