@@ -6,9 +6,10 @@
 // up to a power of two, unit axes kept at 1, each half's copy box within 256 token steps), each
 // with every power-of-two partner tile of 64 tokens whose extents times their dilation stay
 // <= 256 (a TMA box dimension). The cost is 3 per partner tile computed plus 1 per tile that
-// needs a mask (the mask and its branch cost about a third of a tile), summed over every pair of
-// one (batch, head): exactly, since a pair's tile counts are products of per-axis counts, so
-// their sum over the grid is the product of per-axis sums (tiling_totals). One pair in the
+// needs a mask (the mask and its branch cost about a third of a tile), plus, in the forward, 2 per
+// run of consecutive tiles a consumer walks (a software pipeline's fill and drain), summed over
+// every pair of one (batch, head): exactly, since a pair's tile counts are products of per-axis
+// counts, so their sum over the grid is the product of per-axis sums (tiling_totals). One pair in the
 // middle of the grid, the earlier yardstick, misjudged shapes that overhang the grid's edges.
 // Against the balanced shape this computes 7-18 % fewer tiles on 3-D 16x48x48 with a 7x15x15
 // window (either pass, causal in time or not) and the same on the benchmark's 2-D problems.
@@ -26,6 +27,7 @@ namespace haloattn {
 struct TilingTotals {
   double computed = 0;  // partner tiles the consumers compute, over every pair of one (batch, head)
   double masked = 0;    // of those, tiles that need a per-score mask
+  double runs = 0;      // runs of consecutive tiles the consumers walk them in (run_length)
 };
 
 // Pair index of the pair at tile `tile` of dilation group `group` along axis `axis` and at the
@@ -39,8 +41,10 @@ inline int64_t pair_on_axis(const AttentionParams& p, const TileShape& shape, in
 
 inline TilingTotals tiling_totals(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt, bool inverse) {
   // Per half and axis: the sums over every (group, tile) position along that axis of the half's
-  // partner tiles along it (own) and of those inside its common window (full).
-  double own[2][kMaxRank] = {}, full[2][kMaxRank] = {};
+  // partner tiles along it (own) and of those inside its common window (full); the positions
+  // where the half has tiles (spans) and, of those, where its tiles do not span the pair's grid
+  // along the axis (partial).
+  double own[2][kMaxRank] = {}, full[2][kMaxRank] = {}, spans[2][kMaxRank] = {}, partial[2][kMaxRank] = {};
   for (int a = 0; a < kMaxRank; ++a) {
     for (int group = 0; group < p.axis[a].dilation; ++group) {
       for (int tile = 0; tile < tiles_along(p.axis[a], shape, a); ++tile) {
@@ -50,6 +54,10 @@ inline TilingTotals tiling_totals(const AttentionParams& p, const TileShape& sha
           const HalfTiles v = half_tiles(p, t, tile_half(t.work, shape, half), kt, inverse);
           own[half][a] += visited_tiles(v, a);
           full[half][a] += unmasked_tiles(v, a);
+          if (visited_tiles(v, a) > 0) {
+            spans[half][a] += 1;
+            partial[half][a] += v.first[a] != 0 || v.end[a] != t.tiles[a];
+          }
         }
       }
     }
@@ -60,6 +68,14 @@ inline TilingTotals tiling_totals(const AttentionParams& p, const TileShape& sha
     for (int a = 0; a < kMaxRank; ++a) computed *= own[half][a], inside *= full[half][a];
     totals.computed += computed;
     totals.masked += computed - inside;
+    // run_length: a half's tiles are one run per row along axis 1 of each slab along axis 0
+    // where they do not span the grid along axis 2; else one per slab where they do not span
+    // it along axis 1; else one. Each condition depends on one axis' position, so the sum
+    // over the grid factors like the tile counts.
+    const double* o = own[half];
+    const double* s = spans[half];
+    const double* q = partial[half];
+    totals.runs += q[2] * o[0] * o[1] + (s[2] - q[2]) * (q[1] * o[0] + (s[1] - q[1]) * s[0]);
   }
   return totals;
 }
@@ -110,7 +126,10 @@ inline bool search_pair_tiling(const AttentionParams& p, bool inverse, TileShape
         const KeyTiling kt{{1 << e0, 1 << e1, 1 << (6 - e0 - e1)}};
         if (!usable_partner_tile(p, kt)) continue;
         const TilingTotals totals = tiling_totals(p, shape, kt, inverse);
-        const double cost = 3 * totals.computed + totals.masked;
+        // The forward runs each run of tiles as one software pipeline, whose fill and drain
+        // (the first tile's scores and softmax, the last P V, not overlapped) cost about two
+        // thirds of a tile; the backward takes tile after tile without a pipeline across them.
+        const double cost = 3 * totals.computed + totals.masked + (inverse ? 0 : 2 * totals.runs);
         if (best_cost < 0 || cost < best_cost) best_cost = cost, best_shape = shape, best_kt = kt;
       }
     }

@@ -16,7 +16,8 @@
 //                 tile the half computes; on every such tile the row's bit mask (row_mask, at the
 //                 kernel's rank and at rank 3) agrees with `attends` key by key, and tiles the
 //                 half leaves unmasked are attended whole by every row; run_length splits the
-//                 tiles inside the half's range into the runs a row-major walk meets; the
+//                 tiles inside the half's range into the runs a row-major walk meets (and
+//                 tiling_totals counts them, with the computed and masked tiles); the
 //                 forward's planned rows (pair_plans.cuh: worked out from the half's own tile)
 //                 equal the pair's rows, windows and LSE indices.
 // Prints "ok" or the first mismatch, one line per problem.
@@ -170,7 +171,7 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
   for (int i = 0; i < kMaxRank * kMaskEntries; ++i) below[i] = prefix_mask(kt, i / kMaskEntries, i % kMaskEntries);
   const int rank = effective_rank(p);
   std::vector<int> seen(grid_tokens(p), 0);
-  double computed = 0, masked = 0;  // over every pair, for pair_tiling.h's closed form
+  double computed = 0, masked = 0, runs = 0;  // over every pair, for pair_tiling.h's closed form
   for (int cta = 0; cta < count_tiles(p, shape, 1); ++cta) {
     AttentionParams one_head = p;
     one_head.heads = one_head.kv_heads = 1;
@@ -206,7 +207,7 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
       TileCursor walk{{0, 0, 0}};
       for (int chunk = 0, run_left = 0; chunk < t.chunks; ++chunk, step_tile(walk, t.tiles)) {
         const bool inside = tile_in(walk, v.first, v.end);
-        if (run_left == 0 && inside) run_left = run_length(walk, v, t.tiles);
+        if (run_left == 0 && inside) run_left = run_length(walk, v, t.tiles), runs += 1;
         if (inside != (run_left > 0)) return "run_length disagrees with the tiles inside the half's range";
         if (run_left > 0) --run_left;
       }
@@ -262,6 +263,7 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
   const TilingTotals totals = tiling_totals(p, shape, kt, inverse);
   if (totals.computed != computed || totals.masked != masked)
     return "tiling_totals disagrees with the tiles the pairs visit";
+  if (totals.runs != runs) return "tiling_totals disagrees with the runs the pairs' walks meet";
   return "ok";
 }
 
