@@ -11,6 +11,7 @@
 # the ratios to the first tree.
 # Usage (GPU machine, repo root, nvidia-cutlass importable):
 #   AB_BASES="ab_main" SPLIT_PROBLEMS=0,9 [SPLIT_ARGS=--extra] [ROUNDS=3] [TESTS=tests/test_cuda_gpu.py] \
+#   [BENCH_PROBLEMS=5,6 (bench_cuda.py's do_bench times too, each round)] \
 #   bash benchmarks/gpu_ab_interleaved.sh
 # Leaves in $OUT: summary.txt, device.txt, splits.tar.gz (split_<tree>_<round>.json) and logs.tar.gz
 # (the device tool brings back only a few files).
@@ -53,6 +54,10 @@ for round in $(seq 1 ${ROUNDS:-3}); do
     PYTHONPATH="$SITES/$name" timeout ${SPLIT_TIMEOUT:-120} python3 benchmarks/kernel_split.py --backend cuda \
       --only "${SPLIT_PROBLEMS:-0,9}" --calls ${CALLS:-20} $SPLIT_ARGS --json "$OUT/split_${name}_$round.json" > "$OUT/split_${name}_$round.log" 2>&1 \
       || tail -5 "$OUT/split_${name}_$round.log"
+    # BENCH_PROBLEMS: also bench_cuda.py's do_bench times (host included, L2 flushed between calls).
+    [ -n "$BENCH_PROBLEMS" ] && PYTHONPATH="$SITES/$name" timeout ${BENCH_TIMEOUT:-120} python3 benchmarks/bench_cuda.py \
+      --only "$BENCH_PROBLEMS" --no-portable --json "$OUT/bench_${name}_$round.json" > "$OUT/bench_${name}_$round.log" 2>&1 \
+      || tail -5 "$OUT/bench_${name}_$round.log"
   done
 done
 python3 benchmarks/ab_interleaved_summary.py "$OUT" $trees | tee "$OUT/summary.txt"
@@ -63,4 +68,4 @@ if [ -n "$TESTS" ]; then
   echo "tests: $(tail -1 "$OUT/tests.log")"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
 fi
-(cd "$OUT" && tar -czf logs.tar.gz *.log && rm -f *.log && tar -czf splits.tar.gz split_*.json && rm -f split_*.json)
+(cd "$OUT" && tar -czf logs.tar.gz *.log && rm -f *.log && tar -czf splits.tar.gz split_*.json bench_*.json 2>/dev/null; rm -f split_*.json bench_*.json)
