@@ -28,6 +28,7 @@ struct TilingTotals {
   double computed = 0;  // partner tiles the consumers compute, over every pair of one (batch, head)
   double masked = 0;    // of those, tiles that need a per-score mask
   double runs = 0;      // runs of consecutive tiles the consumers walk them in (run_length)
+  double passed = 0;    // tiles a consumer only waits for and releases (the other half's)
 };
 
 // Pair index of the pair at tile `tile` of dilation group `group` along axis `axis` and at the
@@ -45,11 +46,13 @@ inline TilingTotals tiling_totals(const AttentionParams& p, const TileShape& sha
   // where the half has tiles (spans) and, of those, where its tiles do not span the pair's grid
   // along the axis (partial).
   double own[2][kMaxRank] = {}, full[2][kMaxRank] = {}, spans[2][kMaxRank] = {}, partial[2][kMaxRank] = {};
+  double grid[kMaxRank] = {};  // the pairs' tiles along the axis (both halves walk all of them)
   for (int a = 0; a < kMaxRank; ++a) {
     for (int group = 0; group < p.axis[a].dilation; ++group) {
       for (int tile = 0; tile < tiles_along(p.axis[a], shape, a); ++tile) {
         const PairTiles t = pair_tiles(p, shape, kt, pair_on_axis(p, shape, a, group, tile), inverse);
         if (t.work.empty) continue;  // past this group's end along a
+        grid[a] += t.tiles[a];
         for (int half = 0; half < 2; ++half) {
           const HalfTiles v = half_tiles(p, t, tile_half(t.work, shape, half), kt, inverse);
           own[half][a] += visited_tiles(v, a);
@@ -63,10 +66,12 @@ inline TilingTotals tiling_totals(const AttentionParams& p, const TileShape& sha
     }
   }
   TilingTotals totals;
+  totals.passed = 2 * grid[0] * grid[1] * grid[2];
   for (int half = 0; half < 2; ++half) {
     double computed = 1, inside = 1;
     for (int a = 0; a < kMaxRank; ++a) computed *= own[half][a], inside *= full[half][a];
     totals.computed += computed;
+    totals.passed -= computed;
     totals.masked += computed - inside;
     // run_length: a half's tiles are one run per row along axis 1 of each slab along axis 0
     // where they do not span the grid along axis 2; else one per slab where they do not span
@@ -129,7 +134,9 @@ inline bool search_pair_tiling(const AttentionParams& p, bool inverse, TileShape
         // The forward runs each run of tiles as one software pipeline, whose fill and drain
         // (the first tile's scores and softmax, the last P V, not overlapped) cost about two
         // thirds of a tile; the backward takes tile after tile without a pipeline across them.
-        const double cost = 3 * totals.computed + totals.masked + (inverse ? 0 : 2 * totals.runs);
+        // A tile passed over (waited for and released) costs about a sixth of one.
+        const double cost =
+            3 * totals.computed + totals.masked + (inverse ? 0 : 2 * totals.runs) + 0.5 * totals.passed;
         if (best_cost < 0 || cost < best_cost) best_cost = cost, best_shape = shape, best_kt = kt;
       }
     }

@@ -171,7 +171,7 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
   for (int i = 0; i < kMaxRank * kMaskEntries; ++i) below[i] = prefix_mask(kt, i / kMaskEntries, i % kMaskEntries);
   const int rank = effective_rank(p);
   std::vector<int> seen(grid_tokens(p), 0);
-  double computed = 0, masked = 0, runs = 0;  // over every pair, for pair_tiling.h's closed form
+  double computed = 0, masked = 0, runs = 0, passed = 0;  // over every pair, for pair_tiling.h's closed form
   for (int cta = 0; cta < count_tiles(p, shape, 1); ++cta) {
     AttentionParams one_head = p;
     one_head.heads = one_head.kv_heads = 1;
@@ -198,6 +198,7 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
         full *= unmasked_tiles(v, a);
       }
       computed += own;
+      passed += t.chunks - own;
       masked += own - full;
       for (int a = 0; a < kMaxRank; ++a)
         if (v.first[a] < 0 || v.end[a] > t.tiles[a] || (!h.work.empty && v.first[a] >= v.end[a]))
@@ -264,6 +265,7 @@ const char* check_pairs(const AttentionParams& p, bool inverse) {
   if (totals.computed != computed || totals.masked != masked)
     return "tiling_totals disagrees with the tiles the pairs visit";
   if (totals.runs != runs) return "tiling_totals disagrees with the runs the pairs' walks meet";
+  if (totals.passed != passed) return "tiling_totals disagrees with the tiles the pairs' walks pass over";
   return "ok";
 }
 
