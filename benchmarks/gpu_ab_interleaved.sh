@@ -55,9 +55,11 @@ for round in $(seq 1 ${ROUNDS:-3}); do
       --only "${SPLIT_PROBLEMS:-0,9}" --calls ${CALLS:-20} $SPLIT_ARGS --json "$OUT/split_${name}_$round.json" > "$OUT/split_${name}_$round.log" 2>&1 \
       || tail -5 "$OUT/split_${name}_$round.log"
     # BENCH_PROBLEMS: also bench_cuda.py's do_bench times (host included, L2 flushed between calls).
-    [ -n "$BENCH_PROBLEMS" ] && PYTHONPATH="$SITES/$name" timeout ${BENCH_TIMEOUT:-120} python3 benchmarks/bench_cuda.py \
-      --only "$BENCH_PROBLEMS" --no-portable --json "$OUT/bench_${name}_$round.json" > "$OUT/bench_${name}_$round.log" 2>&1 \
-      || tail -5 "$OUT/bench_${name}_$round.log"
+    if [ -n "$BENCH_PROBLEMS" ]; then
+      PYTHONPATH="$SITES/$name" timeout ${BENCH_TIMEOUT:-120} python3 benchmarks/bench_cuda.py --only "$BENCH_PROBLEMS" \
+        --no-portable --json "$OUT/bench_${name}_$round.json" > "$OUT/bench_${name}_$round.log" 2>&1 \
+        || tail -5 "$OUT/bench_${name}_$round.log"
+    fi
   done
 done
 python3 benchmarks/ab_interleaved_summary.py "$OUT" $trees | tee "$OUT/summary.txt"

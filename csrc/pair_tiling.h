@@ -7,9 +7,10 @@
 // with every power-of-two partner tile of 64 tokens whose extents times their dilation stay
 // <= 256 (a TMA box dimension). The cost is 3 per partner tile computed plus 1 per tile that
 // needs a mask (the mask and its branch cost about a third of a tile), plus, in the forward, 2 per
-// run of consecutive tiles a consumer walks (a software pipeline's fill and drain), summed over
-// every pair of one (batch, head): exactly, since a pair's tile counts are products of per-axis
-// counts, so their sum over the grid is the product of per-axis sums (tiling_totals). One pair in the
+// run of consecutive tiles a consumer walks (a software pipeline's fill and drain), plus 0.5 per
+// tile a consumer passes over (waits for and releases: the other half's), summed over every pair
+// of one (batch, head): exactly, since a pair's tile counts are products of per-axis counts, so
+// their sum over the grid is the product of per-axis sums (tiling_totals). One pair in the
 // middle of the grid, the earlier yardstick, misjudged shapes that overhang the grid's edges.
 // Against the balanced shape this computes 7-18 % fewer tiles on 3-D 16x48x48 with a 7x15x15
 // window (either pass, causal in time or not) and the same on the benchmark's 2-D problems.
