@@ -497,8 +497,8 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
     }
     Barrier::arrive(&plan_empty[plan_stage]);  // the pair's plan is read
   }
-  // Consumer 1's last turn arrived on consumer 0's barrier (or, with no turns taken, consumer 0's own
-  // first arrival is there): complete it, so no barrier is left half-arrived.
+  // Consumer 1's last turn arrived on consumer 0's barrier (or, with no turns taken, consumer
+  // 0's own first arrival is there): complete it, so no barrier is left half-arrived.
   if (kTakeTurns && half == 0) named_barrier_sync(kTurnBarrier, kConsumers * kWarpgroup);
   release_output_buffer();
 }

@@ -17,7 +17,7 @@
 //                 kernel's rank and at rank 3) agrees with `attends` key by key, and tiles the
 //                 half leaves unmasked are attended whole by every row; run_length splits the
 //                 tiles inside the half's range into the runs a row-major walk meets (and
-//                 tiling_totals counts them, with the computed and masked tiles); the
+//                 tiling_totals counts them, with the computed, masked and passed-over tiles); the
 //                 forward's planned rows (pair_plans.cuh: worked out from the half's own tile)
 //                 equal the pair's rows, windows and LSE indices.
 // Prints "ok" or the first mismatch, one line per problem.
