@@ -16,33 +16,34 @@ import sys
 from typing import Dict, List
 
 
-def load_rounds(out_dir: str, tree: str) -> Dict[str, Dict[str, List[float]]]:
-    """problem -> {"forward": [ms per round], "backward": [...]} for one tree."""
-    times: Dict[str, Dict[str, List[float]]] = {}
-    for path in sorted(glob.glob(os.path.join(out_dir, f"split_{tree}_*.json"))):
+Times = Dict[str, Dict[str, List[float]]]  # problem -> part -> ms, one entry per round
+
+
+def split_times(row: dict) -> Dict[str, float]:
+    """A kernel_split.py row: each pass's kernels summed."""
+    return {part: sum(row[part].values()) for part in ("forward", "backward") if row.get(part)}
+
+
+def bench_times(row: dict) -> Dict[str, float]:
+    """A bench_cuda.py row: the cuda backend's do_bench times."""
+    if "cuda_fwd_ms" not in row:
+        return {}
+    return {"forward": row["cuda_fwd_ms"], "forward+backward": row["cuda_fwdbwd_ms"]}
+
+
+def load_rounds(out_dir: str, prefix: str, tree: str, times_of) -> Times:
+    """Every round's file PREFIX_TREE_*.json of one tree, read row by row with ``times_of``."""
+    times: Times = {}
+    for path in sorted(glob.glob(os.path.join(out_dir, f"{prefix}_{tree}_*.json"))):
         with open(path) as f:
             for row in json.load(f):
-                entry = times.setdefault(row["problem"], {"forward": [], "backward": []})
-                for part in ("forward", "backward"):
-                    if row.get(part):
-                        entry[part].append(sum(row[part].values()))
+                entry = times.setdefault(row["problem"], {})
+                for part, ms in times_of(row).items():
+                    entry.setdefault(part, []).append(ms)
     return times
 
 
-def load_bench_rounds(out_dir: str, tree: str) -> Dict[str, Dict[str, List[float]]]:
-    """problem -> {"forward": [do_bench ms per round], "forward+backward": [...]} for one tree."""
-    times: Dict[str, Dict[str, List[float]]] = {}
-    for path in sorted(glob.glob(os.path.join(out_dir, f"bench_{tree}_*.json"))):
-        with open(path) as f:
-            for row in json.load(f):
-                entry = times.setdefault(row["problem"], {"forward": [], "forward+backward": []})
-                if "cuda_fwd_ms" in row:
-                    entry["forward"].append(row["cuda_fwd_ms"])
-                    entry["forward+backward"].append(row["cuda_fwdbwd_ms"])
-    return times
-
-
-def print_table(title: str, per_tree: Dict[str, Dict[str, Dict[str, List[float]]]], trees: List[str]) -> None:
+def print_table(title: str, per_tree: Dict[str, Times], trees: List[str]) -> None:
     first = trees[0]
     print(f"{title}: median ms over rounds (min-max); ratio = tree's time / {first}'s")
     for problem, parts in per_tree[first].items():
@@ -66,8 +67,9 @@ def main(argv: List[str]) -> int:
         print(__doc__)
         return 2
     out_dir, trees = argv[1], argv[2:]
-    print_table("device time (kernel_split)", {tree: load_rounds(out_dir, tree) for tree in trees}, trees)
-    bench = {tree: load_bench_rounds(out_dir, tree) for tree in trees}
+    split = {tree: load_rounds(out_dir, "split", tree, split_times) for tree in trees}
+    print_table("device time (kernel_split)", split, trees)
+    bench = {tree: load_rounds(out_dir, "bench", tree, bench_times) for tree in trees}
     if any(bench[tree] for tree in trees):
         print_table("do_bench time (bench_cuda)", bench, trees)
     return 0
