@@ -271,6 +271,9 @@ def test_layouts_the_hopper_copies_cannot_read(kernel, monkeypatch):
         ((8, 24, 24), (5, 7, 7), {"causal": (True, False, False), "dilation": (1, 2, 1)}),
         ((96, 96), (17, 33), {"stride": (1, 3)}),
         ((2048,), 301, {"dilation": 2}),
+        # The benchmark's 3-D causal geometry: 2x8x8 pairs in both passes, chosen by the tiling
+        # cost's runs and passed-over tiles (csrc/pair_tiling.h).
+        ((16, 48, 48), (7, 15, 15), {"causal": (True, False, False)}),
     ],
 )
 def test_hopper_key_tiles_against_reference(spatial, window, options, monkeypatch):
@@ -279,6 +282,23 @@ def test_hopper_key_tiles_against_reference(spatial, window, options, monkeypatc
     monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "hopper")
     monkeypatch.setenv("HALOATTN_CUDA_BACKWARD", "hopper")
     check_problem(spatial, window, heads=2, kv_heads=1, head_dim=128, against="reference", **options)
+
+
+@requires_cuda_backend
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(
+    "spatial,window,options",
+    [
+        ((3072,), 1201, {"causal": True}),  # pairs walking 2-15 key tiles, then 21: turns in the later ones only
+        ((2600,), 1201, {}),  # about 21 key tiles in every pair: turns throughout
+    ],
+)
+def test_hopper_forward_turns_on_long_walks(spatial, window, options, head_dim, monkeypatch):
+    # The 1-D forward's consumers take turns at the tensor cores only in pairs walking 16 or more
+    # key tiles (neighborhood_forward_sm90.cu, kTurnMinTiles); the random problems' walks are all
+    # shorter. Head dim 64 also runs the eight-stage ring.
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", "hopper")
+    check_problem(spatial, window, head_dim=head_dim, **options)
 
 
 @requires_cuda_backend
