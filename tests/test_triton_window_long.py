@@ -55,6 +55,23 @@ def test_parts_of_real_windows():
         parts(0)
 
 
+def test_float32_channel_tiles_are_at_least_32_wide():
+    # MIN_CHANNELS_FLOAT32: Triton 3.6 miscompiled the long-window dQ kernel's 16-channel float32
+    # tiles on Hopper (an illegal address); 16-bit problems keep 16-channel tiles.
+    from haloattn.problem import build_problem
+
+    def channel_tiles(dtype, head_dim, value_dim):
+        q = torch.empty(1, 700, 3, head_dim, dtype=dtype)
+        v = torch.empty(1, 700, 3, value_dim, dtype=dtype)
+        launch = window_launch.plan(build_problem(q, q, v, 253, pattern="window"))
+        return launch.block_d, launch.block_dv
+
+    assert channel_tiles(torch.float32, 16, 32) == (32, 32)
+    assert channel_tiles(torch.float32, 8, 48) == (32, 64)
+    assert channel_tiles(torch.bfloat16, 16, 32) == (16, 32)
+    assert channel_tiles(torch.float16, 8, 16) == (16, 16)
+
+
 def test_long_windows_take_the_long_kernels(monkeypatch):
     launched = []
     original = fast_launch.resolve

@@ -35,6 +35,8 @@ CASES = {
     "long_video_4x6x6_f32": ((8, 12, 6), (4, 6, 6), F32, dict(shift=(2, 3, 0))),
     "long_15x15_hd128_f16": ((30, 15), 15, F16, dict(shift=7, head_dim=128)),  # 225 -> 4 x 64
     "long_10x14_gqa_hd64": ((20, 28), (10, 14), BF16, dict(heads=4, kv_heads=2, head_dim=64, shift=(5, 7))),
+    # float32 head dim 16 (random GPU test seed 2117: 16-channel float32 tiles miscompiled).
+    "long_1d_253_hd16_f32": ((700,), 253, F32, dict(value_dim=32)),
 }
 
 

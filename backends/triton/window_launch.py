@@ -24,6 +24,12 @@ MAX_HEAD_DIM = 128
 # most 64 slots, online softmax over the key parts; a 256 x 256 tile would need more shared memory
 # than an H100 has).
 SQUARE_TILE_MAX = 128
+# The narrowest channel tile (head dim, value dim) of float32 problems. With 16-channel float32
+# tiles (64-byte rows, as with 16-slot window parts: window_long_launch.MIN_PART_FLOAT32) Triton
+# 3.6 compiled the long-window dQ kernel of a 253-token 1-D window, head dim 16, into an illegal
+# address on an H100 (random GPU test seed 2117, RESULTS.md 2026-11-27); the channels past the head
+# dim are masked off in every load and store, so a wider tile costs only the idle columns.
+MIN_CHANNELS_FLOAT32 = 32
 
 
 def is_long(launch: "WindowLaunch") -> bool:
@@ -76,11 +82,11 @@ class WindowLaunch(NamedTuple):
 def plan(problem) -> WindowLaunch:
     """Launch constants of a problem, computed once per problem (host time per call); the tile
     limits are part of the key so that changing them (tests shrink them) takes effect."""
-    return _plan(problem, SQUARE_TILE_MAX)
+    return _plan(problem, SQUARE_TILE_MAX, MIN_CHANNELS_FLOAT32)
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(problem, square_tile_max: int) -> WindowLaunch:
+def _plan(problem, square_tile_max: int, min_channels_float32: int) -> WindowLaunch:
     pad = 3 - problem.rank
     axes = problem.axes
     lengths = (1,) * pad + tuple(a.length for a in axes)
@@ -97,11 +103,12 @@ def _plan(problem, square_tile_max: int) -> WindowLaunch:
     # empty and their programs store nothing.
     num_windows = problem.batch * math.prod(n * d for n, d in zip(per_axis, dilations))
     block = max(16, triton.next_power_of_2(math.prod(windows)))
+    least_channels = min_channels_float32 if problem.dtype == torch.float32 else 16
     return WindowLaunch(
         lengths, windows, dilations, causal, offsets, tuple(per_axis), num_windows,
         block=block,
-        block_d=max(16, triton.next_power_of_2(problem.head_dim)),
-        block_dv=max(16, triton.next_power_of_2(problem.value_dim)),
+        block_d=max(least_channels, triton.next_power_of_2(problem.head_dim)),
+        block_dv=max(least_channels, triton.next_power_of_2(problem.value_dim)),
     )
 
 
