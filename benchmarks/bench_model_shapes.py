@@ -11,7 +11,7 @@ yardstick of bench_neighborhood.py: effective TFLOP/s over attended pairs, divid
 Each backend's output is also compared with the reference backend in float32 on the GPU, so a
 fast wrong answer cannot pass unseen.
 
-    python benchmarks/bench_model_shapes.py [--only 0,3] [--json FILE] [--markdown FILE]
+    python benchmarks/bench_model_shapes.py [--only 0,3] [--cudagraph] [--json FILE] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_neighborhood import attended_pairs  # noqa: E402
+from bench_neighborhood import attended_pairs, bench_graph  # noqa: E402
 
 import haloattn  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
@@ -67,7 +67,7 @@ def dense_times(batch, heads, tokens, head_dim, device, dtype):
     return {"dense_fwd_tflops": flops / fwd / 1e9, "dense_fwdbwd_tflops": 3.5 * flops / fwdbwd / 1e9}
 
 
-def time_problem(index):
+def time_problem(index, cudagraph=False):
     name, batch, spatial, heads, kv_heads, D, window, options = PROBLEMS[index]
     torch.manual_seed(index)
     dtype = torch.bfloat16
@@ -86,31 +86,47 @@ def time_problem(index):
         out = haloattn.attention(q, k, v, window, backend=backend, **options)
         row[f"{label}_max_abs_error"] = (out.float() - reference).abs().max().item()
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-        fwd_ms = bench(lambda: haloattn.attention(q, k, v, window, backend=backend, **options))
-        fwdbwd_ms = bench(lambda: haloattn.attention(qg, kg, vg, window, backend=backend, **options).backward(go),
-                          [qg, kg, vg])
-        row[f"{label}_fwd_ms"], row[f"{label}_fwdbwd_ms"] = fwd_ms, fwdbwd_ms
-        row[f"{label}_fwd_eff"] = fwd_flops / fwd_ms / 1e9 / row["dense_fwd_tflops"]
-        row[f"{label}_fwdbwd_eff"] = 3.5 * fwd_flops / fwdbwd_ms / 1e9 / row["dense_fwdbwd_tflops"]
+
+        def fwd():
+            return haloattn.attention(q, k, v, window, backend=backend, **options)
+
+        def fwdbwd():
+            haloattn.attention(qg, kg, vg, window, backend=backend, **options).backward(go)
+
+        row[f"{label}_fwd_ms"], row[f"{label}_fwdbwd_ms"] = bench(fwd), bench(fwdbwd, [qg, kg, vg])
+        if cudagraph:
+            bench_graph(row, f"{label}_fwd_graph_ms", fwd)
+            bench_graph(row, f"{label}_fwdbwd_graph_ms", fwdbwd)
+        for step, flops in (("fwd", fwd_flops), ("fwdbwd", 3.5 * fwd_flops)):
+            row[f"{label}_{step}_eff"] = flops / row[f"{label}_{step}_ms"] / 1e9 / row[f"dense_{step}_tflops"]
     return row
 
 
+def graph_ms(row, key):
+    if f"{key}_graph_ms" in row:
+        return f"{row[f'{key}_graph_ms']:.3f}"
+    return "capture failed" if f"{key}_graph_ms_failure" in row else "-"
+
+
 def markdown(rows):
-    lines = ["| problem | default picks | backend | fwd ms | fwd eff | f+b ms | f+b eff | max abs err (fp32 ref) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| problem | default picks | backend | fwd ms | fwd eff | f+b ms | f+b eff | fwd graph ms | f+b graph ms "
+             "| max abs err (fp32 ref) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for label in ("default",) + FUSED:
             if f"{label}_fwd_ms" not in row:
                 continue
             lines.append(f"| {row['problem']} | {row['default_backend']} | {label} | {row[f'{label}_fwd_ms']:.3f} | "
                          f"{row[f'{label}_fwd_eff']:.2f} | {row[f'{label}_fwdbwd_ms']:.3f} | "
-                         f"{row[f'{label}_fwdbwd_eff']:.2f} | {row[f'{label}_max_abs_error']:.1e} |")
+                         f"{row[f'{label}_fwdbwd_eff']:.2f} | {graph_ms(row, f'{label}_fwd')} | "
+                         f"{graph_ms(row, f'{label}_fwdbwd')} | {row[f'{label}_max_abs_error']:.1e} |")
     return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma list of problem indices")
+    parser.add_argument("--cudagraph", action="store_true", help="also time CUDA-graph replays (device time)")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
@@ -118,7 +134,7 @@ def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     rows = []
     for index in indices:
-        rows.append(time_problem(index))
+        rows.append(time_problem(index, args.cudagraph))
         print(json.dumps(rows[-1]), flush=True)
     table = markdown(rows)
     print(table)
