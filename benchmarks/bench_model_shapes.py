@@ -11,7 +11,7 @@ yardstick of bench_neighborhood.py: effective TFLOP/s over attended pairs, divid
 Each backend's output is also compared with the reference backend in float32 on the GPU, so a
 fast wrong answer cannot pass unseen.
 
-    python benchmarks/bench_model_shapes.py [--only 0,3] [--cudagraph] [--json FILE] [--markdown FILE]
+    python benchmarks/bench_model_shapes.py [--only 0,3] [--cudagraph] [--autotune] [--json FILE] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import json
 import math
 import os
 import sys
+import tempfile
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_neighborhood import attended_pairs, bench_graph  # noqa: E402
 
 import haloattn  # noqa: E402
+from haloattn import tuning  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 # (name, batch, spatial, heads, kv heads, head dim, window, options)
@@ -49,6 +52,23 @@ PROBLEMS = [
      {"pattern": "window", "shift": 3}),
 ]
 FUSED = ("triton", "triton_window", "cuda")
+LABELS = ("default", "tuned") + FUSED
+
+
+@contextmanager
+def autotuning():
+    """HALOATTN_AUTOTUNE=1 with a fresh tuning cache, for the calls inside."""
+    saved = {name: os.environ.get(name) for name in (tuning.AUTOTUNE_ENV, tuning.CACHE_DIR_ENV)}
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ[tuning.AUTOTUNE_ENV], os.environ[tuning.CACHE_DIR_ENV] = "1", cache
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def bench(fn, grad_to_none=None) -> float:
@@ -67,7 +87,7 @@ def dense_times(batch, heads, tokens, head_dim, device, dtype):
     return {"dense_fwd_tflops": flops / fwd / 1e9, "dense_fwdbwd_tflops": 3.5 * flops / fwdbwd / 1e9}
 
 
-def time_problem(index, cudagraph=False):
+def time_problem(index, cudagraph=False, autotune=False):
     name, batch, spatial, heads, kv_heads, D, window, options = PROBLEMS[index]
     torch.manual_seed(index)
     dtype = torch.bfloat16
@@ -83,26 +103,39 @@ def time_problem(index, cudagraph=False):
     reference = haloattn.attention(q.float(), k.float(), v.float(), window, backend="reference", **options)
     go = torch.randn_like(q)
     for label, backend in [("default", None)] + [(b, b) for b in FUSED if b in row["runs"]]:
-        out = haloattn.attention(q, k, v, window, backend=backend, **options)
-        row[f"{label}_max_abs_error"] = (out.float() - reference).abs().max().item()
-        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-
-        def fwd():
-            return haloattn.attention(q, k, v, window, backend=backend, **options)
-
-        def fwdbwd():
-            # Gradients returned, not accumulated into .grad: a CUDA graph cannot reset .grad between
-            # its replays, so .backward() would time three extra additions there and not in do_bench.
-            out = haloattn.attention(qg, kg, vg, window, backend=backend, **options)
-            return torch.autograd.grad(out, (qg, kg, vg), go)
-
-        row[f"{label}_fwd_ms"], row[f"{label}_fwdbwd_ms"] = bench(fwd), bench(fwdbwd)
-        if cudagraph:
-            bench_graph(row, f"{label}_fwd_graph_ms", fwd)
-            bench_graph(row, f"{label}_fwdbwd_graph_ms", fwdbwd)
-        for step, flops in (("fwd", fwd_flops), ("fwdbwd", 3.5 * fwd_flops)):
-            row[f"{label}_{step}_eff"] = flops / row[f"{label}_{step}_ms"] / 1e9 / row[f"dense_{step}_tflops"]
+        time_backend(row, label, backend, q, k, v, window, options, go, reference, fwd_flops, cudagraph)
+    if autotune:
+        with autotuning():
+            time_backend(row, "tuned", row["default_backend"], q, k, v, window, options, go, reference, fwd_flops,
+                         cudagraph)
+            row["tuned_entries"] = {f"needs_grad={needs_grad}": tuning.cached_entry(problem, needs_grad,
+                                                                                    row["default_backend"])
+                                    for needs_grad in (False, True)}
     return row
+
+
+def time_backend(row, label, backend, q, k, v, window, options, go, reference, fwd_flops, cudagraph):
+    """Error against the reference and times of one backend (None: the dispatcher's choice) into
+    ``row[label + "_..."]``."""
+    out = haloattn.attention(q, k, v, window, backend=backend, **options)
+    row[f"{label}_max_abs_error"] = (out.float() - reference).abs().max().item()
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+
+    def fwd():
+        return haloattn.attention(q, k, v, window, backend=backend, **options)
+
+    def fwdbwd():
+        # Gradients returned, not accumulated into .grad: a CUDA graph cannot reset .grad between
+        # its replays, so .backward() would time three extra additions there and not in do_bench.
+        out = haloattn.attention(qg, kg, vg, window, backend=backend, **options)
+        return torch.autograd.grad(out, (qg, kg, vg), go)
+
+    row[f"{label}_fwd_ms"], row[f"{label}_fwdbwd_ms"] = bench(fwd), bench(fwdbwd)
+    if cudagraph:
+        bench_graph(row, f"{label}_fwd_graph_ms", fwd)
+        bench_graph(row, f"{label}_fwdbwd_graph_ms", fwdbwd)
+    for step, flops in (("fwd", fwd_flops), ("fwdbwd", 3.5 * fwd_flops)):
+        row[f"{label}_{step}_eff"] = flops / row[f"{label}_{step}_ms"] / 1e9 / row[f"dense_{step}_tflops"]
 
 
 def graph_ms(row, key):
@@ -116,7 +149,7 @@ def markdown(rows):
              "| max abs err (fp32 ref) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        for label in ("default",) + FUSED:
+        for label in LABELS:
             if f"{label}_fwd_ms" not in row:
                 continue
             lines.append(f"| {row['problem']} | {row['default_backend']} | {label} | {row[f'{label}_fwd_ms']:.3f} | "
@@ -130,6 +163,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma list of problem indices")
     parser.add_argument("--cudagraph", action="store_true", help="also time CUDA-graph replays (device time)")
+    parser.add_argument("--autotune", action="store_true", help="also the default backend tuned (see above)")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
@@ -137,7 +171,7 @@ def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     rows = []
     for index in indices:
-        rows.append(time_problem(index, args.cudagraph))
+        rows.append(time_problem(index, args.cudagraph, args.autotune))
         print(json.dumps(rows[-1]), flush=True)
     table = markdown(rows)
     print(table)
