@@ -269,6 +269,27 @@ def test_autotune_forced_backend_tunes_its_configs_only(slow_backend, cache_dir,
     assert (e.chosen, e.why) == ("reference", "tuning cache")
 
 
+def test_forced_backend_tunes_gradients_apart_from_the_forward(slow_backend, cache_dir, monkeypatch):
+    """A forward-only tuning of a forced backend never timed its configs' backward: a call that
+    needs gradients tunes again, and each kind of call reads back the entry tuned for it."""
+    monkeypatch.setenv("HALOATTN_AUTOTUNE", "1")
+    q = torch.randn(1, 11, 2, 4)
+    haloattn.attention(q, q, q, 3, backend="test_slow")
+    qg = q.clone().requires_grad_()
+    haloattn.attention(qg, q, q, 3, backend="test_slow").sum().backward()
+    entries = [json.loads(s) for s in _read(tuning.cache_path(CPU))["entries"]]
+    assert sorted((e["forced"], e["grad"]) for e in entries) == [("test_slow", False), ("test_slow", True)]
+    # each kind of call reads its own entry (stored by hand, so that the two differ)
+    problem = build_problem(q, q, q, 3)
+    tuning.tuning_file(CPU).store({
+        tuning.signature(problem, False, "test_slow"): {"backend": "test_slow", "config": {"delay_ms": 60}},
+        tuning.signature(problem, True, "test_slow"): {"backend": "test_slow", "config": {"delay_ms": 30}},
+    })
+    haloattn.clear_caches()
+    assert DISPATCHER.explain(problem, "test_slow", needs_grad=False).config == {"delay_ms": 60}
+    assert DISPATCHER.explain(problem, "test_slow", needs_grad=True).config == {"delay_ms": 30}
+
+
 def test_stale_cache_entry_for_a_backend_that_cannot_run_is_ignored(cache_dir):
     problem = _problem(L=12)
     tuning.tuning_file(CPU).store({tuning.signature(problem): {"backend": "no_such_backend", "config": None}})

@@ -184,7 +184,7 @@ class Dispatcher:
             source, names = force
             for n in names:
                 if by_name[n].can_run:
-                    config = tuning.cached_config(problem, n)
+                    config = tuning.cached_config(problem, n, needs_grad)
                     return Explanation(problem, verdicts, n, config, f"forced by {source}", dict(self.plugin_errors))
             return Explanation(problem, verdicts, None, None, f"forced by {source} to {', '.join(names)}, which cannot run it", dict(self.plugin_errors))
         runnable = [v.name for v in verdicts if v.can_run]
@@ -220,8 +220,9 @@ class Dispatcher:
         tuned = explanation.why == "tuning cache" and tuning.cached_entry(problem, needs_grad) is not None
         if autotune and inputs is not None and not tuned:
             if explanation.why.startswith("forced"):
-                # tune the forced backend's configs once (stored apart from the unforced winner)
-                if tuning.tuned_entry(problem, chosen.name) is None:
+                # tune the forced backend's configs once per signature, gradients included (stored
+                # apart from the unforced winner)
+                if tuning.tuned_entry(problem, chosen.name, needs_grad, exact=True) is None:
                     chosen, config = tuning.autotune(problem, [chosen], inputs, needs_grad, forced=chosen.name)
             else:
                 candidates = [self.get(v.name) for v in explanation.verdicts if v.can_run]

@@ -205,20 +205,24 @@ def cached_choice(
     return None
 
 
-def tuned_entry(problem: Problem, backend_name: str) -> Optional[dict]:
+def tuned_entry(problem: Problem, backend_name: str, needs_grad: Optional[bool] = None,
+                exact: bool = False) -> Optional[dict]:
     """The stored tuning result that gives ``backend_name``'s config for ``problem``: a run
-    restricted to it (forced), else an unrestricted run it won; None if it was never tuned."""
-    for forced in (backend_name, None):
-        for needs_grad in (False, True):
-            entry = cached_entry(problem, needs_grad, forced)
+    restricted to it (forced), else an unrestricted run it won; None if it was never tuned. The
+    run tuned with the same ``needs_grad`` comes first, as in :func:`cached_choice`: a forward-only
+    run never timed the backward's part of its configs. ``exact``: that run only."""
+    order = (False, True) if needs_grad is None else (bool(needs_grad),) if exact else (bool(needs_grad), not needs_grad)
+    for grad in order:
+        for forced in (backend_name, None):
+            entry = cached_entry(problem, grad, forced)
             if entry and entry.get("backend") == backend_name:
                 return entry
     return None
 
 
-def cached_config(problem: Problem, backend_name: str) -> Optional[dict]:
+def cached_config(problem: Problem, backend_name: str, needs_grad: Optional[bool] = None) -> Optional[dict]:
     """A config stored for ``backend_name`` (used when that backend is forced)."""
-    entry = tuned_entry(problem, backend_name)
+    entry = tuned_entry(problem, backend_name, needs_grad)
     return entry.get("config") if entry else None
 
 
