@@ -20,6 +20,7 @@ pytest.importorskip("triton")
 
 from haloattn.backends.triton import fast_launch, window_launch, window_long_launch  # noqa: E402
 from haloattn.backends.triton.window_long_launch import parts  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
 
 
 @pytest.fixture
@@ -58,8 +59,6 @@ def test_parts_of_real_windows():
 def test_float32_channel_tiles_are_at_least_32_wide():
     # MIN_CHANNELS_FLOAT32: Triton 3.6 miscompiled the long-window dQ kernel's 16-channel float32
     # tiles on Hopper (an illegal address); 16-bit problems keep 16-channel tiles.
-    from haloattn.problem import build_problem
-
     def channel_tiles(dtype, head_dim, value_dim):
         q = torch.empty(1, 700, 3, head_dim, dtype=dtype)
         v = torch.empty(1, 700, 3, value_dim, dtype=dtype)

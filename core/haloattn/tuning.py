@@ -211,7 +211,10 @@ def tuned_entry(problem: Problem, backend_name: str, needs_grad: Optional[bool] 
     restricted to it (forced), else an unrestricted run it won; None if it was never tuned. The
     run tuned with the same ``needs_grad`` comes first, as in :func:`cached_choice`: a forward-only
     run never timed the backward's part of its configs. ``exact``: that run only."""
-    order = (False, True) if needs_grad is None else (bool(needs_grad),) if exact else (bool(needs_grad), not needs_grad)
+    if needs_grad is None:
+        order = (False, True)
+    else:
+        order = (bool(needs_grad),) if exact else (bool(needs_grad), not needs_grad)
     for grad in order:
         for forced in (backend_name, None):
             entry = cached_entry(problem, grad, forced)
