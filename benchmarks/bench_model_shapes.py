@@ -9,7 +9,12 @@ backend named, and which backend that is), every fused backend that accepts the 
 (`triton`, `triton_window`, `cuda`), and dense cuDNN SDPA over the same tokens (the efficiency
 yardstick of bench_neighborhood.py: effective TFLOP/s over attended pairs, divided by dense's).
 Each backend's output is also compared with the reference backend in float32 on the GPU, so a
-fast wrong answer cannot pass unseen.
+fast wrong answer cannot pass unseen. With ``--cudagraph`` each backend's calls are also timed as
+CUDA-graph replays: device time alone, which on the small problems differs most from
+``do_bench``'s (host time included). With ``--autotune`` the dispatcher's backend is also run
+tuned (``HALOATTN_AUTOTUNE=1`` with that backend forced, on a fresh tuning cache): how far its
+heuristic default is from its best candidate at these shapes (the tuned choices and every
+candidate's time go to the JSON file).
 
     python benchmarks/bench_model_shapes.py [--only 0,3] [--cudagraph] [--autotune] [--json FILE] [--markdown FILE]
 """
