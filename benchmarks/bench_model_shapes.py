@@ -1,7 +1,7 @@
 """Neighbourhood attention at the shapes models run, not the issue's benchmark problems.
 
 The issue benchmark (bench_neighborhood.py, bench_cuda.py) times one batch of 16 heads of 128
-channels on large windows. Models differ: NAT / DiNAT image backbones run 2-4 heads of 32
+channels on large windows. Models differ: NAT / DiNAT image backbones run 2-8 heads of 32
 channels on 7x7 windows at batch 64, video models 3-D windows of a few frames, long-sequence
 models causal sliding windows with grouped-query heads. This script times, per such problem and
 bf16, forward and forward+backward of: the dispatcher's own choice (what a user gets with no
