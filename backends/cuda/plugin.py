@@ -24,9 +24,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 class CudaBackend(Backend):
     name = "cuda"
-    # Below triton (100): its Hopper kernels (wgmma, TMA) measured 0.73-1.21x triton's forward and
-    # 0.81-1.01x its forward+backward on the ten benchmark problems (H200, 2026-11-27,
-    # benchmarks/RESULTS.md): ahead on 1-D and aligned strided forwards only. The tuning cache
+    # Below triton (100): its Hopper kernels (wgmma, TMA) measured 0.77-1.21x triton's forward and
+    # 0.78-1.31x its forward+backward on the ten benchmark problems (H100, 2026-11-27 16:03 UTC,
+    # benchmarks/RESULTS.md): ahead on 1-D and the aligned strided problems only. The tuning cache
     # (`haloattn tune`) picks cuda where it wins.
     priority = 90
     description = "compiled CUDA/CuTe kernels for Hopper (sm_90a), forward and deterministic backward"
