@@ -188,6 +188,36 @@ def test_random_problems_per_load_path(tma, seed, monkeypatch):
     check_against_oracle(spatial, window, **options)
 
 
+def packed_default(default_config, pack):
+    """``tiles.default_config`` whose forward runs ``pack`` (batch, head) pairs a program."""
+    def config(problem, **kwargs):
+        base = default_config(problem, **kwargs)
+        return dict(base, fwd=dict(base["fwd"], pack=pack))
+
+    return config
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("pack", [2, 4, 16])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_problems_in_packed_programs(pack, seed, monkeypatch):
+    """Forward programs that run several (batch, head) pairs (tiles.packed_pairs), compiled: a
+    packed program stores a pair's rows one step after its walk ends, through a cursor that only
+    the compiled kernel can carry wrong (Triton's front end once left a copy of it out of the
+    loop; the interpreter ran it right)."""
+    from haloattn.backends.triton import tiles
+
+    monkeypatch.setattr(tiles, "default_config", packed_default(tiles.default_config, pack))
+    options = random_problem(random.Random(3000 + seed))
+    # Three batch entries of 3, 6 or 12 heads: a last program with fewer pairs than the others,
+    # heads that wrap inside a program. No additional tokens: packed programs have none.
+    options.update(dtype=(torch.bfloat16, torch.float16)[seed % 2], device="cuda", seed=seed, batch=3,
+                   heads=3 * options["kv_heads"], extra=0)
+    spatial, window = options.pop("spatial"), options.pop("window")
+    check_against_oracle(spatial, window, **options)
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("value_dim", [16, 32])

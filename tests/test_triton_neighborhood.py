@@ -140,6 +140,59 @@ def test_gradients_of_a_summed_loss(spatial, window, options):
     check_against_oracle(spatial, window, sum_loss=True, **options)
 
 
+@pytest.mark.parametrize(
+    "spatial,window,batch,heads,kv_heads,pack,options",
+    [
+        ((12,), 5, 3, 1, 1, 2, {}),
+        ((9, 11), (3, 5), 3, 3, 1, 4, dict(causal=(True, False), dilation=(2, 1), softcap=3.0, rpb=True)),
+        ((4, 5, 6), (3, 2, 3), 2, 3, 3, 16, dict(stride=(1, 2, 3), causal=(False, False, True))),
+        ((9, 11), (3, 4), 2, 2, 1, 2, dict(pattern="window", shift=(1, 2), rpb=True, scale=0.3)),
+    ],
+    ids=["1d-last-program-short", "2d-gqa-causal-dilated-rpb-softcap", "3d-strided-more-pack-than-pairs",
+         "2d-window-shift-rpb"],
+)
+def test_packed_forward_programs(spatial, window, batch, heads, kv_heads, pack, options):
+    """Forward programs running ``pack`` (batch, head) pairs of one query tile each, against the
+    oracle: pair counts that leave the last program short, heads that wrap into the next batch
+    entry inside a program, GQA (a program's pairs read different key heads), per-head bias."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, *spatial, heads, 16, generator=gen)
+    k = torch.randn(batch, *spatial, kv_heads, 16, generator=gen)
+    v = torch.randn(batch, *spatial, kv_heads, 24, generator=gen)
+    kwargs = dict(options)
+    if kwargs.pop("rpb", False):
+        per_axis = window if isinstance(window, tuple) else (window,) * len(spatial)
+        kwargs["rpb"] = torch.randn(heads, *(2 * w - 1 for w in per_axis), generator=gen)
+    problem = build_problem(q, k, v, window, **kwargs)
+    config = tiles.default_config(problem)
+    config = dict(config, fwd=dict(config["fwd"], pack=pack))
+    out, lse = launch.forward(problem, AttentionInputs(q, k, v, rpb=kwargs.get("rpb")), config)
+    ref, ref_lse = oracle.attention(q, k, v, window, **kwargs)
+    assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.float32]
+    assert (lse.double() - ref_lse).abs().max() <= oracle.LSE_TOLERANCE[torch.float32]
+
+
+def test_packing_only_for_walks_of_one_key_tile():
+    """The default packs pairs where a query tile's walk is one key tile (a dilated 7x7 window whose
+    dilation group fits in one tile), never on longer walks, with additional tokens, or more pairs
+    than the problem has; stored configs are fitted the same way."""
+    def problem_of(spatial, heads, window, batch=64, extra=0, **options):
+        q = torch.empty(batch, *spatial, heads, 32, dtype=torch.bfloat16)
+        more = torch.empty(batch, extra, heads, 32, dtype=torch.bfloat16) if extra else None
+        return build_problem(q, q, q, window, additional_keys=more, additional_values=more, **options)
+
+    dilated = problem_of((56, 56), 2, 7, dilation=8)
+    config = tiles.default_config(dilated)["fwd"]
+    assert tiles.steps_per_tile(dilated, config["q"], config["kv"]) == 1.0
+    assert config["pack"] > 1 and not config["tma"]
+    assert tiles.default_config(problem_of((56, 56), 2, 7))["fwd"]["pack"] == 1  # 3.7 key tiles a walk
+    assert tiles.default_config(problem_of((56, 56), 2, 7, dilation=8, extra=3))["fwd"]["pack"] == 1
+    one_pair = problem_of((7, 7), 1, 7, batch=1)
+    assert tiles.default_config(one_pair)["fwd"]["pack"] == 1  # packing would leave the GPU idle
+    assert tiles.normalise({"fwd": {"pack": 64}}, one_pair)["fwd"]["pack"] == 1
+    assert tiles.normalise({"fwd": {"pack": 3}}, dilated)["fwd"]["pack"] == 4
+
+
 def test_every_tuning_candidate_runs_forward_correctly():
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 9, 10, 2, 16, generator=gen) for _ in range(3))

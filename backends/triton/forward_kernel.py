@@ -7,6 +7,12 @@ keys any query of the tile sees form a box (the ranges are monotone), which the 
 TN0 x TN1 x TN2 key tiles; only tiles not seen in full by every query of the tile pay for the
 per-pair mask, and only on the axes where they are not (the walk is anchored so that as many
 tiles as possible lie inside: index_math.key_walk). Tensors are read in place through their strides ([B, *spatial, H, D]).
+
+With ``PACK`` > 1 one program runs the same query tile for PACK consecutive (batch, head) pairs
+in one flat loop over (pair, key tile): every pair of a tile has the same geometry, so the walk's
+set-up is paid once, and the next pair's first tiles are loaded while this pair's last ones are
+multiplied. A walk of one key tile is otherwise all prologue and epilogue with nothing to overlap
+them; on longer walks the packed loop's dearer steps cost more than that saves (tiles.PACK_MAX_STEPS).
 """
 
 import triton
@@ -96,7 +102,7 @@ def forward_kernel(
     slb, sl0, sl1, sl2, slh,
     srh, sr0, sr1, sr2,
     sakb, sake, sakh, savb, save, savh,
-    G, E, HEAD_D, HEAD_DV,
+    G, E, HEAD_D, HEAD_DV, HEADS, BATCH,
     L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NT0, NT1, NT2,
     scale, softcap,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
@@ -106,13 +112,27 @@ def forward_kernel(
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
+    PACK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    if PACK == 1:
+        tile_id = tl.program_id(0)
+        h = tl.program_id(1)
+        b = tl.program_id(2)
+        pairs = 1
+    else:
+        # Program (tile, pair group) flattened on the grid's first axis, tiles fastest: programs
+        # running side by side share a pair's keys in L2, as with one pair per program.
+        tl.static_assert(not TMA and not HAS_EXTRA, "packed pairs read K/V by pointer and take no additional tokens")
+        tiles = D0 * NT0 * D1 * NT1 * D2 * NT2
+        tile_id = tl.program_id(0) % tiles
+        first_pair = (tl.program_id(0) // tiles) * PACK
+        b = first_pair // HEADS
+        h = first_pair % HEADS
+        pairs = tl.minimum(BATCH * HEADS - first_pair, PACK)
     kvh = h // G
-    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tl.program_id(0), L0, L1, L2, D0, D1, D2, NT0, NT1, NT2)
+    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tile_id, L0, L1, L2, D0, D1, D2, NT0, NT1, NT2)
     xs0, xs1, xs2 = t0 * TM0, t1 * TM1, t2 * TM2
 
     m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
@@ -123,8 +143,9 @@ def forward_kernel(
         i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    q_rows = b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2
-    q = tl.load(Q + q_rows[:, None] + d[None, :], mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+    q_cells = (i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :]
+    q_mask = q_ok[:, None] & (d[None, :] < HEAD_D)
+    q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
 
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
@@ -155,7 +176,15 @@ def forward_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
-    for _tile in range(0, n_tiles):
+    finished = tl.zeros((), tl.int1)  # packed: the last step ended the pair before (b, h)
+    for _step in range(0, pairs * n_tiles):
+        if PACK > 1:
+            # The pair's queries again at every step: a pipelined load (mostly from L1/L2) keeps the
+            # loop free of a load that waits, where a load at each pair's first step would wait.
+            q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
+            k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
+            v_base = V + b.to(tl.int64) * svb + kvh.to(tl.int64) * svh
+            k_desc, v_desc = k_base, v_base
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
@@ -169,6 +198,18 @@ def forward_kernel(
         s = mask_pairs(s, float("-inf"), lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2,
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
+        if PACK > 1:
+            # The pair the last step finished goes out here, where the rescale below reads the
+            # accumulator anyway: read right after its last product was issued, the branch would
+            # make ptxas serialise every wgmma of the loop (backend-cuda.md, "Keeping wgmma
+            # asynchronous").
+            if finished:
+                b_out, h_out = previous_pair(b, h, HEADS)
+                store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2, dv,
+                           q_ok, acc, m_i, l_i, unit, HEAD_DV)
+                m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                l_i = tl.zeros([BLOCK_M], tl.float32)
+                acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, unit, LAZY_RESCALE)
         p = probabilities(s, m_i, unit)
         l_i += tl.sum(p, 1)
@@ -176,6 +217,16 @@ def forward_kernel(
                              Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
         acc = mma(p.to(vt.dtype), vt, acc, PRECISION)
         j0, j1, j2 = next3(j0, j1, j2, nk1, nk2)
+        if PACK > 1:
+            # The cursor moves without a branch: the pipeliner issues later steps' loads ahead,
+            # which it can only where their addresses do not wait for a branch.
+            finished = j0 == nk0
+            j0 = tl.where(finished, 0, j0)
+            h += finished.to(tl.int32)
+            wrapped = h == HEADS
+            b += wrapped.to(tl.int32)
+            h = tl.where(wrapped, 0, h)
+            kvh = h // G
 
     if HAS_EXTRA:
         e_off = tl.arange(0, BLOCK_N)
@@ -194,6 +245,28 @@ def forward_kernel(
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
             acc = mma(p.to(vt.dtype), vt, acc, PRECISION)
 
+    # The last pair (the only one without PACK; packed, the cursor has moved past it).
+    b_out, h_out = b, h
+    if PACK > 1:
+        b_out, h_out = previous_pair(b, h, HEADS)
+    store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2, dv, q_ok,
+               acc, m_i, l_i, unit, HEAD_DV)
+
+
+@triton.jit
+def previous_pair(b, h, HEADS):
+    """The (batch, head) pair before (b, h) in batch-major order. (Packed programs find the pair
+    they finished this way: a copy of the cursor taken before it moves would be the value the
+    loop started with, which Triton's front end then does not carry through the loop.)"""
+    first_head = h == 0
+    return b - first_head.to(tl.int32), tl.where(first_head, HEADS - 1, h - 1)
+
+
+@triton.jit
+def store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b, h, i0, i1, i2, dv, q_ok,
+               acc, m_i, l_i, unit, HEAD_DV):
+    """Normalise the accumulated rows of (batch b, head h) and store them and their LSE; rows that
+    saw no key get zeros and an LSE of -inf."""
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i * unit + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)

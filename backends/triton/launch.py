@@ -259,11 +259,15 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
     H, B, r = problem.heads, problem.batch, problem.rank
     geo = geometry(problem)
     large = needs_int64(q, k, v, out)
-    return Launch(forward_kernel, (geo.grid0(cfg["q"]), H, B), [
+    pack = cfg.get("pack", 1)
+    grid0 = geo.grid0(cfg["q"])
+    # Packed programs run `pack` (batch, head) pairs of one query tile each, on a flat grid.
+    grid = (grid0, H, B) if pack == 1 else (grid0 * cdiv(B * H, pack), 1, 1)
+    return Launch(forward_kernel, grid, [
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
         *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(out, r),
         *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
-        H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim,
+        H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, H, B,
         *geo.runtime_args(cfg["q"]),
         problem.scale, problem.softcap or 1.0,
     ], dict(
@@ -271,9 +275,10 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
-        TMA=use_descriptors(cfg.get("tma", False), large, k, v), LAZY_RESCALE=cfg.get("lazy_rescale", False),
+        TMA=pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v),
+        LAZY_RESCALE=cfg.get("lazy_rescale", False),
         FOLD_SCALE=cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None,
-        **_walk_constexprs(cfg), num_warps=cfg["warps"], num_stages=cfg["stages"],
+        PACK=pack, **_walk_constexprs(cfg), num_warps=cfg["warps"], num_stages=cfg["stages"],
     ))
 
 

@@ -67,6 +67,19 @@ MASKED_AXIS_COST = 0.2
 LAZY_RESCALE = False
 
 
+# Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
+# PACK_MAX (batch, head) pairs in one flat loop, as long as the launch keeps PACK_MIN_WAVES
+# programs per SM. The packed loop reloads the queries at every step and holds more registers,
+# so a step costs more: on the H100 (2026-11-27, bench_forward_pack.py) packing ran walks of one
+# key tile 1.42x faster (DiNAT-T, 16 pairs), broke even at two and lost 1.07-1.5x from 2.5 steps
+# up. So only walks of at most PACK_MAX_STEPS key tiles are packed by default; the tuning
+# candidates try every pair count. Only where K/V come by pointer loads and the problem has no
+# additional tokens (the packed loop has neither).
+PACK_MAX_STEPS = 1.5
+PACK_MAX = 16
+PACK_MIN_WAVES = 2
+
+
 # HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
 # (``"dkdv": {"atomic_dq": true}``: one pass, 5 matrix products per pair instead of 7, rounding that
 # varies from run to run; ``"tma_dq": false`` forces element-wise atomics instead of bulk
@@ -163,6 +176,35 @@ def forward_cost(problem: Problem, q: Sequence[int], kv: Sequence[int], speed: f
     steps = math.prod(visited for visited, _ in per_axis)
     crossings = sum(1 - inside / visited for visited, inside in per_axis)
     return steps * (1 + MASKED_AXIS_COST * crossings) * math.prod(q) * math.prod(kv) / speed
+
+
+def steps_per_tile(problem: Problem, q: Sequence[int], kv: Sequence[int]) -> float:
+    """Key tiles a query tile of the forward walks, on average over the grid."""
+    per_axis = [_axis_steps(a, problem.pattern, t, u, ANCHOR_TILES) for a, t, u in zip(problem.axes, q, kv)]
+    tiles = math.prod(-(-a.group_length(0) // t) for a, t in zip(problem.axes, q))
+    return math.prod(visited for visited, _ in per_axis) / tiles
+
+
+def streaming_processors(device: torch.device) -> int:
+    """SMs of a CUDA device; elsewhere (the CPU interpreter) an H100's 132, so configs match."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def packed_pairs(problem: Problem, q: Sequence[int], kv: Sequence[int], descriptors: bool) -> int:
+    """(batch, head) pairs per forward program (see PACK_MAX_STEPS): a power of two, 1 where
+    walks are longer, K/V come through descriptors, the problem has additional tokens, or packing
+    would leave too few programs to fill the GPU."""
+    if descriptors or problem.extra_tokens or steps_per_tile(problem, q, kv) > PACK_MAX_STEPS:
+        return 1
+    pairs = problem.batch * problem.heads
+    tiles = math.prod(a.dilation * -(-a.group_length(0) // t) for a, t in zip(problem.axes, q))
+    min_programs = PACK_MIN_WAVES * streaming_processors(problem.device)
+    pack = 1
+    while 2 * pack <= min(PACK_MAX, pairs) and tiles * -(-pairs // (2 * pack)) >= min_programs:
+        pack *= 2
+    return pack
 
 
 def _shapes(rank: int, tokens: int, extents: Sequence[int]) -> List[Tuple[int, ...]]:
@@ -274,7 +316,8 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     q, kv, warps, stages = _best_forward(problem, descriptors)
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
-           "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks}
+           "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
+           "pack": packed_pairs(problem, q, kv, descriptors)}
     # The backward streams 64-token tiles past a resident tile of the forward's query-tile shape.
     # 64 resident tokens with 4 warps were fastest or within 2 % on all ten benchmark problems
     # (H100 sweep of 2026-11-23: 1.04-1.64x faster than 128 with 8 warps, fewer wasted pairs on
@@ -307,6 +350,14 @@ def candidate_configs(problem: Problem) -> List[Dict]:
                    "tma": tma, "lazy_rescale": base["fwd"]["lazy_rescale"]}
             if fwd != base["fwd"]:
                 out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
+    # Pairs per program: the default's tiles by pointer loads, one to PACK_MAX pairs a program.
+    if not problem.extra_tokens:
+        pack = 1
+        while pack <= min(PACK_MAX, problem.batch * problem.heads):
+            fwd = dict(base["fwd"], pack=pack, tma=False if pack > 1 else base["fwd"]["tma"])
+            if fwd != base["fwd"]:
+                out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
+            pack *= 2
     out.append(dict(base, fwd=dict(base["fwd"], lazy_rescale=not base["fwd"]["lazy_rescale"])))
     out.append(dict(base, fwd=dict(base["fwd"], axis_masks=not base["fwd"]["axis_masks"])))
     # Backward: resident tiles of 32 tokens (one warp: 1.22x the default backward on 7x7, D=32),
@@ -385,6 +436,14 @@ def shrink_to_fit(problem: Problem, config: Dict, kernel: str, overshoot: int) -
     return dict(config, **{kernel: smaller})
 
 
+def _fitted_pack(pack, problem: Problem) -> int:
+    """A stored pair count fitted to the problem: a power of two no larger than its pairs, 1 with
+    additional tokens (the packed loop has none)."""
+    if problem.extra_tokens:
+        return 1
+    return min(pow2_ceil(max(1, int(pack))), pow2_ceil(problem.batch * problem.heads))
+
+
 def normalise(config, problem: Problem) -> Dict:
     """Fill in and fit a (possibly partial or stale) config for this problem."""
     base = default_config(problem)
@@ -399,5 +458,7 @@ def normalise(config, problem: Problem) -> Dict:
             if len(shape) != problem.rank:
                 shape = default[part]
             given[part] = fit(shape, ext, pow2_ceil(math.prod(shape)))
+        if kernel == "fwd":
+            given["pack"] = _fitted_pack(given.get("pack", 1), problem)
         out[kernel] = _fit_shared(problem, kernel, given)
     return out
