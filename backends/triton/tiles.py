@@ -67,6 +67,12 @@ MASKED_AXIS_COST = 0.2
 LAZY_RESCALE = False
 
 
+# The dK/dV kernel on narrow heads: with 2 warps instead of 4 on its 64-token tiles the backward
+# of 7x7 windows on heads of 32 channels ran 1.16-1.19x faster on the H100 (NAT-T, NAT-B,
+# DiNAT-T; 2026-11-27, RESULTS.md "Narrow heads"); at 64 channels 2 warps spill (25x slower).
+NARROW_HEAD_DIM = 32
+NARROW_DKDV_WARPS = 2
+
 # Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
 # PACK_MAX (batch, head) pairs in one flat loop, as long as the launch keeps PACK_MIN_WAVES
 # programs per SM. The packed loop reloads the queries at every step and holds more registers,
@@ -330,7 +336,16 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
              "anchor": ANCHOR_TILES, "axis_masks": False}
     dq = {"q": resident, "kv": stream, **knobs}
     dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"])}
+    if narrow_key_major(problem, exact_float32):
+        dkdv["warps"] = NARROW_DKDV_WARPS
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
+
+
+def narrow_key_major(problem: Problem, exact_float32: bool = False) -> bool:
+    """Whether the dK/dV kernel runs its 64-token tiles with NARROW_DKDV_WARPS warps: 16-bit
+    products on heads of at most NARROW_HEAD_DIM channels."""
+    return (not exact_float32 and problem.dtype.itemsize == 2
+            and max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM)
 
 
 def candidate_configs(problem: Problem) -> List[Dict]:
@@ -375,6 +390,9 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         if dq != base["dq"]:
             out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
     out.append(dict(base, dkdv=dict(base["dkdv"], wait_dk=not base["dkdv"]["wait_dk"])))
+    # Narrow heads: the dK/dV kernel on the default tiles with the other of 2 and 4 warps.
+    if max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM and base["dkdv"]["warps"] in (2, 4):
+        out.append(dict(base, dkdv=dict(base["dkdv"], warps=6 - base["dkdv"]["warps"])))
     if problem.dtype == torch.float32:
         # The exact-float32 default's backward (what an untuned call without tf32 gets), so that
         # tuning never settles on a slower one.
