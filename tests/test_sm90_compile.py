@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from sm90_compile import captured_launches, compile_captured, tool  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
-from haloattn.backends.triton import launch, window_launch  # noqa: E402
+from haloattn.backends.triton import launch, tiles, window_launch  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.exists(tool("ptxas")), reason="Triton's bundled ptxas is missing")
@@ -39,6 +39,8 @@ CASES = {
     # head_dim 192: 128-query dQ tiles against 64-key tiles (non-square pair masks).
     "neighbourhood_2d_causal_hd192_dv64": (launch, (10, 12), (5, 3), torch.bfloat16, 2, 1, 192, 64, False, 0,
                                            dict(causal=(True, False))),
+    # Packed forward programs (several (batch, head) pairs a program), with a bias per head.
+    "neighbourhood_2d_packed_pairs_rpb": (launch, (14, 14), 7, torch.bfloat16, 4, 2, 32, 32, True, 0, {}),
     "window_swin_shift_rpb": (window_launch, (14, 14), 7, torch.float16, 3, 3, 32, 32, True, 0, dict(shift=3)),
     "window_3d_dilated_causal_gqa_softcap": (window_launch, (4, 8, 8), (2, 2, 4), torch.float32, 4, 2, 30, 16,
                                              True, 0, dict(dilation=(1, 2, 2), causal=(True, False, False),
@@ -66,21 +68,31 @@ def _problem(spatial, window, dtype, heads, kv_heads, head_dim, value_dim, rpb, 
     return problem, AttentionInputs(q, k, v, table, None, ak, av)
 
 
+# Cases whose forward runs this many pairs a program (not the default at their small size).
+FORWARD_PACK = {"neighbourhood_2d_packed_pairs_rpb": 4}
+
+
 def compile_case(name: str) -> list:
-    """Capture the case's forward and backward launches and build each for sm_90: (kernel, regs)."""
+    """Capture the case's forward and backward launches and build each for sm_90: (kernel, regs,
+    whether ptxas serialised its wgmmas)."""
     from unittest import mock
 
     launcher, *spec = CASES[name]
     problem, inputs = _problem(*spec)
+    config = None
+    if name in FORWARD_PACK:
+        default = tiles.default_config(problem)
+        config = dict(default, fwd=dict(default["fwd"], pack=FORWARD_PACK[name]))
     # Host-side reductions after the kernels (the rpb gradient's bincount, say) have no meta kernel.
     with mock.patch.object(launch, "rpb_gradient", lambda *args: None), \
             mock.patch.object(window_launch, "table_gradient", lambda *args: None), \
             captured_launches(launcher) as sink:
-        out, lse = launcher.forward(problem, inputs)
+        out, lse = launcher.forward(problem, inputs, config)
         needs = (True, True, True, inputs.rpb is not None, False, problem.extra_tokens > 0, problem.extra_tokens > 0)
-        launcher.backward(problem, inputs, out, lse, torch.empty_like(out), torch.empty_like(lse), needs)
-    return [(fn.__name__, compile_captured(fn, args, kwargs, f"{name}-{fn.__name__}")["regs"])
-            for fn, _, args, kwargs in sink]
+        launcher.backward(problem, inputs, out, lse, torch.empty_like(out), torch.empty_like(lse), needs, config)
+    compiled = [(fn.__name__, compile_captured(fn, args, kwargs, f"{name}-{fn.__name__}"))
+                for fn, _, args, kwargs in sink]
+    return [(kernel, row["regs"], row["wgmma_serialized"]) for kernel, row in compiled]
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +116,19 @@ def test_kernels_compile_for_sm90(name, compiled):
     assert outcome["error"] is None, f"{name}: {outcome['error']}"
     kernels = outcome["kernels"]
     assert len(kernels) >= 2, f"{name}: no forward and backward launches were captured"
-    for kernel, regs in kernels:
+    for kernel, regs, _ in kernels:
         assert regs is not None and regs <= 255, (kernel, regs)
+
+
+def test_packed_forward_keeps_its_wgmma_asynchronous(compiled):
+    """A packed forward program stores a finished pair's rows where the online softmax reads the
+    accumulator anyway; stored right after the pair's last product instead, the branch made ptxas
+    serialise every wgmma of the loop (long walks 2x slower on the H100)."""
+    results, log = compiled
+    kernels = results.get("neighbourhood_2d_packed_pairs_rpb", {}).get("kernels")
+    assert kernels, log
+    forward = [serialized for kernel, _, serialized in kernels if kernel == "forward_kernel"]
+    assert forward == [False]
 
 
 if __name__ == "__main__":
