@@ -68,8 +68,9 @@ LAZY_RESCALE = False
 
 
 # The dK/dV kernel on narrow heads: with 2 warps instead of 4 on its 64-token tiles the backward
-# of 7x7 windows on heads of 32 channels ran 1.16-1.19x faster on the H100 (NAT-T, NAT-B,
-# DiNAT-T; 2026-11-27, RESULTS.md "Narrow heads"); at 64 channels 2 warps spill (25x slower).
+# ran 1.05-1.27x faster on eight 16-bit problems with heads of 16-32 channels on the H100
+# (1.17-1.20x on the NAT / DiNAT layers; 2026-11-27, RESULTS.md "Narrow heads"); at 64 channels
+# 2 warps spill (25x slower).
 NARROW_HEAD_DIM = 32
 NARROW_DKDV_WARPS = 2
 
