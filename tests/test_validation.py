@@ -125,3 +125,38 @@ def test_parameters_in_float32_allowed_for_16bit_inputs():
     rpb = t(2, 5)  # float32 table with bfloat16 activations (autocast-style) is allowed
     out = haloattn.attention(q, k, v, 3, rpb=rpb)
     assert out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("argument", ["query", "value"])
+def test_forward_mode_ad_and_func_transforms_are_refused_by_name(argument):
+    """Forward-mode AD (torch.func.jvp, forward_ad dual tensors) and torch.func's other transforms
+    are not supported yet: the call says so and names the argument, instead of failing inside a
+    backend's first out= op (jvp, vmap) or in torch's setup_context check (grad, vjp). Calls
+    without tangents inside a dual level still run."""
+    from torch.autograd import forward_ad
+
+    gen = torch.Generator().manual_seed(0)
+    primals = tuple(torch.randn(1, 6, 6, 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    index = {"query": 0, "value": 2}[argument]
+    tangent = torch.randn_like(primals[index])
+
+    def call(x):
+        tensors = list(primals)
+        tensors[index] = x
+        return haloattn.attention(*tensors, 3)
+
+    with pytest.raises(NotImplementedError, match=f"forward-mode AD .*'{argument}' carries a tangent"):
+        torch.func.jvp(call, (primals[index],), (tangent,))
+    with forward_ad.dual_level():
+        with pytest.raises(NotImplementedError, match=f"'{argument}' carries a tangent"):
+            call(forward_ad.make_dual(primals[index], tangent))
+        plain = call(primals[index])  # no tangent: runs
+    transforms = {
+        "grad": lambda: torch.func.grad(lambda x: call(x).sum())(primals[index]),
+        "vjp": lambda: torch.func.vjp(call, primals[index]),
+        "vmap": lambda: torch.func.vmap(call)(primals[index].unsqueeze(0)),
+    }
+    for run in transforms.values():
+        with pytest.raises(NotImplementedError, match=f"torch.func transforms .*'{argument}'"):
+            run()
+    assert torch.equal(plain, haloattn.attention(*primals, 3))

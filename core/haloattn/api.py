@@ -7,6 +7,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 import torch
+from torch.autograd import forward_ad
 
 from . import ops
 from .backend import AttentionInputs, Backend, on_device
@@ -30,6 +31,41 @@ def _hashable(value):
 
 def _tensor_key(t: Optional[torch.Tensor]):
     return None if t is None else (t.shape, t.dtype, t.device)
+
+
+_TENSOR_NAMES = ("query", "key", "value", "rpb", "kq_conv", "additional_keys", "additional_values")
+# functorch's wrapper test (torch.func transforms wrap their inputs); private, so looked up once.
+_is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def _forward_ad_active() -> bool:
+    """Whether a forward-mode AD level is open (``torch.autograd.forward_ad.dual_level``, which
+    ``torch.func.jvp`` opens too): a module attribute read. A torch without that attribute is
+    assumed to have one open (then every call looks for tangents)."""
+    return getattr(forward_ad, "_current_level", 0) >= 0
+
+
+def _refuse_transforms(tensors) -> None:
+    """No backend has a forward-mode (JVP) rule, and the op is not written for torch.func's
+    transforms (grad, vjp, vmap, ...) yet: an input carrying a tangent or wrapped by a transform
+    would otherwise run into the backend's first ``out=`` op or torch's setup_context check,
+    whose errors name neither haloattn nor the argument. About a microsecond a call."""
+    tangents = _forward_ad_active()
+    for name, t in zip(_TENSOR_NAMES, tensors):
+        if not isinstance(t, torch.Tensor):
+            continue
+        if tangents and forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                f"haloattn.attention has no forward-mode AD (JVP) rule yet: argument '{name}' carries a "
+                "tangent (torch.func.jvp or torch.autograd.forward_ad). Reverse mode through torch.autograd "
+                "(loss.backward(), torch.autograd.grad) is supported"
+            )
+        if _is_wrapped(t):
+            raise NotImplementedError(
+                f"haloattn.attention does not run under torch.func transforms (grad, vjp, vmap, jacrev, ...) "
+                f"yet: argument '{name}' is a transform's wrapped tensor. Take gradients with torch.autograd "
+                "(loss.backward(), torch.autograd.grad) and fold a vmapped dimension into the batch"
+            )
 
 
 def attention(
@@ -84,6 +120,7 @@ def attention(
         out, lse = ops.compiled_attention(tensors, options)
         return (out, lse) if return_lse else out
 
+    _refuse_transforms(tensors)
     if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
         # not a tensor: let validation name the argument (the cache key would raise AttributeError)
         build_problem(
