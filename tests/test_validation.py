@@ -127,6 +127,8 @@ def test_parameters_in_float32_allowed_for_16bit_inputs():
     assert out.dtype == torch.bfloat16
 
 
+# torch.func's first use scripts helpers with torch.jit, which torch 2.13 reports as deprecated.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script:DeprecationWarning")
 @pytest.mark.parametrize("argument", ["query", "value"])
 def test_forward_mode_ad_and_func_transforms_are_refused_by_name(argument):
     """Forward-mode AD (torch.func.jvp, forward_ad dual tensors) and torch.func's other transforms
