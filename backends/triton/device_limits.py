@@ -41,6 +41,22 @@ def tile_shared_budget(device: torch.device) -> int:
     return HOPPER_TILE_BUDGET
 
 
+# SMs where there is no GPU to ask (the CPU interpreter): an H100's, so configs match the GPU's.
+HOPPER_MULTIPROCESSORS = 132
+
+
+@lru_cache(maxsize=64)
+def _cuda_multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (HOPPER_MULTIPROCESSORS elsewhere)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _cuda_multiprocessors(device)
+    return HOPPER_MULTIPROCESSORS
+
+
 def has_copy_engine(device: torch.device) -> bool:
     """Hopper (sm_90) and newer copy tensor tiles with TMA."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9

@@ -27,7 +27,7 @@ import torch
 from haloattn.geometry import Axis, key_range
 from haloattn.problem import Problem
 
-from .device_limits import tile_shared_budget, tiles_for_copy_engine
+from .device_limits import multiprocessors, tile_shared_budget, tiles_for_copy_engine
 
 MIN_TILE = 16  # tl.dot needs at least 16 rows
 
@@ -179,24 +179,22 @@ def forward_cost(problem: Problem, q: Sequence[int], kv: Sequence[int], speed: f
     plus MASKED_AXIS_COST of a step for every axis a step's key tile crosses (it pays that axis'
     compares). Per axis the query tiles' steps are independent, so the step counts multiply and
     a step crosses axis ``a`` with probability ``1 - inside_a / visited_a``."""
-    per_axis = [_axis_steps(a, problem.pattern, t, u, ANCHOR_TILES) for a, t, u in zip(problem.axes, q, kv)]
+    per_axis = _axis_walks(problem, q, kv)
     steps = math.prod(visited for visited, _ in per_axis)
     crossings = sum(1 - inside / visited for visited, inside in per_axis)
     return steps * (1 + MASKED_AXIS_COST * crossings) * math.prod(q) * math.prod(kv) / speed
 
 
+def _axis_walks(problem: Problem, q: Sequence[int], kv: Sequence[int]) -> List[Tuple[int, int]]:
+    """``_axis_steps`` of every axis for these forward tiles."""
+    return [_axis_steps(a, problem.pattern, t, u, ANCHOR_TILES) for a, t, u in zip(problem.axes, q, kv)]
+
+
 def steps_per_tile(problem: Problem, q: Sequence[int], kv: Sequence[int]) -> float:
-    """Key tiles a query tile of the forward walks, on average over the grid."""
-    per_axis = [_axis_steps(a, problem.pattern, t, u, ANCHOR_TILES) for a, t, u in zip(problem.axes, q, kv)]
+    """Key tiles a query tile of the forward walks, on average over the grid (group 0's query
+    tiles, as ``_axis_steps`` counts them)."""
     tiles = math.prod(-(-a.group_length(0) // t) for a, t in zip(problem.axes, q))
-    return math.prod(visited for visited, _ in per_axis) / tiles
-
-
-def streaming_processors(device: torch.device) -> int:
-    """SMs of a CUDA device; elsewhere (the CPU interpreter) an H100's 132, so configs match."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
+    return math.prod(visited for visited, _ in _axis_walks(problem, q, kv)) / tiles
 
 
 def packed_pairs(problem: Problem, q: Sequence[int], kv: Sequence[int], descriptors: bool) -> int:
@@ -207,7 +205,7 @@ def packed_pairs(problem: Problem, q: Sequence[int], kv: Sequence[int], descript
         return 1
     pairs = problem.batch * problem.heads
     tiles = math.prod(a.dilation * -(-a.group_length(0) // t) for a, t in zip(problem.axes, q))
-    min_programs = PACK_MIN_WAVES * streaming_processors(problem.device)
+    min_programs = PACK_MIN_WAVES * multiprocessors(problem.device)
     pack = 1
     while 2 * pack <= min(PACK_MAX, pairs) and tiles * -(-pairs // (2 * pack)) >= min_programs:
         pack *= 2
@@ -392,8 +390,9 @@ def candidate_configs(problem: Problem) -> List[Dict]:
             out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
     out.append(dict(base, dkdv=dict(base["dkdv"], wait_dk=not base["dkdv"]["wait_dk"])))
     # Narrow heads: the dK/dV kernel on the default tiles with the other of 2 and 4 warps.
-    if max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM and base["dkdv"]["warps"] in (2, 4):
-        out.append(dict(base, dkdv=dict(base["dkdv"], warps=6 - base["dkdv"]["warps"])))
+    other_warps = {2: 4, 4: 2}.get(base["dkdv"]["warps"])
+    if max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM and other_warps:
+        out.append(dict(base, dkdv=dict(base["dkdv"], warps=other_warps)))
     if problem.dtype == torch.float32:
         # The exact-float32 default's backward (what an untuned call without tf32 gets), so that
         # tuning never settles on a slower one.

@@ -12,6 +12,7 @@ import torch
 import triton
 
 from .device_constants import device_constant
+from .device_limits import multiprocessors
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .plugin import interpreting
 from .relative_fold import fold_into_table, slots_of_entries
@@ -253,11 +254,6 @@ def table_gradient(dbias: torch.Tensor, rpb: torch.Tensor, launch: WindowLaunch)
     return grad.reshape(rpb.shape).to(rpb.dtype)
 
 
-@functools.lru_cache(maxsize=16)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 # Launch heuristics (config keys; benchmarks/bench_window.py --sweep measures the alternatives):
 # each program walks a run of windows, software-pipelined NUM_STAGES deep, and the grid keeps
 # about PROGRAMS_PER_SM programs per multiprocessor so the last wave is short.
@@ -313,7 +309,7 @@ def _windows_per_program(launch: WindowLaunch, problem, device: torch.device, qu
     if device.type != "cuda":
         return 2  # the interpreter: still exercises the loop over several windows
     pairs = launch.num_windows * problem.heads * query_parts
-    return max(1, min(MAX_WINDOWS_PER_PROGRAM, pairs // (PROGRAMS_PER_SM * _multiprocessors(device))))
+    return max(1, min(MAX_WINDOWS_PER_PROGRAM, pairs // (PROGRAMS_PER_SM * multiprocessors(device))))
 
 
 def _launch_config(kind: str, launch: WindowLaunch, problem, device, config, query_parts: int,
