@@ -3,7 +3,7 @@
 from haloattn.backend import Backend
 from haloattn.hookspecs import hookimpl
 
-from . import attend
+from . import attend, jvp
 
 
 class ReferenceBackend(Backend):
@@ -22,6 +22,12 @@ class ReferenceBackend(Backend):
 
     def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
         return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad, out=out, lse=lse)
+
+    def jvp_not_supported_reasons(self, problem):
+        return []
+
+    def jvp(self, problem, inputs, tangents, out, lse, config=None):
+        return jvp.jvp(problem, inputs, tangents)
 
 
 @hookimpl

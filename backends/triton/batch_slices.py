@@ -61,3 +61,14 @@ def backward_in_slices(backward: Callable, problem: Problem, inputs: AttentionIn
         else:
             joined.append(torch.cat(per_slice))
     return tuple(joined)
+
+
+def jvp_in_slices(jvp: Callable, problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs, out, lse,
+                  config):
+    outs, lses = [], []
+    for part in batch_slices(problem.batch):
+        sliced, directions = _part(problem, inputs, part), _part(problem, tangents, part)[1]
+        t_out, t_lse = jvp(*sliced, directions, out[part], lse[part], config)
+        outs.append(t_out)
+        lses.append(t_lse)
+    return torch.cat(outs), torch.cat(lses)

@@ -200,7 +200,7 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
 
 
 # Kernels whose tiles the config sets, by the config part that sets them.
-CONFIG_PART = {"forward_kernel": "fwd", "dq_kernel": "dq", "dkdv_kernel": "dkdv"}
+CONFIG_PART = {"forward_kernel": "fwd", "dq_kernel": "dq", "dkdv_kernel": "dkdv", "jvp_kernel": "dq"}
 # How many times a plan is refitted after a kernel compiled too large for the GPU's shared memory.
 MAX_REFITS = 4
 

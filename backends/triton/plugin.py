@@ -3,7 +3,7 @@
 Fused forward and deterministic backward for patterns "neighborhood" and "window" on ranks 1-3,
 every per-axis window / stride / dilation / causal / shift, GQA/MQA, D_v != D, head dims up to
 256, float16 / bfloat16 / float32 (tf32 when ``torch.backends.cuda.matmul.allow_tf32``), scale,
-softcap, rpb, additional tokens and the LSE. On CPU tensors it runs only under
+softcap, rpb, additional tokens and the LSE, and forward-mode AD (jvp_kernel). On CPU tensors it runs only under
 ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), so ordinary CPU users keep the reference.
 """
 
@@ -112,6 +112,14 @@ class TritonBackend(Backend):
         from . import launch
 
         return launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
+
+    def jvp_not_supported_reasons(self, problem) -> List[str]:
+        return []  # every problem the forward runs (jvp_kernel has the forward's features)
+
+    def jvp(self, problem, inputs, tangents, out, lse, config=None):
+        from . import jvp_launch
+
+        return jvp_launch.jvp(problem, inputs, tangents, out, lse, config)
 
 
 @hookimpl

@@ -34,8 +34,9 @@ def _tensor_key(t: Optional[torch.Tensor]):
 
 
 _TENSOR_NAMES = ("query", "key", "value", "rpb", "kq_conv", "additional_keys", "additional_values")
+_functorch = getattr(torch._C, "_functorch", None)
 # functorch's wrapper test (torch.func transforms wrap their inputs); private, so looked up once.
-_is_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
+_is_wrapped = getattr(_functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 
 def _forward_ad_active() -> bool:
@@ -45,27 +46,40 @@ def _forward_ad_active() -> bool:
     return getattr(forward_ad, "_current_level", 0) >= 0
 
 
-def _refuse_transforms(tensors) -> None:
-    """No backend has a forward-mode (JVP) rule, and the op is not written for torch.func's
-    transforms (grad, vjp, vmap, ...) yet: an input carrying a tangent or wrapped by a transform
-    would otherwise run into the backend's first ``out=`` op or torch's setup_context check,
-    whose errors name neither haloattn nor the argument. About a microsecond a call."""
+def _transform_stack() -> set:
+    """Names of the torch.func transforms the call runs under ('Jvp', 'Grad', 'Vmap', ...). A
+    torch whose functorch internals differ reports 'Jvp' (so a JVP-capable backend is chosen)."""
+    try:
+        stack = _functorch.get_interpreter_stack() or []
+        return {interpreter.key().name for interpreter in stack}
+    except AttributeError:
+        return {"Jvp"}
+
+
+def _transforms(tensors):
+    """(runs under forward-mode AD or a torch.func transform, needs a JVP rule). Checked before
+    anything else reads the tensors: about a microsecond a call without any.
+
+    ``vmap`` is refused by name (the op has no batching rule: a vmapped dimension folds into the
+    batch); tangents (``forward_ad`` duals, ``torch.func.jvp``) need a backend with a JVP rule,
+    which the dispatcher then picks."""
     tangents = _forward_ad_active()
+    transformed = needs_jvp = False
     for name, t in zip(_TENSOR_NAMES, tensors):
         if not isinstance(t, torch.Tensor):
             continue
         if tangents and forward_ad.unpack_dual(t).tangent is not None:
-            raise NotImplementedError(
-                f"haloattn.attention has no forward-mode AD (JVP) rule yet: argument '{name}' carries a "
-                "tangent (torch.func.jvp or torch.autograd.forward_ad). Reverse mode through torch.autograd "
-                "(loss.backward(), torch.autograd.grad) is supported"
-            )
-        if _is_wrapped(t):
-            raise NotImplementedError(
-                f"haloattn.attention does not run under torch.func transforms (grad, vjp, vmap, jacrev, ...) "
-                f"yet: argument '{name}' is a transform's wrapped tensor. Take gradients with torch.autograd "
-                "(loss.backward(), torch.autograd.grad) and fold a vmapped dimension into the batch"
-            )
+            transformed = needs_jvp = True
+        elif _is_wrapped(t):
+            stack = _transform_stack()
+            if "Vmap" in stack:
+                raise NotImplementedError(
+                    f"haloattn.attention has no vmap rule yet: argument '{name}' is batched by torch.func.vmap. "
+                    "Fold the vmapped dimension into the batch (the first axis) instead"
+                )
+            transformed = True
+            needs_jvp = needs_jvp or "Jvp" in stack
+    return transformed, needs_jvp
 
 
 def attention(
@@ -120,7 +134,12 @@ def attention(
         out, lse = ops.compiled_attention(tensors, options)
         return (out, lse) if return_lse else out
 
-    _refuse_transforms(tensors)
+    transformed, needs_jvp = _transforms(tensors)
+    if transformed:
+        return _transformed_call(tensors, needs_jvp, dict(
+            window=window, stride=stride, dilation=dilation, causal=causal, pattern=pattern, shift=shift, scale=scale,
+            softcap=softcap, score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse,
+        ), backend)
     if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
         # not a tensor: let validation name the argument (the cache key would raise AttributeError)
         build_problem(
@@ -162,11 +181,28 @@ def attention(
     return (out, lse) if return_lse else out
 
 
-def explain(query, key, value, window, *, backend: Optional[str] = None, verbose: bool = True, **kwargs) -> Explanation:
+def _transformed_call(tensors, needs_jvp: bool, options: dict, backend: Optional[str]):
+    """A call under forward-mode AD or a torch.func transform: validated and dispatched every
+    time (a transform's wrapped tensors are not cache keys), through the torch.func form of the
+    autograd function."""
+    query, key, value, rpb, kq_conv, additional_keys, additional_values = tensors
+    problem = build_problem(
+        query, key, value, rpb=rpb, kq_conv=kq_conv, additional_keys=additional_keys,
+        additional_values=additional_values, **options,
+    )
+    chosen, config = DISPATCHER.select(problem, backend, None, needs_grad=True, needs_jvp=needs_jvp)
+    out, lse = ops.TransformableAttentionFunction.apply(problem, chosen, config, *tensors)
+    return (out, lse) if options["return_lse"] else out
+
+
+def explain(
+    query, key, value, window, *, backend: Optional[str] = None, verbose: bool = True, jvp: bool = False, **kwargs
+) -> Explanation:
     """Every backend's verdict for this call (same arguments as :func:`attention`), and which one
-    would run. Prints the table unless ``verbose=False``; always returns it."""
+    would run. ``jvp=True``: for a call carrying tangents (forward-mode AD), which only backends
+    with a JVP rule run. Prints the table unless ``verbose=False``; always returns it."""
     problem = build_problem(query, key, value, window, **kwargs)
-    explanation = DISPATCHER.explain(problem, backend)
+    explanation = DISPATCHER.explain(problem, backend, needs_jvp=jvp)
     if verbose:
         print(explanation)
     return explanation

@@ -71,6 +71,28 @@ class Backend:
         and ``grad_lse`` never arrive expanded (no zero strides): the core materialises them."""
         raise NotImplementedError
 
+    # Optional: forward-mode AD (torch.func.jvp, torch.autograd.forward_ad). A backend that has a
+    # rule implements both methods; the dispatcher then picks among those backends whenever a
+    # call carries tangents (see Dispatcher.verdict).
+    def jvp_not_supported_reasons(self, problem: Problem) -> List[str]:
+        """Why ``jvp`` cannot run ``problem`` (empty: it can). Asked only of backends that can run
+        the problem's forward."""
+        return ["has no forward-mode AD (JVP) rule"]
+
+    def jvp(
+        self,
+        problem: Problem,
+        inputs: AttentionInputs,
+        tangents: AttentionInputs,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        config: Config = None,
+    ):
+        """(tangent of out, tangent of lse) for the inputs' ``tangents`` (None where an input has
+        none), given the forward's ``out`` and ``lse``. The out tangent has out's dtype; the lse
+        tangent is float32 (float64 for float64 inputs), 0 on rows that saw no key."""
+        raise NotImplementedError
+
     # Optional: a backend that can keep its forward's own autograd graph for the backward (rather
     # than recompute the forward) sets ``keeps_state`` and implements the two methods below. The
     # eager path uses them when some input needs a gradient; torch.compile's custom ops, which

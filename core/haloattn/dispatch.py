@@ -147,13 +147,14 @@ class Dispatcher:
             raise ValueError(f"backend={name!r} does not exist; installed backends: {known}") from None
 
     # -- choice --------------------------------------------------------------------------------
-    def verdict(self, backend: Backend, problem: Problem) -> Verdict:
+    def verdict(self, backend: Backend, problem: Problem, needs_jvp: bool = False) -> Verdict:
+        """Whether ``backend`` can run ``problem`` (and, with ``needs_jvp``, its forward-mode rule
+        too: a call carrying tangents), with every reason it cannot."""
         reasons = list(backend.available())
         if not reasons:
-            try:
-                reasons = list(backend.not_supported_reasons(problem))
-            except Exception as exc:
-                reasons = [f"not_supported_reasons raised {type(exc).__name__}: {exc}"]
+            reasons = _asked(backend.not_supported_reasons, problem)
+        if not reasons and needs_jvp:
+            reasons = [f"forward-mode AD: {r}" for r in _asked(backend.jvp_not_supported_reasons, problem)]
         return Verdict(backend.name, backend.priority, reasons)
 
     def _forced(self, forced: Optional[str]) -> Optional[Tuple[str, Tuple[str, ...]]]:
@@ -174,10 +175,11 @@ class Dispatcher:
         return source, names
 
     def explain(
-        self, problem: Problem, forced: Optional[str] = None, autotune: bool = False, needs_grad: Optional[bool] = None
+        self, problem: Problem, forced: Optional[str] = None, autotune: bool = False, needs_grad: Optional[bool] = None,
+        needs_jvp: bool = False,
     ) -> Explanation:
         self.ensure_loaded()
-        verdicts = [self.verdict(b, problem) for b in self.backends()]
+        verdicts = [self.verdict(b, problem, needs_jvp) for b in self.backends()]
         by_name = {v.name: v for v in verdicts}
         force = self._forced(forced)
         if force is not None:
@@ -195,21 +197,24 @@ class Dispatcher:
             return Explanation(problem, verdicts, winner[0], winner[1], "tuning cache", dict(self.plugin_errors))
         return Explanation(problem, verdicts, runnable[0], None, "highest priority that supports it", dict(self.plugin_errors))
 
-    def select(self, problem: Problem, forced: Optional[str], inputs=None, needs_grad: bool = False) -> Tuple[Backend, Config]:
-        """The backend (and config) to run ``problem``, decided once per signature."""
+    def select(
+        self, problem: Problem, forced: Optional[str], inputs=None, needs_grad: bool = False, needs_jvp: bool = False
+    ) -> Tuple[Backend, Config]:
+        """The backend (and config) to run ``problem``, decided once per signature. ``needs_jvp``:
+        the call carries tangents, so only backends with a forward-mode rule for it qualify."""
         env = os.environ.get(BACKEND_ENV)
-        autotune = tuning.autotune_enabled()
-        key = (problem, forced, env, autotune, needs_grad)
+        autotune = tuning.autotune_enabled() and not needs_jvp  # tuning times forwards and backwards only
+        key = (problem, forced, env, autotune, needs_grad, needs_jvp)
         decision = self._decisions.get(key)
         if decision is not None:
             return decision
         with self._lock:
-            decision = self._decide(problem, forced, inputs, needs_grad, autotune)
+            decision = self._decide(problem, forced, inputs, needs_grad, autotune, needs_jvp)
             self._decisions[key] = decision
         return decision
 
-    def _decide(self, problem, forced, inputs, needs_grad, autotune) -> Tuple[Backend, Config]:
-        explanation = self.explain(problem, forced, needs_grad=needs_grad)
+    def _decide(self, problem, forced, inputs, needs_grad, autotune, needs_jvp=False) -> Tuple[Backend, Config]:
+        explanation = self.explain(problem, forced, needs_grad=needs_grad, needs_jvp=needs_jvp)
         if explanation.chosen is None:
             raise BackendUnavailableError(
                 f"haloattn cannot run this problem: {explanation.why}.\n{explanation}"
@@ -264,6 +269,14 @@ class Dispatcher:
         with self._lock:
             self._decisions.clear()
             self._logged.clear()
+
+
+def _asked(method, problem: Problem) -> List[str]:
+    """A backend's reasons; a plugin whose check itself fails cannot run the problem either."""
+    try:
+        return list(method(problem))
+    except Exception as exc:
+        return [f"{method.__name__} raised {type(exc).__name__}: {exc}"]
 
 
 def _debug_logger() -> logging.Logger:

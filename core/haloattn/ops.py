@@ -8,6 +8,7 @@ implementations that validate the problem and give output shapes, so a model com
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import List, Optional, Sequence, Tuple
 
@@ -72,6 +73,112 @@ class AttentionFunction(torch.autograd.Function):
             ctx.problem, ctx.backend, ctx.config, AttentionInputs(*tensors), out, lse, grad_out, grad_lse, needs
         )
         return (None, None, None, *grads)
+
+
+_functorch = getattr(torch._C, "_functorch", None)
+
+
+def _unwrapped(t):
+    """The tensor under torch.func's wrappers. Inside a torch.func transform a Function's rules
+    receive wrapped tensors, which have no storage for a kernel to read; the rules here compute
+    outside the transform (their results are first order, and torch.func lifts them back)."""
+    if t is None or _functorch is None:
+        return t
+    while _functorch.is_functorch_wrapped_tensor(t):
+        t = _functorch.get_unwrapped(t)
+    return t
+
+
+def _outside_transforms():
+    """The rule runs as if no torch.func transform were active: the tensors it creates (outputs,
+    scratch) are plain ones, not a transform's wrappers, and torch.autograd may run (the
+    reference's rule differentiates its block computation)."""
+    try:
+        from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+    except ImportError:  # a torch without functorch's Python interpreter stack
+        return contextlib.nullcontext()
+    return temporarily_clear_interpreter_stack()
+
+
+class TransformableAttentionFunction(torch.autograd.Function):
+    """The call under forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad``) or a
+    torch.func transform (``grad``, ``vjp``, ``jacrev``): the form torch.func needs (context set
+    up apart from the forward), with the backend's JVP rule. Plain autograd calls keep
+    :class:`AttentionFunction`, which may keep backend state between forward and backward.
+
+    The rules are first order: the tangents carry no gradient of their own (under
+    ``forward_ad`` a backward through them raises, see :class:`_TangentIsNotDifferentiable`; under
+    ``torch.func.jvp`` they are constants to the outer autograd, as docs/backends.md says), and
+    the backward is not differentiable again (``once_differentiable``)."""
+
+    @staticmethod
+    def forward(problem, backend, config, *tensors):
+        with on_device(tensors[0].device):
+            return backend.forward(problem, AttentionInputs(*tensors), config)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        problem, backend, config, *tensors = inputs
+        out, lse = output
+        ctx.problem, ctx.backend, ctx.config = problem, backend, config
+        ctx.present = [t is not None for t in tensors]
+        saved = [t for t in tensors if t is not None] + [out, lse]
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def _saved(ctx):
+        saved = [_unwrapped(t) for t in ctx.saved_tensors]
+        out, lse = saved[-2:]
+        it = iter(saved[:-2])
+        return AttentionInputs(*(next(it) if p else None for p in ctx.present)), out, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out, grad_lse):
+        inputs, out, lse = TransformableAttentionFunction._saved(ctx)
+        needs = ctx.needs_input_grad[3:]
+        with _outside_transforms():
+            grads = _full_grads(ctx.problem, ctx.backend, ctx.config, inputs, out, lse, _unwrapped(grad_out),
+                                _unwrapped(grad_lse), needs)
+        return (None, None, None, *grads)
+
+    @staticmethod
+    def jvp(ctx, _problem, _backend, _config, *tangents):
+        inputs, out, lse = TransformableAttentionFunction._saved(ctx)
+        tangents = AttentionInputs(*(_unwrapped(t) if p else None for t, p in zip(tangents, ctx.present)))
+        with on_device(out.device), torch.no_grad(), _outside_transforms():
+            t_out, t_lse = ctx.backend.jvp(ctx.problem, inputs, tangents, out, lse, ctx.config)
+        followed = [t for t in inputs if t is not None and t.requires_grad]
+        if followed and torch.is_grad_enabled():
+            # torch.autograd.forward_ad: a backward through the tangents raises. (torch.func.jvp
+            # shows this rule no outer requires_grad: there its tangents are constants.)
+            t_out, t_lse = _TangentIsNotDifferentiable.apply(t_out, t_lse, *followed)
+        return t_out, t_lse
+
+
+class _TangentIsNotDifferentiable(torch.autograd.Function):
+    """Passes JVP tangents through, linked to the primal inputs that need gradients, so that a
+    backward through a tangent raises instead of silently adding nothing (the JVP rules compute
+    tangents outside autograd: their own derivatives would be second-order terms no backend has)."""
+
+    @staticmethod
+    def forward(t_out, t_lse, *primals):
+        return t_out.view_as(t_out), t_lse.view_as(t_lse)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass  # nothing to keep: the backward only raises
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            "haloattn.attention: a backward pass reached the tangent of a JVP (torch.func.jvp / "
+            "forward_ad). haloattn's JVP rules are first order: their tangents are not differentiable. "
+            "Detach the tangent (as MeanFlow and consistency-model losses do with their targets), or "
+            "differentiate the primal output only"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""Forward-mode AD (JVP) of the reference backend, for every feature the reference runs.
+
+The tangent of a block's outputs is taken by transposing reverse mode twice: for the block's
+outputs ``y = f(x)`` and a cotangent ``u``, autograd gives ``g(u) = J^T u`` as a graph linear in
+``u``; then ``d<g(u), v>/du = J v``, the tangent for the inputs' tangents ``v``. Forward-mode AD
+itself cannot run here: a backend's JVP rule is called inside torch's own forward-AD level, and
+torch has no nested levels. This way every op of the reference's block computation (score and
+mask mods included, as long as autograd can differentiate them twice) gets its tangent without a
+second hand-written formula to keep in step with SEMANTICS.md. Memory stays bounded by blocks of
+query rows, as in the forward.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from haloattn.backend import AttentionInputs, recording_autograd
+from haloattn.problem import Problem
+
+from .attend import CHUNK_BYTES, ConvRows, _bytes_per_row, _no_autocast, attend_block, compute_dtype, flatten, lse_dtype
+from .blocks import GatheredRows
+
+# Two graphs of a block (the block's own and its vector-Jacobian product's) are alive at once,
+# each a few times the forward's intermediates.
+GRAPH_FACTOR = 4
+
+
+def _row_blocks(problem: Problem, device):
+    """Blocks of query rows, each with its own keys gathered (GatheredRows, or ConvRows with the
+    rows before it that the key-query convolution reads)."""
+    per_row = GRAPH_FACTOR * _bytes_per_row(problem, problem.window_tokens, 1)
+    step = max(1, min(problem.tokens, CHUNK_BYTES // per_row))
+    for start in range(0, problem.tokens, step):
+        stop = min(start + step, problem.tokens)
+        if problem.kq_conv_shape is not None:
+            yield ConvRows(problem, start, stop, device)
+        else:
+            yield GatheredRows(problem, torch.arange(start, stop, device=device))
+
+
+def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(tangent of out, tangent of lse), shaped like out and lse."""
+    dtype = compute_dtype(problem.dtype)
+    work = flatten(problem, inputs, dtype)
+    directions = flatten(problem, tangents, dtype)
+    followed = [i for i, t in enumerate(directions) if t is not None and work[i] is not None]
+    B, N, H = problem.batch, problem.tokens, problem.heads
+    device = problem.device
+    t_out = torch.zeros(B, N, H, problem.value_dim, dtype=problem.dtype, device=device)
+    t_lse = torch.zeros(B, N, H, dtype=lse_dtype(problem), device=device)
+    if followed:
+        for block in _row_blocks(problem, device):
+            t_o, t_l = _block_tangents(problem, work, directions, followed, block)
+            t_out.index_copy_(1, block.rows, t_o.to(t_out.dtype))
+            t_lse.index_copy_(1, block.rows, t_l.to(t_lse.dtype))
+    return t_out.view(B, *problem.spatial, H, -1), t_lse.view(B, *problem.spatial, H)
+
+
+def _block_tangents(problem: Problem, work: AttentionInputs, directions: AttentionInputs, followed, block):
+    """The block's (out, lse) tangents by the double vector-Jacobian product."""
+    leaves = list(work)
+    for i in followed:
+        leaves[i] = work[i].detach().requires_grad_(True)
+    with recording_autograd(), _no_autocast(problem.device):
+        out, lse = attend_block(problem, AttentionInputs(*leaves), block)
+        # Rows that saw no key keep lse = -inf, a constant (tangent 0); the finite stand-in keeps
+        # inf - inf out of the products.
+        lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+        u_out = torch.zeros_like(out, requires_grad=True)
+        u_lse = torch.zeros_like(lse, requires_grad=True)
+        pulled = torch.autograd.grad((out, lse), [leaves[i] for i in followed], (u_out, u_lse), create_graph=True,
+                                     allow_unused=True)
+        pairing = sum((g * directions[i]).sum() for g, i in zip(pulled, followed) if g is not None)
+    if not torch.is_tensor(pairing) or not pairing.requires_grad:
+        return torch.zeros_like(out), torch.zeros_like(lse)  # no input with a tangent reaches these rows
+    t_out, t_lse = torch.autograd.grad(pairing, (u_out, u_lse), allow_unused=True)
+    return (torch.zeros_like(out) if t_out is None else t_out.detach(),
+            torch.zeros_like(lse) if t_lse is None else t_lse.detach())

@@ -1,0 +1,304 @@
+"""Forward-mode AD (torch.func.jvp, torch.autograd.forward_ad) and torch.func's grad / vjp through
+haloattn.attention, against torch.func.jvp of the float64 oracle (plain PyTorch ops, which have
+their own forward-mode rules): the reference backend on every feature, the triton backend's
+fused JVP kernel in Triton's interpreter, and the dispatcher's choice of a backend with a rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.autograd import forward_ad
+
+import haloattn
+from haloattn.backend import Backend
+from haloattn.dispatch import DISPATCHER, BackendUnavailableError
+
+import oracle
+
+# torch.func's first use scripts helpers with torch.jit, which torch 2.13 reports as deprecated.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script:DeprecationWarning")
+
+
+def _per_axis(v, rank):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * rank
+
+
+def make_primals(spatial, window, *, heads=2, kv_heads=None, head_dim=8, value_dim=None, batch=1, rpb=False,
+                 extra=0, kq_conv=None, seed=0):
+    """Fresh random float64 inputs by name (what the problem has)."""
+    gen = torch.Generator().manual_seed(seed)
+    kv_heads = kv_heads or heads
+    value_dim = value_dim or head_dim
+
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+    primals = {
+        "query": randn(batch, *spatial, heads, head_dim),
+        "key": randn(batch, *spatial, kv_heads, head_dim),
+        "value": randn(batch, *spatial, kv_heads, value_dim),
+    }
+    if rpb:
+        primals["rpb"] = randn(heads, *(2 * w - 1 for w in _per_axis(window, len(spatial))), scale=0.5)
+    if extra:
+        primals["additional_keys"] = randn(batch, extra, kv_heads, head_dim)
+        primals["additional_values"] = randn(batch, extra, kv_heads, value_dim)
+    if kq_conv:
+        primals["kq_conv"] = randn(heads, *kq_conv, scale=0.5)
+    return primals, gen
+
+
+def jvp_both(primals, gen, moving, window, *, dtype=torch.float64, backend="reference", **options):
+    """(haloattn's (out, lse) and their tangents, the oracle's) for random tangents of the inputs
+    named in ``moving``."""
+    tangents = {n: torch.randn(primals[n].shape, generator=gen, dtype=torch.float64) for n in moving}
+
+    def call(attention, cast, **extra_options):
+        def run(*moved):
+            tensors = {n: cast(t) for n, t in primals.items()}
+            tensors.update({n: cast(t) for n, t in zip(moving, moved)})
+            q, k, v = (tensors.pop(n) for n in ("query", "key", "value"))
+            return attention(q, k, v, window, **tensors, **options, **extra_options)
+        return run
+
+    ours = torch.func.jvp(
+        call(haloattn.attention, lambda t: t.to(dtype), return_lse=True, backend=backend),
+        tuple(primals[n].to(dtype) for n in moving), tuple(tangents[n].to(dtype) for n in moving),
+    )
+    ref = torch.func.jvp(call(oracle.attention, lambda t: t), tuple(primals[n] for n in moving),
+                         tuple(tangents[n] for n in moving))
+    return ours, ref
+
+
+def assert_close(ours, ref, dtype):
+    (out, lse), (t_out, t_lse) = ours
+    (ref_out, ref_lse), (ref_t_out, ref_t_lse) = ref
+    tol, lse_tol = oracle.TOLERANCE[dtype], oracle.LSE_TOLERANCE[dtype]
+    errors = {"out": oracle.rel_error(out, ref_out), "tangent of out": oracle.rel_error(t_out, ref_t_out),
+              "tangent of lse": oracle.rel_error(t_lse, ref_t_lse)}
+    assert all(e <= tol for e in errors.values()), f"relative errors above {tol}: {errors}"
+    assert (lse.double() - ref_lse).abs().max().item() <= lse_tol
+    assert t_out.dtype == out.dtype and t_lse.dtype == lse.dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# The reference backend: every feature, float64 (and the rules' float32 / 16-bit compute paths).
+
+REFERENCE_CASES = [
+    ((11,), 4, dict(heads=4, kv_heads=2, head_dim=6, value_dim=5), dict(stride=2, dilation=2, causal=True)),
+    ((6, 7), (3, 3), dict(rpb=True), dict(dilation=(1, 2), causal=(True, False), softcap=3.0)),
+    ((4, 5, 6), (3, 2, 3), dict(rpb=True, extra=3, kv_heads=1),
+     dict(stride=(1, 2, 3), dilation=(1, 2, 1), causal=(True, False, False))),
+    ((9, 8), (3, 4), dict(rpb=True, extra=2), dict(pattern="window", shift=(1, 2), causal=(False, True))),
+    ((10,), 5, dict(kq_conv=(2, 3)), dict(scale=0.7)),
+    ((7, 6), (3, 3), dict(extra=2, batch=2),
+     dict(score_mod=lambda s, b, h, q, kv: s * (1 + 0.25 * h) - 0.01 * (q - kv).abs(),
+          mask_mod=lambda b, h, q, kv: (q + kv + h) % 3 != 0)),
+]
+
+
+@pytest.mark.parametrize("spatial,window,shape,options", REFERENCE_CASES,
+                         ids=["1d-gqa-stride-dil-causal", "2d-rpb-softcap", "3d-extra-gqa", "2d-window-shift",
+                              "1d-kq-conv", "2d-mods-batch"])
+def test_reference_tangents_match_the_oracle(spatial, window, shape, options):
+    primals, gen = make_primals(spatial, window, **shape)
+    ours, ref = jvp_both(primals, gen, tuple(primals), window, **options)
+    assert_close(ours, ref, torch.float64)
+
+
+def test_rows_that_see_no_key_have_zero_tangents():
+    # A mask_mod that empties whole rows: their out is 0 and lse -inf, and so stays their tangent
+    # (0, not NaN), while the other rows' tangents match the oracle.
+    primals, gen = make_primals((8,), 3)
+    mask_mod = lambda b, h, q, kv: q % 3 != 1  # noqa: E731
+    ours, ref = jvp_both(primals, gen, ("query", "key", "value"), 3, mask_mod=mask_mod)
+    (_, lse), (t_out, t_lse) = ours
+    empty = torch.isinf(lse)
+    assert empty.any() and not torch.isnan(t_out).any() and not torch.isnan(t_lse).any()
+    assert torch.all(t_lse[empty] == 0) and torch.all(t_out[empty] == 0)
+    (_, _), (ref_t_out, _) = ref
+    assert oracle.rel_error(t_out, torch.nan_to_num(ref_t_out)) <= oracle.TOLERANCE[torch.float64]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_tangents_in_lower_precision(dtype):
+    primals, gen = make_primals((6, 7), (3, 5), rpb=True, extra=2, head_dim=16)
+    ours, ref = jvp_both(primals, gen, ("query", "value", "rpb", "additional_keys"), (3, 5), dtype=dtype,
+                         softcap=4.0)
+    assert_close(ours, ref, dtype)
+
+
+def test_forward_ad_dual_tensors_and_partial_tangents():
+    """torch.autograd.forward_ad's dual tensors give the same tangents as torch.func.jvp; an input
+    without a tangent is a constant; a call without any tangent inside a dual level is plain."""
+    primals, gen = make_primals((9,), 3)
+    q, k, v = primals["query"], primals["key"], primals["value"]
+    t_k = torch.randn(k.shape, generator=gen, dtype=torch.float64)
+    with forward_ad.dual_level():
+        out = haloattn.attention(q, forward_ad.make_dual(k, t_k), v, 3)
+        _, tangent = forward_ad.unpack_dual(out)
+        plain = haloattn.attention(q, k, v, 3)
+        assert forward_ad.unpack_dual(plain).tangent is None
+    _, ref_tangent = torch.func.jvp(lambda k: oracle.attention(q, k, v, 3)[0], (k,), (t_k,))
+    assert oracle.rel_error(tangent, ref_tangent) <= oracle.TOLERANCE[torch.float64]
+
+
+def test_func_grad_vjp_and_backward_through_a_jvp_primal():
+    """torch.func.grad / vjp run the backward; MeanFlow-style training (torch.func.jvp, then a loss
+    on the primal output with the tangent detached) gets the primal's gradient."""
+    primals, gen = make_primals((7, 6), (3, 3), rpb=True)
+    q, k, v, rpb = (primals[n] for n in ("query", "key", "value", "rpb"))
+
+    def ours(q, k, v):
+        return haloattn.attention(q, k, v, (3, 3), rpb=rpb, causal=(False, True))
+
+    def ref(q, k, v):
+        return oracle.attention(q, k, v, (3, 3), rpb=rpb, causal=(False, True))[0]
+
+    weight = torch.randn(ours(q, k, v).shape, generator=gen, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    expected = torch.autograd.grad((ref(*leaves) * weight).sum(), leaves)
+    tol = oracle.TOLERANCE[torch.float64]
+    grads = torch.func.grad(lambda *x: (ours(*x) * weight).sum(), argnums=(0, 1, 2))(q, k, v)
+    _, pull_back = torch.func.vjp(ours, q, k, v)
+    for got in (grads, pull_back(weight)):
+        assert all(oracle.rel_error(g, e) <= tol for g, e in zip(got, expected))
+
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    tangents = tuple(torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in leaves)
+    out, tangent = torch.func.jvp(ours, tuple(leaves), tangents)
+    target = (out + 0.5 * tangent).detach()
+    ((out - target) * weight).sum().backward()
+    for leaf, e in zip(leaves, expected):
+        assert oracle.rel_error(leaf.grad, e) <= tol
+
+
+def test_backward_through_a_forward_ad_tangent_raises():
+    primals, gen = make_primals((8,), 3)
+    q = primals["query"].clone().requires_grad_(True)
+    with forward_ad.dual_level():
+        out = haloattn.attention(forward_ad.make_dual(q, torch.randn_like(q)), primals["key"], primals["value"], 3)
+        primal, tangent = forward_ad.unpack_dual(out)
+        with pytest.raises(NotImplementedError, match="tangent of a JVP .* not differentiable"):
+            (primal.sum() + tangent.sum()).backward()
+
+
+def test_vmap_is_refused_by_name():
+    primals, _ = make_primals((6,), 3)
+    q, k, v = primals["query"], primals["key"], primals["value"]
+    with pytest.raises(NotImplementedError, match="no vmap rule.*'value'.*Fold the vmapped dimension"):
+        torch.func.vmap(lambda v: haloattn.attention(q, k, v, 3))(v.unsqueeze(0).expand(2, *v.shape))
+
+
+# ----------------------------------------------------------------------------------------------
+# The dispatcher: calls with tangents go to backends that have a JVP rule.
+
+class _NoRule(Backend):
+    """Runs every problem (through the reference), faster than anything by priority, no JVP rule."""
+
+    name = "test_no_jvp_rule"
+    priority = 10_000
+
+    def not_supported_reasons(self, problem):
+        return []
+
+    def forward(self, problem, inputs, config=None):
+        return DISPATCHER.get("reference").forward(problem, inputs, config)
+
+    def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+        return DISPATCHER.get("reference").backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
+
+
+@pytest.fixture
+def backend_without_rule(monkeypatch):
+    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    backend = _NoRule()
+    haloattn.register_backend(backend)
+    yield backend
+    DISPATCHER.registry.backends.pop(backend.name, None)
+    haloattn.clear_caches()
+
+
+def test_tangents_go_to_a_backend_with_a_rule(backend_without_rule, monkeypatch):
+    primals, gen = make_primals((8,), 3)
+    q, k, v = primals["query"], primals["key"], primals["value"]
+    assert haloattn.explain(q, k, v, 3, verbose=False).chosen == backend_without_rule.name
+    explanation = haloattn.explain(q, k, v, 3, verbose=False, jvp=True)
+    assert explanation.chosen == "reference"
+    assert "forward-mode AD: has no forward-mode AD (JVP) rule" in str(explanation)
+
+    chosen = []
+    real = DISPATCHER.get("reference").jvp
+    monkeypatch.setattr(DISPATCHER.get("reference"), "jvp", lambda *a, **kw: chosen.append(1) or real(*a, **kw))
+    torch.func.jvp(lambda q: haloattn.attention(q, k, v, 3), (q,), (torch.randn_like(q),))
+    assert chosen, "the tangents did not reach the reference backend's rule"
+    with pytest.raises(BackendUnavailableError, match="forward-mode AD: has no forward-mode AD"):
+        torch.func.jvp(lambda q: haloattn.attention(q, k, v, 3, backend=backend_without_rule.name), (q,),
+                       (torch.randn_like(q),))
+    # torch.func.grad needs no rule: the fastest backend runs it.
+    torch.func.grad(lambda q: haloattn.attention(q, k, v, 3, backend=backend_without_rule.name).sum())(q)
+
+
+# ----------------------------------------------------------------------------------------------
+# The triton backend's fused JVP kernel, in Triton's interpreter.
+
+TRITON_CASES = [
+    ((12,), 5, dict(heads=4, kv_heads=2, head_dim=20, value_dim=32), dict(), None),
+    ((13,), 4, dict(), dict(stride=2, dilation=2, causal=True), None),
+    ((10,), 4, dict(heads=3, kv_heads=1, extra=7), dict(stride=4, softcap=2.0), None),
+    ((9, 11), (3, 5), dict(rpb=True, heads=4, kv_heads=2, value_dim=24, extra=5),
+     dict(stride=(1, 2), dilation=(2, 1), causal=(True, False), softcap=3.0), None),
+    ((9, 11), (3, 4), dict(rpb=True, extra=3), dict(pattern="window", shift=(1, 2), dilation=(1, 2),
+                                                    causal=(False, True)), None),
+    ((4, 5, 6), (3, 2, 3), dict(kv_heads=1, rpb=True, extra=2),
+     dict(stride=(1, 2, 3), dilation=(1, 2, 1), causal=(True, False, False)), None),
+    ((9, 11), (3, 5), dict(rpb=True, extra=3), dict(), ("value",)),
+    ((9, 11), (3, 5), dict(rpb=True, extra=3), dict(softcap=2.5), ("key", "additional_values")),
+    ((9, 11), (3, 5), dict(rpb=True, extra=3), dict(), ("rpb", "additional_keys")),
+]
+
+
+@pytest.mark.parametrize("spatial,window,shape,options,moving", TRITON_CASES,
+                         ids=["1d-gqa-dv", "1d-stride-dil-causal", "1d-blocked-softcap-extra", "2d-mixed-all",
+                              "2d-window-shift", "3d-mixed-rpb", "only-value", "key-and-extra-value",
+                              "rpb-and-extra-key"])
+def test_triton_tangents_match_the_oracle(monkeypatch, spatial, window, shape, options, moving):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    primals, gen = make_primals(spatial, window, head_dim=shape.pop("head_dim", 16), **shape)
+    ours, ref = jvp_both(primals, gen, moving or tuple(primals), window, dtype=torch.float32, backend="triton",
+                         **options)
+    assert_close(ours, ref, torch.float32)
+
+
+def test_triton_tangents_in_bfloat16(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    primals, gen = make_primals((7, 9), (3, 5), heads=2, kv_heads=1, head_dim=32, rpb=True, extra=2)
+    ours, ref = jvp_both(primals, gen, tuple(primals), (3, 5), dtype=torch.bfloat16, backend="triton",
+                         causal=(False, True), softcap=4.0)
+    assert_close(ours, ref, torch.bfloat16)
+
+
+def test_triton_rule_runs_under_forward_ad_and_in_batch_slices(monkeypatch):
+    """The dual-tensor API reaches the fused kernel too, and a batch larger than one launch holds
+    runs slice by slice (MAX_GRID_BATCH lowered to make three slices of a batch of 5)."""
+    pytest.importorskip("triton")
+    from haloattn.backends.triton import batch_slices
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(batch_slices, "MAX_GRID_BATCH", 2)
+    primals, gen = make_primals((6, 5), (3, 3), batch=5, head_dim=16)
+    q, k, v = (primals[n].float() for n in ("query", "key", "value"))
+    t_q, t_v = torch.randn(q.shape, generator=gen), torch.randn(v.shape, generator=gen)
+    with forward_ad.dual_level():
+        out = haloattn.attention(forward_ad.make_dual(q, t_q), k, forward_ad.make_dual(v, t_v), (3, 3),
+                                 backend="triton")
+        tangent = forward_ad.unpack_dual(out).tangent
+    _, ref = torch.func.jvp(lambda q, v: oracle.attention(q, k.double(), v, (3, 3))[0], (q.double(), v.double()),
+                            (t_q.double(), t_v.double()))
+    assert oracle.rel_error(tangent, ref) <= oracle.TOLERANCE[torch.float32]
+    assert math.isfinite(tangent.abs().max().item())
