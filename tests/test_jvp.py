@@ -50,9 +50,9 @@ def make_primals(spatial, window, *, heads=2, kv_heads=None, head_dim=8, value_d
     return primals, gen
 
 
-def jvp_both(primals, gen, moving, window, *, dtype=torch.float64, backend="reference", **options):
-    """(haloattn's (out, lse) and their tangents, the oracle's) for random tangents of the inputs
-    named in ``moving``."""
+def jvp_both(primals, gen, moving, window, *, dtype=torch.float64, backend="reference", device="cpu", **options):
+    """(haloattn's (out, lse) and their tangents on ``device``, the oracle's) for random tangents of
+    the inputs named in ``moving``."""
     tangents = {n: torch.randn(primals[n].shape, generator=gen, dtype=torch.float64) for n in moving}
 
     def call(attention, cast, **extra_options):
@@ -64,18 +64,21 @@ def jvp_both(primals, gen, moving, window, *, dtype=torch.float64, backend="refe
         return run
 
     ours = torch.func.jvp(
-        call(haloattn.attention, lambda t: t.to(dtype), return_lse=True, backend=backend),
-        tuple(primals[n].to(dtype) for n in moving), tuple(tangents[n].to(dtype) for n in moving),
+        call(haloattn.attention, lambda t: t.to(device, dtype), return_lse=True, backend=backend),
+        tuple(primals[n].to(device, dtype) for n in moving), tuple(tangents[n].to(device, dtype) for n in moving),
     )
+    ours = tuple(tuple(t.cpu() for t in pair) for pair in ours)
     ref = torch.func.jvp(call(oracle.attention, lambda t: t), tuple(primals[n] for n in moving),
                          tuple(tangents[n] for n in moving))
     return ours, ref
 
 
-def assert_close(ours, ref, dtype):
+def assert_close(ours, ref, dtype, tf32=False):
     (out, lse), (t_out, t_lse) = ours
     (ref_out, ref_lse), (ref_t_out, ref_t_lse) = ref
     tol, lse_tol = oracle.TOLERANCE[dtype], oracle.LSE_TOLERANCE[dtype]
+    if tf32:  # SEMANTICS 7: tf32 3e-3, its LSE error that of 16-bit inputs
+        tol, lse_tol = 3e-3, oracle.LSE_TOLERANCE[torch.float16]
     errors = {"out": oracle.rel_error(out, ref_out), "tangent of out": oracle.rel_error(t_out, ref_t_out),
               "tangent of lse": oracle.rel_error(t_lse, ref_t_lse)}
     assert all(e <= tol for e in errors.values()), f"relative errors above {tol}: {errors}"
@@ -302,3 +305,62 @@ def test_triton_rule_runs_under_forward_ad_and_in_batch_slices(monkeypatch):
                             (t_q.double(), t_v.double()))
     assert oracle.rel_error(tangent, ref) <= oracle.TOLERANCE[torch.float32]
     assert math.isfinite(tangent.abs().max().item())
+
+
+# ----------------------------------------------------------------------------------------------
+# On a GPU (pytest -m gpu): the fused kernel on random problems across features and dtypes.
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("seed", range(10))
+def test_triton_tangents_on_random_problems(dtype, seed):
+    """Random problems of tests/test_triton_gpu.py's generator (every per-axis option, GQA, D_v,
+    rpb, softcap, additional tokens, head dims 16-128), a random subset of the inputs moving."""
+    import random
+
+    from test_triton_gpu import random_problem
+
+    rng = random.Random(7000 + 3 * seed + (torch.bfloat16, torch.float16, torch.float32).index(dtype))
+    options = random_problem(rng)
+    spatial, window = options.pop("spatial"), options.pop("window")
+    shape = {n: options.pop(n) for n in ("heads", "kv_heads", "head_dim", "value_dim", "rpb", "extra", "batch")}
+    primals, gen = make_primals(spatial, window, seed=seed, **shape)
+    moving = [n for n in primals if rng.random() < 0.7] or ["query"]
+    ours, ref = jvp_both(primals, gen, tuple(moving), window, dtype=dtype, backend="triton", device="cuda",
+                         **options)
+    assert_close(ours, ref, dtype, tf32=dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_triton_tangents_per_head_dim(head_dim):
+    """Each head-dim class (the kernel switches to 8 warps at value tiles of 128 and more)."""
+    primals, gen = make_primals((24, 20), (7, 9), heads=2, head_dim=head_dim, rpb=True, seed=head_dim)
+    ours, ref = jvp_both(primals, gen, tuple(primals), (7, 9), dtype=torch.bfloat16, backend="triton",
+                         device="cuda", dilation=(2, 1), causal=(False, True))
+    assert_close(ours, ref, torch.bfloat16)
+
+
+@gpu
+@needs_cuda
+def test_triton_tangents_with_int64_offsets():
+    """A query of 2.16e9 elements (B=2, L=66000, H=128, D=128): the kernel's offsets need int64.
+    The tangents of the second batch's last queries are checked against the reference on a
+    slice (a slice's own border moves windows only within K of its start)."""
+    B, L, H, D, K = 2, 66_000, 128, 128, 9
+    assert B * L * H * D > 2**31
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, t_q, t_v = (torch.randn(B, L, H, D, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(5))
+    _, tangent = torch.func.jvp(lambda q, v: haloattn.attention(q, k, v, K, backend="triton"), (q, v), (t_q, t_v))
+    tail = 256
+    sl = slice(L - tail, L)
+    _, ref = torch.func.jvp(lambda q, v: haloattn.attention(q, k[1:, sl].float(), v, K, backend="reference"),
+                            (q[1:, sl].float(), v[1:, sl].float()), (t_q[1:, sl].float(), t_v[1:, sl].float()))
+    err = oracle.rel_error(tangent[1:, L - tail + K:].float(), ref[:, K:])
+    assert err <= oracle.TOLERANCE[torch.bfloat16], err
