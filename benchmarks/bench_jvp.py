@@ -6,8 +6,8 @@ heuristic config), the fused JVP kernel on its own (``backend.jvp`` given the fo
 LSE), and ``torch.func.jvp`` of ``haloattn.attention`` end to end (forward + JVP kernel + the
 call's host side), all as CUDA-graph medians except the end-to-end call, which torch.func cannot
 capture and ``do_bench`` times with its host time. Effective rates count attended pairs only: the
-forward 4·B·H·D·pairs (two products of D per pair), the JVP kernel 12·B·H·D·pairs (its six:
-Q K^T, dQ K^T, Q dK^T, P V, (P dS) V, P dV). Efficiency = effective TFLOP/s / dense cuDNN forward
+forward 4·B·H·D·pairs (two products of D per pair), the JVP kernel 10·B·H·D·pairs (its five,
+given the forward's out and LSE: Q K^T, dQ K^T, Q dK^T, (P dS) V, P dV). Efficiency = effective TFLOP/s / dense cuDNN forward
 TFLOP/s over the same tokens in the same run, as in bench_neighborhood.py. The JVP tangent is
 checked against torch.func.jvp of the reference backend in float32 on two heads of the first
 batch entry (``--no-check`` skips it).
@@ -78,7 +78,8 @@ def check_slice(q, k, v, tq, tk, tv, window, options, tangent) -> float:
     """Relative error of the tangent of the first batch entry's first two heads (the same windows:
     heads do not change the geometry) against the reference backend in float32."""
     group = q.shape[-2] // k.shape[-2]
-    queries, kv = (slice(0, 1), Ellipsis, slice(0, 2), slice(None)), (slice(0, 1), Ellipsis, slice(0, -(-2 // group)), slice(None))
+    queries = (slice(0, 1), Ellipsis, slice(0, 2), slice(None))
+    kv = (slice(0, 1), Ellipsis, slice(0, -(-2 // group)), slice(None))
     parts = [t[queries if i in (0, 3) else kv].float() for i, t in enumerate((q, k, v, tq, tk, tv))]
     _, ref = torch.func.jvp(lambda q, k, v: haloattn.attention(q, k, v, window, backend="reference", **options),
                             tuple(parts[:3]), tuple(parts[3:]))
@@ -110,8 +111,9 @@ def time_problem(row, check: bool) -> dict:
                                          warmup=10, rep=60, return_mode="median")
     dense = dense_forward_tflops(batch, heads, problem.tokens, D)
     result["dense_fwd_tflops"] = dense
-    result["fwd_tflops"] = 4 * batch * heads * D * pairs / result["fwd_ms"] / 1e9
-    result["jvp_tflops"] = 12 * batch * heads * D * pairs / result["jvp_kernel_ms"] / 1e9
+    # attended_pairs counts the batch already
+    result["fwd_tflops"] = 4 * heads * D * pairs / result["fwd_ms"] / 1e9
+    result["jvp_tflops"] = 10 * heads * D * pairs / result["jvp_kernel_ms"] / 1e9
     result["fwd_eff"] = result["fwd_tflops"] / dense
     result["jvp_eff"] = result["jvp_tflops"] / dense
     result["jvp_over_fwd"] = result["jvp_kernel_ms"] / result["fwd_ms"]

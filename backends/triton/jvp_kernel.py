@@ -9,9 +9,10 @@ the tangents for input tangents (dQ, dK, dV, d rpb, and those of the additional 
     dO     = sum_j P_j dS_j V_j + sum_j P_j dV_j - d lse * O
 
 With the forward's LSE saved, P is exact from the first key tile (as in dq_kernel, whose walk
-this is), so a single pass accumulates sum P V, sum P dS V + P dV and d lse; O comes from the
-float32 sum (not the stored 16-bit output), so the subtraction of the last line loses nothing
-to the output's rounding. Tangents that are absent (None) are compile-time flags: their loads and
+this is), so a single pass accumulates sum P dS V + P dV and d lse, and the last line reads the
+forward's stored O. (A float32 sum P V in the loop instead would be a third accumulator of the
+value width: at 128 channels the kernel then spilled (255 registers), and the stored O's
+rounding is that of the 16-bit P dS operand the products already take.) Tangents that are absent (None) are compile-time flags: their loads and
 products are not in the kernel at all; with only dV given the scores' tangent is zero and the
 kernel is a forward with a second value tensor. Memory: none beyond the two tangent outputs.
 """
@@ -61,13 +62,14 @@ def _score_tangent(q, kt, tq, tkt, trpb, t, scale, T_Q: tl.constexpr, T_K: tl.co
 
 @triton.jit
 def jvp_kernel(
-    Q, K, V, TQ, TK, TV, RPB, TRPB, AK, AV, TAK, TAV, LSE, TO, TLSE,
+    Q, K, V, TQ, TK, TV, RPB, TRPB, AK, AV, TAK, TAV, O, LSE, TO, TLSE,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
     stqb, stq0, stq1, stq2, stqh,
     stkb, stk0, stk1, stk2, stkh,
     stvb, stv0, stv1, stv2, stvh,
+    sob, so0, so1, so2, soh,
     slb, sl0, sl1, sl2, slh,  # LSE
     stob, sto0, sto1, sto2, stoh,
     stlb, stl0, stl1, stl2, stlh,  # TLSE
@@ -125,7 +127,6 @@ def jvp_kernel(
     kv_b, kv_h = b.to(tl.int64), kvh.to(tl.int64)
     k_base, v_base = K + kv_b * skb + kv_h * skh, V + kv_b * svb + kv_h * svh
     tk_base, tv_base = TK + kv_b * stkb + kv_h * stkh, TV + kv_b * stvb + kv_h * stvh
-    out = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)  # sum P V
     t_out = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)  # sum P dS V + P dV
     t_lse = tl.zeros([BLOCK_M], tl.float32)  # sum P dS
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
@@ -144,7 +145,6 @@ def jvp_kernel(
         p = mask_pairs(p, 0.0, lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2,
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
-        out = mma(p.to(vt.dtype), vt, out, PRECISION)
         if HAS_DS:
             tkt = kt
             if T_K:
@@ -175,7 +175,6 @@ def jvp_kernel(
             qk = mma(q, tl.trans(kt), None, PRECISION)
             s, t = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
             p = tl.where(e_ok[None, :], tl.math.exp2(s - lse2[:, None]), 0.0)
-            out = mma(p.to(vt.dtype), vt, out, PRECISION)
             if T_Q or T_AK:
                 tkt = kt
                 if T_AK:
@@ -189,7 +188,8 @@ def jvp_kernel(
                               mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
                 t_out = mma(p.to(tvt.dtype), tvt, t_out, PRECISION)
 
-    t_out -= t_lse[:, None] * out
+    out = _rows(O, sob, so0, so1, so2, soh, b, h, i0, i1, i2, dv, q_ok, HEAD_DV)
+    t_out -= t_lse[:, None] * out.to(tl.float32)
     to_rows = b.to(tl.int64) * stob + h.to(tl.int64) * stoh + i0 * sto0 + i1 * sto1 + i2 * sto2
     tl.store(TO + to_rows[:, None] + dv[None, :], t_out.to(TO.dtype.element_ty),
              mask=q_ok[:, None] & (dv[None, :] < HEAD_DV))

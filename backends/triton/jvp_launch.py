@@ -18,9 +18,6 @@ from .launch import (_block, _extra_strides, _precision, _rpb_strides, _run_fitt
                      _unit_last, _walk_constexprs, geometry, needs_int64, token_strides)
 
 _JVP_PLANS = plan_cache()
-# The kernel holds two float32 accumulators of the value width (sum P V and the tangent's): at
-# value tiles of 128 channels and more, 8 warps share them instead of 4 spilling them.
-WIDE_VALUE = 128
 
 
 def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs, out: torch.Tensor, lse: torch.Tensor,
@@ -36,7 +33,7 @@ def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs, ou
     t_lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     config = config or tiles.default_config(problem, exact_float32=_precision(q.dtype) == "ieee")
     tensors = dict(q=q, k=k, v=v, tq=tq, tk=tk, tv=tv, rpb=rpb, trpb=trpb, ak=ak, av=av, tak=tak, tav=tav,
-                   lse=lse, t_out=t_out, t_lse=t_lse)
+                   out=_unit_last(out), lse=lse, t_out=t_out, t_lse=t_lse)
     key = (problem, config_key(config), _precision(q.dtype), *(tensor_layout(t) for t in tensors.values()))
     ordered = [t if t is not None else q for t in tensors.values()]
     _run_fitted(_JVP_PLANS, key, problem, config, lambda cfg: _jvp_launch(problem, cfg, tensors),
@@ -50,15 +47,14 @@ def _jvp_launch(problem: Problem, config, tensors: dict) -> Launch:
     q, k, v = tensors["q"], tensors["k"], tensors["v"]
     B, H, r = problem.batch, problem.heads, problem.rank
     geo = geometry(problem)
-    large = needs_int64(q, k, v, t["tq"], t["tk"], t["tv"], t["t_out"])
+    large = needs_int64(q, k, v, t["tq"], t["tk"], t["tv"], t["out"], t["t_out"])
     present = {name: tensors[name] is not None for name in ("tq", "tk", "tv", "trpb", "tak", "tav")}
-    block_dv = tiles.value_block(problem)
-    warps = max(cfg["warps"], 8) if block_dv >= WIDE_VALUE else cfg["warps"]
     return Launch(jvp_kernel, (geo.grid0(cfg["q"]), H, B), [
         *t.values(),
         *token_strides(q, r), *token_strides(k, r), *token_strides(v, r),
         *token_strides(t["tq"], r), *token_strides(t["tk"], r), *token_strides(t["tv"], r),
-        *token_strides(tensors["lse"].unsqueeze(-1), r), *token_strides(t["t_out"], r),
+        *token_strides(tensors["out"], r), *token_strides(tensors["lse"].unsqueeze(-1), r),
+        *token_strides(t["t_out"], r),
         *token_strides(tensors["t_lse"].unsqueeze(-1), r),
         *_rpb_strides(tensors["rpb"], r), *_rpb_strides(tensors["trpb"], r),
         *_extra_strides(tensors["ak"]), *_extra_strides(tensors["av"]),
@@ -67,11 +63,11 @@ def _jvp_launch(problem: Problem, config, tensors: dict) -> Launch:
         *geo.runtime_args(cfg["q"]), problem.scale, problem.softcap or 1.0,
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
-        BLOCK_D=_block(problem.head_dim), BLOCK_DV=block_dv,
+        BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem),
         HAS_RPB=tensors["rpb"] is not None, HAS_SOFTCAP=problem.softcap is not None,
         HAS_EXTRA=tensors["ak"] is not None,
         T_Q=present["tq"], T_K=present["tk"], T_V=present["tv"], T_RPB=present["trpb"],
         T_AK=present["tak"], T_AV=present["tav"],
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r, **_walk_constexprs(cfg),
-        num_warps=warps, num_stages=cfg["stages"],
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
     ))
