@@ -364,3 +364,20 @@ def test_triton_tangents_with_int64_offsets():
                             (q[1:, sl].float(), v[1:, sl].float()), (t_q[1:, sl].float(), t_v[1:, sl].float()))
     err = oracle.rel_error(tangent[1:, L - tail + K:].float(), ref[:, K:])
     assert err <= oracle.TOLERANCE[torch.bfloat16], err
+
+
+def test_jvp_copies_run_one_stage_deep_at_128_channels():
+    """Four streamed tiles of 128 channels in two stages would hold a multiprocessor's shared
+    memory for one program; the rule takes one stage there and keeps the dQ config's below."""
+    pytest.importorskip("triton")
+    from haloattn.backends.triton import jvp_launch, tiles
+    from haloattn.problem import build_problem
+
+    for head_dim, value_dim, one_stage in ((128, 128, True), (64, 128, True), (64, 64, False), (32, 32, False)):
+        q = torch.empty(1, 32, 32, 2, head_dim, dtype=torch.bfloat16, device="meta")
+        v = torch.empty(1, 32, 32, 2, value_dim, dtype=torch.bfloat16, device="meta")
+        problem = build_problem(q, q, v, 9)
+        cfg = tiles.normalise(tiles.default_config(problem), problem)["dq"]
+        expected = 1 if one_stage else cfg["stages"]
+        assert jvp_launch.copy_stages(problem, cfg) == expected
+        assert one_stage or cfg["stages"] > 1
