@@ -18,17 +18,6 @@ from .launch import (_block, _extra_strides, _precision, _rpb_strides, _run_fitt
                      _unit_last, _walk_constexprs, geometry, needs_int64, token_strides)
 
 _JVP_PLANS = plan_cache()
-# Channel tiles from which the kernel's copies run one stage deep: with k, v and both their
-# tangents streamed, two stages of 128-channel tiles take 160 KiB of shared memory, one program a
-# multiprocessor; one stage lets two share it. H100, 2026-11-27 (RESULTS.md, "Forward-mode AD"):
-# 1.02-1.17x on the 1-D, 2-D and 3-D problems at 128 channels, 0.80x at 64 (which keeps two).
-ONE_STAGE_CHANNELS = 128
-
-
-def copy_stages(problem: Problem, cfg: dict) -> int:
-    if max(_block(problem.head_dim), tiles.value_block(problem)) >= ONE_STAGE_CHANNELS:
-        return 1
-    return cfg["stages"]
 
 
 def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs, out: torch.Tensor, lse: torch.Tensor,
@@ -80,5 +69,5 @@ def _jvp_launch(problem: Problem, config, tensors: dict) -> Launch:
         T_Q=present["tq"], T_K=present["tk"], T_V=present["tv"], T_RPB=present["trpb"],
         T_AK=present["tak"], T_AV=present["tav"],
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r, **_walk_constexprs(cfg),
-        num_warps=cfg["warps"], num_stages=copy_stages(problem, cfg),
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
     ))
