@@ -125,6 +125,16 @@ def test_rows_that_see_no_key_have_zero_tangents():
     assert oracle.rel_error(t_out, torch.nan_to_num(ref_t_out)) <= oracle.TOLERANCE[torch.float64]
 
 
+@pytest.mark.parametrize("moving", [("value",), ("additional_values",), ("rpb",)])
+def test_reference_tangents_when_some_outputs_do_not_move(moving):
+    # With only values moving the LSE does not depend on any moving input (its tangent is 0), and
+    # with scale 0 the scores do not depend on the keys or queries at all.
+    primals, gen = make_primals((9,), 3, rpb=True, extra=2)
+    for scale in (None, 0.0):
+        ours, ref = jvp_both(primals, gen, moving, 3, scale=scale)
+        assert_close(ours, ref, torch.float64)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reference_tangents_in_lower_precision(dtype):
     primals, gen = make_primals((6, 7), (3, 5), rpb=True, extra=2, head_dim=16)

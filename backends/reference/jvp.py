@@ -68,13 +68,20 @@ def _block_tangents(problem: Problem, work: AttentionInputs, directions: Attenti
         # Rows that saw no key keep lse = -inf, a constant (tangent 0); the finite stand-in keeps
         # inf - inf out of the products.
         lse = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-        u_out = torch.zeros_like(out, requires_grad=True)
-        u_lse = torch.zeros_like(lse, requires_grad=True)
-        pulled = torch.autograd.grad((out, lse), [leaves[i] for i in followed], (u_out, u_lse), create_graph=True,
+        # Only outputs that depend on a moving input enter the products (with only the values
+        # moving, the LSE depends on none of them: its tangent is 0).
+        moved = [(y, torch.zeros_like(y, requires_grad=True)) for y in (out, lse) if y.requires_grad]
+        if not moved:
+            return torch.zeros_like(out), torch.zeros_like(lse)
+        outputs, seeds = zip(*moved)
+        pulled = torch.autograd.grad(outputs, [leaves[i] for i in followed], seeds, create_graph=True,
                                      allow_unused=True)
         pairing = sum((g * directions[i]).sum() for g, i in zip(pulled, followed) if g is not None)
     if not torch.is_tensor(pairing) or not pairing.requires_grad:
         return torch.zeros_like(out), torch.zeros_like(lse)  # no input with a tangent reaches these rows
-    t_out, t_lse = torch.autograd.grad(pairing, (u_out, u_lse), allow_unused=True)
-    return (torch.zeros_like(out) if t_out is None else t_out.detach(),
-            torch.zeros_like(lse) if t_lse is None else t_lse.detach())
+    pushed = dict(zip((id(y) for y in outputs), torch.autograd.grad(pairing, seeds, allow_unused=True)))
+    tangents = []
+    for y in (out, lse):
+        t = pushed.get(id(y))
+        tangents.append(torch.zeros_like(y) if t is None else t.detach())
+    return tuple(tangents)
