@@ -383,3 +383,18 @@ def test_triton_tangents_with_int64_offsets():
     err = oracle.rel_error(tangent[1:, L - tail + K:].float(), ref[:, K:])
     assert err <= oracle.TOLERANCE[torch.bfloat16], err
 
+
+
+def test_profile_reports_the_jvp_of_each_backend_with_a_rule(backend_without_rule, capsys):
+    """``haloattn profile --jvp``: time and error of every rule, 'no rule' for the others."""
+    from haloattn.cli import main
+
+    assert main(["profile", "--shape", "6x7", "--window", "3", "--batch", "1", "--heads", "2", "--head-dim", "8",
+                 "--jvp", "--repeat", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("backend"))
+    assert "jvp ms" in header and "jvp rel err" in header
+    reference = next(line for line in lines if line.startswith("reference")).split()
+    assert float(reference[-1]) <= 1e-5  # float32 inputs against the float64 reference's tangent
+    norule = next(line for line in lines if line.startswith(backend_without_rule.name)).split()
+    assert norule[-3:] == ["-", "no", "rule"]

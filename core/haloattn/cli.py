@@ -61,6 +61,8 @@ def _problem_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
+    parser.add_argument("--jvp", action="store_true",
+                        help="profile: also time forward-mode AD (tangents of q, k, v) where a backend has a rule")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -157,8 +159,12 @@ def cmd_profile(args) -> int:
     reference = DISPATCHER.get("reference")
     exact = AttentionInputs(*(t.detach().double() for t in tensors), None, None, None, None)
     ref_problem = build_problem(*exact[:3], **options)
-    ref_out, _ = reference.forward(ref_problem, exact)
+    ref_out, ref_lse = reference.forward(ref_problem, exact)
     grad_out = torch.randn_like(ref_out)
+    if args.jvp:
+        tangents = AttentionInputs(*(torch.randn_like(t) for t in tensors))
+        exact_tangents = AttentionInputs(*(t.double() for t in tangents[:3]))
+        ref_tangent, _ = reference.jvp(ref_problem, exact, exact_tangents, ref_out, ref_lse)
 
     rows, skipped = [], []
     for backend in DISPATCHER.backends():
@@ -181,12 +187,16 @@ def cmd_profile(args) -> int:
             both_ms = tuning.time_call(step, problem.device, repeat=args.repeat)
             row += [f"{both_ms:.3f}", f"{3.5 * fwd_flops / both_ms / 1e9:.4g}"]
         row.append(f"{error:.2e}")
+        if args.jvp:
+            row += _jvp_columns(backend, problem, inputs, tangents, out, lse, ref_tangent, args.repeat)
         rows.append(row)
 
     header = ["backend", "fwd ms", "fwd TFLOP/s"]
     if args.backward:
         header += ["fwd+bwd ms", "fwd+bwd TFLOP/s"]
     header.append("rel err vs fp64 reference")
+    if args.jvp:
+        header += ["jvp ms", "jvp rel err"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for r in rows:
@@ -194,6 +204,17 @@ def cmd_profile(args) -> int:
     for name, reasons in skipped:
         print(f"not run: {name}: {'; '.join(reasons)}")
     return 0
+
+
+def _jvp_columns(backend, problem, inputs, tangents, out, lse, ref_tangent, repeat) -> list:
+    """The JVP's time (given the forward's out and lse, tangents of q, k and v) and its output
+    tangent's error against the reference's in float64; '-' for a backend without a rule."""
+    if not DISPATCHER.verdict(backend, problem, needs_jvp=True).can_run:
+        return ["-", "no rule"]
+    tangent, _ = backend.jvp(problem, inputs, tangents, out, lse, None)
+    ms = tuning.time_call(lambda: backend.jvp(problem, inputs, tangents, out, lse, None), problem.device,
+                          repeat=repeat)
+    return [f"{ms:.3f}", f"{_rel(tangent, ref_tangent):.2e}"]
 
 
 # -- tune / show ------------------------------------------------------------------------------------
