@@ -193,6 +193,33 @@ def test_packing_only_for_walks_of_one_key_tile():
     assert tiles.normalise({"fwd": {"pack": 3}}, dilated)["fwd"]["pack"] == 4
 
 
+def test_short_walks_read_keys_by_pointer(monkeypatch, forget_configs):
+    """On a GPU with a copy engine, 16-bit heads of 65-128 channels read K/V through descriptors,
+    except where a query tile walks at most SHORT_WALK_STEPS key tiles (blocked problems, small
+    windows: 1.14-1.22x by pointer on the H100); longer walks and 256-channel heads keep them, and
+    one-tile walks then pack (batch, head) pairs as at narrow heads."""
+    _pretend_gpu(monkeypatch, 227 * 1024, (9, 0))
+    monkeypatch.setattr(tiles, "multiprocessors", lambda device: 132)  # an H100's
+
+    def fwd(spatial, window, head_dim=128, batch=1, **options):
+        q = torch.empty(batch, *spatial, 16, head_dim, dtype=torch.bfloat16)
+        problem = dataclasses.replace(build_problem(q, q, q, window, **options), device=torch.device("cuda", 0))
+        config = tiles.default_config(problem)["fwd"]
+        return config, tiles.steps_per_tile(problem, config["q"], config["kv"])
+
+    for spatial, window, options in (((128, 128), 16, dict(stride=16)), ((16, 48, 48), (2, 8, 8), dict(stride=(2, 8, 8))),
+                                     ((32768,), 256, dict(stride=256)), ((56, 56), 7, {})):
+        config, steps = fwd(spatial, window, **options)
+        assert steps <= tiles.SHORT_WALK_STEPS and not config["tma"], (spatial, window, steps)
+    for spatial, window, options in (((128, 128), 31, {}), ((128, 128), 32, dict(stride=32))):
+        config, steps = fwd(spatial, window, **options)
+        assert steps > tiles.SHORT_WALK_STEPS and config["tma"], (spatial, window, steps)
+    config, steps = fwd((64, 64), 5, head_dim=256)
+    assert steps <= tiles.SHORT_WALK_STEPS and config["tma"]
+    config, steps = fwd((64, 64), 8, batch=4, stride=8)
+    assert steps == 1.0 and not config["tma"] and config["pack"] > 1
+
+
 def test_narrow_heads_take_a_two_warp_key_major_pass():
     """16-bit heads of at most 32 channels run dK/dV with 2 warps (1.05-1.27x the backward on the
     H100); wider heads, and float32, keep 4; the tuning candidates hold the other choice."""

@@ -45,6 +45,14 @@ FORWARD_BLOCKS = {
 # 1.07-1.31x faster at D=128 on every benchmark problem, and 0.76x at D=64 (pointer gathers of
 # 128-byte rows win there).
 DESCRIPTOR_MIN_HEAD_DIM = 65
+# ...except on short walks at up to 128 channels: a program that walks at most this many key
+# tiles (blocked problems with stride == window, small windows) pays the in-kernel descriptor
+# set-up for few copies. H100, forward, D=128: pointer loads 1.14-1.22x on eight problems walking
+# 1-4 tiles (16x16 stride 16, 8x8 stride 8, 3-D 2x8x8 stride 2x8x8, 1-D 256 stride 256, 7x7,
+# 1-D causal 127, 7x7 windows), 0.95x on 32x32 stride 32 (16 tiles), 0.81x on 31x31; at D=256
+# 0.98x on a 5x5 window (RESULTS.md, "Short walks read by pointer").
+SHORT_WALK_STEPS = 4
+SHORT_WALK_MAX_HEAD_DIM = 128
 # The backward reads its streamed tiles (Q and dO in dK/dV, K and V in dQ) through tensor
 # descriptors for head dims in this range: on an H200 (2026-11-26, kernels with anchored walks)
 # that was 1.12-1.19x faster than pointer loads on nine of the ten benchmark problems (D = 64 and
@@ -319,6 +327,8 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
+    if descriptors and max(problem.head_dim, problem.value_dim) <= SHORT_WALK_MAX_HEAD_DIM:
+        descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
