@@ -199,10 +199,16 @@ def test_backward_through_a_forward_ad_tangent_raises():
 
 
 def test_vmap_is_refused_by_name():
+    """vmap over the call names the argument; jacrev and jacfwd, which vmap over the backward or
+    the JVP rule (whose batched cotangents or tangents would otherwise reach the kernels with the
+    vmapped dimension in their layout), say the same."""
     primals, _ = make_primals((6,), 3)
     q, k, v = primals["query"], primals["key"], primals["value"]
     with pytest.raises(NotImplementedError, match="no vmap rule.*'value'.*Fold the vmapped dimension"):
         torch.func.vmap(lambda v: haloattn.attention(q, k, v, 3))(v.unsqueeze(0).expand(2, *v.shape))
+    for jacobian in (torch.func.jacrev, torch.func.jacfwd):
+        with pytest.raises(NotImplementedError, match="no vmap rule yet, so torch.func.vmap, jacrev, jacfwd"):
+            jacobian(lambda q: haloattn.attention(q, k, v, 3))(q)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -78,13 +78,24 @@ class AttentionFunction(torch.autograd.Function):
 _functorch = getattr(torch._C, "_functorch", None)
 
 
+_NO_VMAP = (
+    "haloattn.attention has no vmap rule yet, so torch.func.vmap, jacrev, jacfwd and hessian (which "
+    "vmap over the call or its backward / JVP) cannot run it. Fold a vmapped dimension into the batch "
+    "(the first axis) instead"
+)
+
+
 def _unwrapped(t):
     """The tensor under torch.func's wrappers. Inside a torch.func transform a Function's rules
     receive wrapped tensors, which have no storage for a kernel to read; the rules here compute
-    outside the transform (their results are first order, and torch.func lifts them back)."""
+    outside the transform (their results are first order, and torch.func lifts them back). A
+    vmap's batched tensor is refused: unwrapped, it would carry the vmapped dimension into the
+    kernels' layout."""
     if t is None or _functorch is None:
         return t
     while _functorch.is_functorch_wrapped_tensor(t):
+        if _functorch.is_batchedtensor(t):
+            raise NotImplementedError(_NO_VMAP)
         t = _functorch.get_unwrapped(t)
     return t
 
@@ -126,6 +137,10 @@ class TransformableAttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(*saved)
         ctx.save_for_forward(*saved)
         ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        raise NotImplementedError(_NO_VMAP)
 
     @staticmethod
     def _saved(ctx):
