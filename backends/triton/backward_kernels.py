@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .descriptors import add_to_box, group_descriptor, kv_descriptors, load_box, load_token_tile
-from .forward_kernel import query_tile
+from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, next3, query_range, query_walk, split3
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
 
@@ -105,14 +105,8 @@ def dq_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     kvh = h // G
-    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tl.program_id(0), L0, L1, L2, D0, D1, D2, NT0, NT1, NT2)
-    xs0, xs1, xs2 = t0 * TM0, t1 * TM1, t2 * TM2
-    m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
-    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
-    q_ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
-    i0, i1, i2 = g0 + D0 * x0, g1 + D1 * x1, g2 + D2 * x2
-    if LARGE:
-        i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
+    g0, g1, g2, Lg0, Lg1, Lg2, xs0, xs1, xs2, x0, x1, x2, q_ok, i0, i1, i2 = tile_tokens(
+        tl.program_id(0), L0, L1, L2, D0, D1, D2, NT0, NT1, NT2, TM0, TM1, TM2, LARGE)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     bh = (b.to(tl.int64), h.to(tl.int64))
@@ -224,14 +218,8 @@ def dkdv_kernel(
     kvh = tl.program_id(1)
     b = tl.program_id(2)
     # The key tile: TN0 x TN1 x TN2 group coordinates in one dilation group per axis.
-    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tl.program_id(0), L0, L1, L2, D0, D1, D2, NK0, NK1, NK2)
-    ys0, ys1, ys2 = t0 * TN0, t1 * TN1, t2 * TN2
-    n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
-    y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
-    k_ok = (y0 < Lg0) & (y1 < Lg1) & (y2 < Lg2)
-    k0, k1, k2 = g0 + D0 * y0, g1 + D1 * y1, g2 + D2 * y2
-    if LARGE:
-        k0, k1, k2 = k0.to(tl.int64), k1.to(tl.int64), k2.to(tl.int64)
+    g0, g1, g2, Lg0, Lg1, Lg2, ys0, ys1, ys2, y0, y1, y2, k_ok, k0, k1, k2 = tile_tokens(
+        tl.program_id(0), L0, L1, L2, D0, D1, D2, NK0, NK1, NK2, TN0, TN1, TN2, LARGE)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     b64, kvh64 = b.to(tl.int64), kvh.to(tl.int64)

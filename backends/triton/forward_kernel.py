@@ -33,6 +33,24 @@ def query_tile(pid, L0, L1, L2, D0, D1, D2, NT0, NT1, NT2):
             g2, (c2 % NT2), group_length(L2, g2, D2))
 
 
+@triton.jit
+def tile_tokens(pid, L0, L1, L2, D0, D1, D2, NT0, NT1, NT2, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                LARGE: tl.constexpr):
+    """The tokens of tile ``pid`` (a T0 x T1 x T2 box of group coordinates; query tiles, or the key
+    tiles of the key-major pass): per axis the dilation group g, its length Lg, the box's first
+    coordinate xs and each row's coordinate x; which rows lie inside the grid; each row's token
+    index per axis (int64 with LARGE)."""
+    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(pid, L0, L1, L2, D0, D1, D2, NT0, NT1, NT2)
+    xs0, xs1, xs2 = t0 * T0, t1 * T1, t2 * T2
+    m0, m1, m2 = split3(tl.arange(0, T0 * T1 * T2), T1, T2)
+    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
+    ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
+    i0, i1, i2 = g0 + D0 * x0, g1 + D1 * x1, g2 + D2 * x2
+    if LARGE:
+        i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
+    return g0, g1, g2, Lg0, Lg1, Lg2, xs0, xs1, xs2, x0, x1, x2, ok, i0, i1, i2
+
+
 # Lazy rescaling (LAZY_RESCALE): the running row maxima move only when some row of the tile
 # would see a score more than RESCALE_SLACK (log2 units) above its current maximum. Until then
 # the probabilities of a tile are exp2(s - stale max) <= 2^RESCALE_SLACK, which float32 sums and
@@ -132,15 +150,8 @@ def forward_kernel(
         h = first_pair % HEADS
         pairs = tl.minimum(BATCH * HEADS - first_pair, PACK)
     kvh = h // G
-    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tile_id, L0, L1, L2, D0, D1, D2, NT0, NT1, NT2)
-    xs0, xs1, xs2 = t0 * TM0, t1 * TM1, t2 * TM2
-
-    m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
-    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
-    q_ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
-    i0, i1, i2 = g0 + D0 * x0, g1 + D1 * x1, g2 + D2 * x2
-    if LARGE:
-        i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
+    g0, g1, g2, Lg0, Lg1, Lg2, xs0, xs1, xs2, x0, x1, x2, q_ok, i0, i1, i2 = tile_tokens(
+        tile_id, L0, L1, L2, D0, D1, D2, NT0, NT1, NT2, TM0, TM1, TM2, LARGE)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q_cells = (i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :]

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .backward_kernels import softcap_chain
-from .forward_kernel import query_tile
+from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, next3, split3
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias
 
@@ -96,14 +96,8 @@ def jvp_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2)
     kvh = h // G
-    g0, t0, Lg0, g1, t1, Lg1, g2, t2, Lg2 = query_tile(tl.program_id(0), L0, L1, L2, D0, D1, D2, NT0, NT1, NT2)
-    xs0, xs1, xs2 = t0 * TM0, t1 * TM1, t2 * TM2
-    m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
-    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
-    q_ok = (x0 < Lg0) & (x1 < Lg1) & (x2 < Lg2)
-    i0, i1, i2 = g0 + D0 * x0, g1 + D1 * x1, g2 + D2 * x2
-    if LARGE:
-        i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
+    g0, g1, g2, Lg0, Lg1, Lg2, xs0, xs1, xs2, x0, x1, x2, q_ok, i0, i1, i2 = tile_tokens(
+        tl.program_id(0), L0, L1, L2, D0, D1, D2, NT0, NT1, NT2, TM0, TM1, TM2, LARGE)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     q = _rows(Q, sqb, sq0, sq1, sq2, sqh, b, h, i0, i1, i2, d, q_ok, HEAD_D)
