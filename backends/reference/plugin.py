@@ -27,7 +27,7 @@ class ReferenceBackend(Backend):
         return []
 
     def jvp(self, problem, inputs, tangents, out, lse, config=None):
-        return jvp.jvp(problem, inputs, tangents)
+        return jvp.jvp(problem, inputs, tangents, lse)
 
 
 @hookimpl
