@@ -6,11 +6,11 @@ heuristic config), the fused JVP kernel on its own (``backend.jvp`` given the fo
 LSE), and ``torch.func.jvp`` of ``haloattn.attention`` end to end (forward + JVP kernel + the
 call's host side), all as CUDA-graph medians except the end-to-end call, which torch.func cannot
 capture and ``do_bench`` times with its host time. Effective rates count attended pairs only: the
-forward 4·B·H·D·pairs (two products of D per pair), the JVP kernel 10·B·H·D·pairs (its five,
-given the forward's out and LSE: Q K^T, dQ K^T, Q dK^T, (P dS) V, P dV). Efficiency = effective TFLOP/s / dense cuDNN forward
-TFLOP/s over the same tokens in the same run, as in bench_neighborhood.py. The JVP tangent is
-checked against torch.func.jvp of the reference backend in float32 on two heads of the first
-batch entry (``--no-check`` skips it).
+forward 4·B·H·D·pairs (two products of D per pair), the JVP kernel 10·B·H·D·pairs (its five, given
+the forward's out and LSE: Q K^T, dQ K^T, Q dK^T, (P dS) V, P dV). Efficiency = effective TFLOP/s
+/ dense cuDNN forward TFLOP/s over the same tokens in the same run, as in bench_neighborhood.py.
+The JVP tangent is checked against torch.func.jvp of the reference backend in float32 on two heads
+of the first batch entry (``--no-check`` skips it).
 
 FlexAttention has no forward-mode rule (its row says what it raises), and neither has NATTEN's
 fused kernels (NATTEN #224); dense attention with a mask would have to hold N x N scores and

@@ -2,13 +2,13 @@
 
 Problems without a ``score_mod`` or key-query convolution run tiled_jvp.py's explicit rule; the
 rest take the general one here: the tangent of a block's outputs by transposing reverse mode
-twice. For the block's outputs ``y = f(x)`` and a cotangent ``u``, autograd gives
-``g(u) = J^T u`` as a graph linear in ``u``; then ``d<g(u), v>/du = J v``, the tangent for the inputs' tangents ``v``. Forward-mode AD
-itself cannot run here: a backend's JVP rule is called inside torch's own forward-AD level, and
-torch has no nested levels. This way every op of the reference's block computation (score and
-mask mods included, as long as autograd can differentiate them twice) gets its tangent without a
-second hand-written formula to keep in step with SEMANTICS.md. Memory stays bounded by blocks of
-query rows, as in the forward.
+twice. For the block's outputs ``y = f(x)`` and a cotangent ``u``, autograd gives ``g(u) = J^T u``
+as a graph linear in ``u``; then ``d<g(u), v>/du = J v``, the tangent for the inputs' tangents
+``v``. Forward-mode AD itself cannot run here: a backend's JVP rule is called inside torch's own
+forward-AD level, and torch has no nested levels. This way every op of the reference's block
+computation (score and mask mods included, as long as autograd can differentiate them twice) gets
+its tangent without a second hand-written formula to keep in step with SEMANTICS.md. Memory stays
+bounded by blocks of query rows, as in the forward.
 """
 
 from __future__ import annotations
@@ -43,15 +43,16 @@ def _row_blocks(problem: Problem, device):
             yield GatheredRows(problem, torch.arange(start, stop, device=device))
 
 
-def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs, lse: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs,
+        lse: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(tangent of out, tangent of lse), shaped like out and lse (``lse``: the forward's)."""
     dtype = compute_dtype(problem.dtype)
     work = flatten(problem, inputs, dtype)
     directions = flatten(problem, tangents, dtype)
     if tiled_jvp.covers(problem):
         with torch.no_grad(), _no_autocast(problem.device):
-            t_out, t_lse = tiled_jvp.jvp(problem, tiled.Work(problem, work), directions, blocks(problem, problem.device),
-                                         lse, problem.dtype, lse_dtype(problem))
+            t_out, t_lse = tiled_jvp.jvp(problem, tiled.Work(problem, work), directions,
+                                         blocks(problem, problem.device), lse, problem.dtype, lse_dtype(problem))
         B, H = problem.batch, problem.heads
         return t_out.view(B, *problem.spatial, H, -1), t_lse.view(B, *problem.spatial, H)
     followed = [i for i, t in enumerate(directions) if t is not None and work[i] is not None]

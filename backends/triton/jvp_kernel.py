@@ -1,20 +1,21 @@
 """Forward-mode AD (JVP) of fused neighbourhood / window attention, one program per (query tile,
 head, batch).
 
-For one query row with scores s_j (after bias and softcap), P_j = exp(s_j - lse) and O = sum P_j V_j,
-the tangents for input tangents (dQ, dK, dV, d rpb, and those of the additional tokens) are
+For one query row with scores s_j (after bias and softcap), P_j = exp(s_j - lse) and O = sum P_j
+V_j, the tangents for input tangents (dQ, dK, dV, d rpb, and those of the additional tokens) are
 
     dS_j   = (1 - tanh^2) * (scale * (dQ . K_j + Q . dK_j) + d rpb_j)   (the tanh factor with softcap)
     d lse  = sum_j P_j dS_j
     dO     = sum_j P_j dS_j V_j + sum_j P_j dV_j - d lse * O
 
-With the forward's LSE saved, P is exact from the first key tile (as in dq_kernel, whose walk
-this is), so a single pass accumulates sum P dS V + P dV and d lse, and the last line reads the
+With the forward's LSE saved, P is exact from the first key tile (as in dq_kernel, whose walk this
+is), so a single pass accumulates sum P dS V + P dV and d lse, and the last line reads the
 forward's stored O. (A float32 sum P V in the loop instead would be a third accumulator of the
-value width: at 128 channels the kernel then spilled (255 registers), and the stored O's
-rounding is that of the 16-bit P dS operand the products already take.) Tangents that are absent (None) are compile-time flags: their loads and
-products are not in the kernel at all; with only dV given the scores' tangent is zero and the
-kernel is a forward with a second value tensor. Memory: none beyond the two tangent outputs.
+value width: at 128 channels the kernel then spilled (255 registers), and the stored O's rounding
+is that of the 16-bit P dS operand the products already take.) Tangents that are absent (None) are
+compile-time flags: their loads and products are not in the kernel at all; with only dV given the
+scores' tangent is zero and the kernel is a forward with a second value tensor. Memory: none
+beyond the two tangent outputs.
 """
 
 import triton
@@ -163,7 +164,8 @@ def jvp_kernel(
         for e0 in range(0, E, BLOCK_N):
             e = e0 + e_off
             e_ok = e < E
-            kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+            kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D),
+                         other=0.0)
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV),
                          other=0.0)
             qk = mma(q, tl.trans(kt), None, PRECISION)

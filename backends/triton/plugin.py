@@ -1,10 +1,11 @@
 """Registers the Triton neighbourhood backend (`triton`) with haloattn's plugin manager.
 
-Fused forward and deterministic backward for patterns "neighborhood" and "window" on ranks 1-3,
-every per-axis window / stride / dilation / causal / shift, GQA/MQA, D_v != D, head dims up to
-256, float16 / bfloat16 / float32 (tf32 when ``torch.backends.cuda.matmul.allow_tf32``), scale,
-softcap, rpb, additional tokens and the LSE, and forward-mode AD (jvp_kernel). On CPU tensors it runs only under
-``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), so ordinary CPU users keep the reference.
+Fused forward, deterministic backward and forward-mode AD (jvp_kernel) for patterns
+"neighborhood" and "window" on ranks 1-3, every per-axis window / stride / dilation / causal /
+shift, GQA/MQA, D_v != D, head dims up to 256, float16 / bfloat16 / float32 (tf32 when
+``torch.backends.cuda.matmul.allow_tf32``), scale, softcap, rpb, additional tokens and the LSE.
+On CPU tensors it runs only under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), so
+ordinary CPU users keep the reference.
 """
 
 from __future__ import annotations

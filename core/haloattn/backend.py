@@ -77,7 +77,7 @@ class Backend:
     def jvp_not_supported_reasons(self, problem: Problem) -> List[str]:
         """Why ``jvp`` cannot run ``problem`` (empty: it can). Asked only of backends that can run
         the problem's forward."""
-        return ["has no forward-mode AD (JVP) rule"]
+        return ["no JVP rule"]
 
     def jvp(
         self,
