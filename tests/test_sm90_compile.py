@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from sm90_compile import captured_launches, compile_captured, tool  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
-from haloattn.backends.triton import launch, tiles, window_launch  # noqa: E402
+from haloattn.backends.triton import jvp_launch, launch, tiles, window_launch  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.exists(tool("ptxas")), reason="Triton's bundled ptxas is missing")
@@ -90,6 +90,8 @@ def compile_case(name: str) -> list:
         out, lse = launcher.forward(problem, inputs, config)
         needs = (True, True, True, inputs.rpb is not None, False, problem.extra_tokens > 0, problem.extra_tokens > 0)
         launcher.backward(problem, inputs, out, lse, torch.empty_like(out), torch.empty_like(lse), needs, config)
+        if launcher is launch:  # the forward-mode rule, every input moving
+            jvp_launch.jvp(problem, inputs, inputs, out, lse, config)
     compiled = [(fn.__name__, compile_captured(fn, args, kwargs, f"{name}-{fn.__name__}"))
                 for fn, _, args, kwargs in sink]
     return [(kernel, row["regs"], row["wgmma_serialized"]) for kernel, row in compiled]
@@ -118,6 +120,18 @@ def test_kernels_compile_for_sm90(name, compiled):
     assert len(kernels) >= 2, f"{name}: no forward and backward launches were captured"
     for kernel, regs, _ in kernels:
         assert regs is not None and regs <= 255, (kernel, regs)
+
+
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[0] is launch])
+def test_jvp_kernel_compiles_with_asynchronous_wgmma(name, compiled):
+    """The forward-mode kernel builds for every neighbourhood case (all tangents: q, k, v, rpb and
+    the additional tokens'), and ptxas keeps its products asynchronous (an 8-warp build at head
+    dim 128 serialised them: 2x slower than 4 warps on the H100, RESULTS.md "Forward-mode AD")."""
+    results, log = compiled
+    kernels = results.get(name, {}).get("kernels")
+    assert kernels, log
+    jvp = [(regs, serialized) for kernel, regs, serialized in kernels if kernel == "jvp_kernel"]
+    assert len(jvp) == 1 and jvp[0][1] is False, jvp
 
 
 def test_packed_forward_keeps_its_wgmma_asynchronous(compiled):
