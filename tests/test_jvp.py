@@ -198,17 +198,70 @@ def test_backward_through_a_forward_ad_tangent_raises():
             (primal.sum() + tangent.sum()).backward()
 
 
-def test_vmap_is_refused_by_name():
-    """vmap over the call names the argument; jacrev and jacfwd, which vmap over the backward or
-    the JVP rule (whose batched cotangents or tangents would otherwise reach the kernels with the
-    vmapped dimension in their layout), say the same."""
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_vmap_folds_into_the_batch(backend, monkeypatch):
+    """torch.func.vmap of a call equals the calls stacked: vmapped on any dimension, inputs left
+    unbatched, nested vmaps, a vmapped bias table (run index by index), the LSE, and gradients
+    taken from outside the vmap."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gen = torch.Generator().manual_seed(4)
+    dtype = torch.float64 if backend == "reference" else torch.float32
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+    V = 3
+    q, k, v = randn(V, 2, 6, 5, 2, 16), randn(V, 2, 6, 5, 1, 16), randn(V, 2, 6, 5, 1, 8)
+    tables = randn(V, 2, 5, 5)
+
+    def call(q, k, v, rpb=tables[0]):
+        return haloattn.attention(q, k, v, (3, 3), rpb=rpb, causal=(True, False), return_lse=True, backend=backend)
+
+    def stacked(fn, *per_index):
+        outs = [fn(*args) for args in zip(*per_index)]
+        return tuple(torch.stack(parts) for parts in zip(*outs))
+
+    tol = oracle.TOLERANCE[dtype]
+    for got, expected in (
+        (torch.func.vmap(call)(q, k, v), stacked(call, q, k, v)),
+        (torch.func.vmap(call, in_dims=(1, None, 0))(q.movedim(0, 1), k[0], v),
+         stacked(lambda q, v: call(q, k[0], v), q, v)),
+        (torch.func.vmap(call)(q, k, v, tables), stacked(call, q, k, v, tables)),
+        # nested: [V, 2] vmapped, a batch of 1 inside
+        (torch.func.vmap(torch.func.vmap(call))(*(t.unsqueeze(2) for t in (q, k, v))),
+         tuple(t.unflatten(0, (V, 2)) for t in stacked(call, *(t.flatten(0, 1).unsqueeze(1) for t in (q, k, v))))),
+    ):
+        assert all(oracle.rel_error(g, e) <= tol for g, e in zip(got, expected))
+        assert all(g.shape == e.shape for g, e in zip(got, expected))
+
+    weight = randn(V, 2, 6, 5, 2, 8)
+    grads = []
+    for vmapped in (True, False):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = torch.func.vmap(call)(*leaves)[0] if vmapped else stacked(call, *leaves)[0]
+        grads.append(torch.autograd.grad((out * weight).sum(), leaves))
+    assert all(oracle.rel_error(g, e) <= tol for g, e in zip(*grads))
+
+
+def test_rules_under_vmap_are_refused_by_name():
+    """A backward or JVP inside a vmap (vmap over grad, jacrev, jacfwd) would hand the rules
+    batched cotangents or tangents: refused with a message saying what works."""
     primals, _ = make_primals((6,), 3)
     q, k, v = primals["query"], primals["key"], primals["value"]
-    with pytest.raises(NotImplementedError, match="no vmap rule.*'value'.*Fold the vmapped dimension"):
-        torch.func.vmap(lambda v: haloattn.attention(q, k, v, 3))(v.unsqueeze(0).expand(2, *v.shape))
-    for jacobian in (torch.func.jacrev, torch.func.jacfwd):
-        with pytest.raises(NotImplementedError, match="no vmap rule yet, so torch.func.vmap, jacrev, jacfwd"):
-            jacobian(lambda q: haloattn.attention(q, k, v, 3))(q)
+
+    def call(q):
+        return haloattn.attention(q, k, v, 3)
+
+    runs = {
+        "vmap of grad": lambda: torch.func.vmap(torch.func.grad(lambda q: call(q).sum()))(q.unsqueeze(0).repeat(2, 1, 1, 1, 1)),
+        "jacrev": lambda: torch.func.jacrev(call)(q),
+        "jacfwd": lambda: torch.func.jacfwd(call)(q),
+    }
+    for name, run in runs.items():
+        with pytest.raises(NotImplementedError, match="backward and JVP rules have no vmap rule yet"):
+            run()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -60,9 +60,8 @@ def _transforms(tensors):
     """(runs under forward-mode AD or a torch.func transform, needs a JVP rule). Checked before
     anything else reads the tensors: about a microsecond a call without any.
 
-    ``vmap`` is refused by name (the op has no batching rule: a vmapped dimension folds into the
-    batch); tangents (``forward_ad`` duals, ``torch.func.jvp``) need a backend with a JVP rule,
-    which the dispatcher then picks."""
+    Tangents (``forward_ad`` duals, ``torch.func.jvp``) need a backend with a JVP rule, which the
+    dispatcher then picks."""
     tangents = _forward_ad_active()
     transformed = needs_jvp = False
     for name, t in zip(_TENSOR_NAMES, tensors):
@@ -71,14 +70,8 @@ def _transforms(tensors):
         if tangents and forward_ad.unpack_dual(t).tangent is not None:
             transformed = needs_jvp = True
         elif _is_wrapped(t):
-            stack = _transform_stack()
-            if "Vmap" in stack:
-                raise NotImplementedError(
-                    f"haloattn.attention has no vmap rule yet: argument '{name}' is batched by torch.func.vmap. "
-                    "Fold the vmapped dimension into the batch (the first axis) instead"
-                )
             transformed = True
-            needs_jvp = needs_jvp or "Jvp" in stack
+            needs_jvp = needs_jvp or "Jvp" in _transform_stack()
     return transformed, needs_jvp
 
 

@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import batching
 from .backend import AttentionInputs, on_device
 from .dispatch import DISPATCHER
 from .problem import build_problem
@@ -79,9 +80,10 @@ _functorch = getattr(torch._C, "_functorch", None)
 
 
 _NO_VMAP = (
-    "haloattn.attention has no vmap rule yet, so torch.func.vmap, jacrev, jacfwd and hessian (which "
-    "vmap over the call or its backward / JVP) cannot run it. Fold a vmapped dimension into the batch "
-    "(the first axis) instead"
+    "haloattn.attention runs under torch.func.vmap, but its backward and JVP rules have no vmap rule "
+    "yet: vmap over grad / vjp / jvp, jacrev, jacfwd and hessian cannot run it. Take the vmap outside "
+    "(gradients of a vmapped call through torch.autograd work), or fold the vmapped dimension into the "
+    "batch (the first axis)"
 )
 
 
@@ -113,8 +115,8 @@ def _outside_transforms():
 
 class TransformableAttentionFunction(torch.autograd.Function):
     """The call under forward-mode AD (``torch.func.jvp``, ``torch.autograd.forward_ad``) or a
-    torch.func transform (``grad``, ``vjp``, ``jacrev``): the form torch.func needs (context set
-    up apart from the forward), with the backend's JVP rule. Plain autograd calls keep
+    torch.func transform (``grad``, ``vjp``, ``vmap``): the form torch.func needs (context set up
+    apart from the forward), with the backend's JVP rule and a vmap rule. Plain autograd calls keep
     :class:`AttentionFunction`, which may keep backend state between forward and backward.
 
     The rules are first order: the tangents carry no gradient of their own (under
@@ -139,8 +141,21 @@ class TransformableAttentionFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def vmap(info, in_dims, *args):
-        raise NotImplementedError(_NO_VMAP)
+    def vmap(info, in_dims, problem, backend, config, *tensors):
+        """torch.func.vmap of the call: the vmapped dimension folded into the batch (batching.py).
+        The inner call is an ordinary one, so a backward from outside the vmap reaches the
+        backend's backward; a backward or JVP *inside* the vmap (vmap over grad, jacrev,
+        jacfwd) meets batched tensors in those rules and is refused there."""
+        size, dims = info.batch_size, in_dims[3:]
+
+        def call(p, *ts):
+            return TransformableAttentionFunction.apply(p, backend, config, *ts)
+
+        if batching.folds(dims):
+            folded_problem, folded = batching.fold(problem, size, tensors, dims)
+            out, lse = call(folded_problem, *folded)
+            return (batching.unfold(size, out), batching.unfold(size, lse)), (0, 0)
+        return batching.per_index(size, lambda *ts: call(problem, *ts), tensors, dims), (0, 0)
 
     @staticmethod
     def _saved(ctx):

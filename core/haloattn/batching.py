@@ -1,0 +1,51 @@
+"""torch.func.vmap of a call: the vmapped dimension folded into the batch.
+
+Under ``vmap`` the call's rule receives the physical tensors and each one's vmapped dimension
+(``in_dims``; None for an unbatched input). Every input with a batch axis (query, key, value and
+the additional tokens) takes the vmapped dimension into that axis, so V calls of batch B become
+one call of batch V * B on the same kernels; unbatched ones are repeated V times (a copy). The
+per-head tables (``rpb``, ``kq_conv``) have no batch axis: where one of them is vmapped the call
+runs once per vmapped index instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .problem import Problem
+
+# Positions in AttentionInputs of the inputs without a batch axis.
+SHARED = (3, 4)  # rpb, kq_conv
+
+
+def folds(dims: Sequence[Optional[int]]) -> bool:
+    """Whether the vmapped dimension can be folded into the batch (no per-head table vmapped)."""
+    return all(dims[i] is None for i in SHARED)
+
+
+def fold(problem: Problem, size: int, tensors, dims):
+    """The problem with batch ``size * B`` and the tensors folded into it (shared tables as they are)."""
+    folded = []
+    for i, (t, d) in enumerate(zip(tensors, dims)):
+        if t is None or i in SHARED:
+            folded.append(t)
+            continue
+        t = t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(size, *t.shape)
+        folded.append(t.reshape(size * t.shape[1], *t.shape[2:]))
+    return dataclasses.replace(problem, batch=size * problem.batch), folded
+
+
+def unfold(size: int, t: torch.Tensor) -> torch.Tensor:
+    """A folded output back to ``[size, B, ...]`` (vmapped dimension first)."""
+    return t.reshape(size, t.shape[0] // size, *t.shape[1:])
+
+
+def per_index(size: int, call: Callable, tensors, dims):
+    """``call`` on each vmapped index's slice, outputs stacked on a new first dimension."""
+    results = []
+    for index in range(size):
+        results.append(call(*(t if t is None or d is None else t.select(d, index) for t, d in zip(tensors, dims))))
+    return tuple(torch.stack(parts) for parts in zip(*results))
