@@ -245,23 +245,36 @@ def test_vmap_folds_into_the_batch(backend, monkeypatch):
     assert all(oracle.rel_error(g, e) <= tol for g, e in zip(*grads))
 
 
-def test_rules_under_vmap_are_refused_by_name():
-    """A backward or JVP inside a vmap (vmap over grad, jacrev, jacfwd) would hand the rules
-    batched cotangents or tangents: refused with a message saying what works."""
-    primals, _ = make_primals((6,), 3)
-    q, k, v = primals["query"], primals["key"], primals["value"]
+def test_per_sample_gradients_and_jacrev():
+    """vmap over grad (per-sample gradients, the bias table's included) and jacrev match the
+    oracle's; a JVP inside a vmap (jacfwd, hessian) is refused with a message saying what works,
+    and so is a gradient of a gradient."""
+    primals, gen = make_primals((6, 5), (3, 3), batch=4, rpb=True)
+    q, k, v, rpb = (primals[n] for n in ("query", "key", "value", "rpb"))
+
+    def loss(attention):
+        def f(q, k, v, rpb):
+            out = attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), (3, 3), rpb=rpb, causal=(False, True))
+            return out[0].pow(2).sum() if isinstance(out, tuple) else out.pow(2).sum()
+        return f
+
+    tol = oracle.TOLERANCE[torch.float64]
+    per_sample = torch.func.vmap(torch.func.grad(loss(haloattn.attention), argnums=(0, 1, 2, 3)), in_dims=(0, 0, 0, None))
+    expected = torch.func.vmap(torch.func.grad(loss(oracle.attention), argnums=(0, 1, 2, 3)), in_dims=(0, 0, 0, None))
+    got, ref = per_sample(q, k, v, rpb), expected(q, k, v, rpb)
+    assert got[3].shape == (4, *rpb.shape)
+    assert all(oracle.rel_error(g, r) <= tol for g, r in zip(got, ref))
 
     def call(q):
-        return haloattn.attention(q, k, v, 3)
+        return haloattn.attention(q, k[:1], v[:1], (3, 3), rpb=rpb)
 
-    runs = {
-        "vmap of grad": lambda: torch.func.vmap(torch.func.grad(lambda q: call(q).sum()))(q.unsqueeze(0).repeat(2, 1, 1, 1, 1)),
-        "jacrev": lambda: torch.func.jacrev(call)(q),
-        "jacfwd": lambda: torch.func.jacfwd(call)(q),
-    }
-    for name, run in runs.items():
-        with pytest.raises(NotImplementedError, match="backward and JVP rules have no vmap rule yet"):
+    jacobian = torch.func.jacrev(call)(q[:1])
+    assert oracle.rel_error(jacobian, torch.func.jacrev(lambda q: oracle.attention(q, k[:1], v[:1], (3, 3), rpb=rpb)[0])(q[:1])) <= tol
+    for run in (lambda: torch.func.jacfwd(call)(q[:1]), lambda: torch.func.hessian(lambda q: call(q).sum())(q[:1])):
+        with pytest.raises(NotImplementedError, match="JVP rule has no vmap rule yet: jacfwd, hessian"):
             run()
+    with pytest.raises(NotImplementedError, match="not differentiable again"):
+        torch.func.grad(lambda q: torch.func.grad(lambda q: call(q).pow(2).sum())(q).sum())(q[:1])
 
 
 # ----------------------------------------------------------------------------------------------

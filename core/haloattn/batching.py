@@ -26,11 +26,12 @@ def folds(dims: Sequence[Optional[int]]) -> bool:
     return all(dims[i] is None for i in SHARED)
 
 
-def fold(problem: Problem, size: int, tensors, dims):
-    """The problem with batch ``size * B`` and the tensors folded into it (shared tables as they are)."""
+def fold(problem: Problem, size: int, tensors, dims, shared: Sequence[int] = SHARED):
+    """The problem with batch ``size * B`` and the tensors folded into it; those at positions
+    ``shared`` (the per-head tables of AttentionInputs) as they are."""
     folded = []
     for i, (t, d) in enumerate(zip(tensors, dims)):
-        if t is None or i in SHARED:
+        if t is None or i in shared:
             folded.append(t)
             continue
         t = t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(size, *t.shape)
@@ -48,4 +49,4 @@ def per_index(size: int, call: Callable, tensors, dims):
     results = []
     for index in range(size):
         results.append(call(*(t if t is None or d is None else t.select(d, index) for t, d in zip(tensors, dims))))
-    return tuple(torch.stack(parts) for parts in zip(*results))
+    return tuple(None if parts[0] is None else torch.stack(parts) for parts in zip(*results))

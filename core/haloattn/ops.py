@@ -80,10 +80,9 @@ _functorch = getattr(torch._C, "_functorch", None)
 
 
 _NO_VMAP = (
-    "haloattn.attention runs under torch.func.vmap, but its backward and JVP rules have no vmap rule "
-    "yet: vmap over grad / vjp / jvp, jacrev, jacfwd and hessian cannot run it. Take the vmap outside "
-    "(gradients of a vmapped call through torch.autograd work), or fold the vmapped dimension into the "
-    "batch (the first axis)"
+    "haloattn.attention's JVP rule has no vmap rule yet: jacfwd, hessian and vmap over jvp cannot run "
+    "it (vmap of the call, vmap over grad and jacrev can). Take the JVP per vmapped index, or fold the "
+    "vmapped dimension into the batch (the first axis)"
 )
 
 
@@ -165,13 +164,14 @@ class TransformableAttentionFunction(torch.autograd.Function):
         return AttentionInputs(*(next(it) if p else None for p in ctx.present)), out, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out, grad_lse):
-        inputs, out, lse = TransformableAttentionFunction._saved(ctx)
-        needs = ctx.needs_input_grad[3:]
-        with _outside_transforms():
-            grads = _full_grads(ctx.problem, ctx.backend, ctx.config, inputs, out, lse, _unwrapped(grad_out),
-                                _unwrapped(grad_lse), needs)
+        # Through a Function of its own, so that the backward has a vmap rule too (vmap over grad:
+        # per-sample gradients); torch.func hands it the tensors at each transform's level.
+        saved = list(ctx.saved_tensors)
+        it = iter(saved[:-2])
+        tensors = [next(it) if p else None for p in ctx.present]
+        grads = _AttentionBackward.apply(ctx.problem, ctx.backend, ctx.config, tuple(ctx.needs_input_grad[3:]),
+                                         grad_out, grad_lse, *saved[-2:], *tensors)
         return (None, None, None, *grads)
 
     @staticmethod
@@ -186,6 +186,51 @@ class TransformableAttentionFunction(torch.autograd.Function):
             # shows this rule no outer requires_grad: there its tangents are constants.)
             t_out, t_lse = _TangentIsNotDifferentiable.apply(t_out, t_lse, *followed)
         return t_out, t_lse
+
+
+class _AttentionBackward(torch.autograd.Function):
+    """The gradients of TransformableAttentionFunction's call, as a function of (dO, dLSE, O, LSE
+    and the inputs): the backend's backward, with a vmap rule (the vmapped dimension folded into
+    the batch, as for the call). Not differentiable again."""
+
+    @staticmethod
+    def forward(problem, backend, config, needs, grad_out, grad_lse, out, lse, *tensors):
+        with _outside_transforms():
+            return tuple(_full_grads(problem, backend, config, AttentionInputs(*tensors), out, lse, grad_out, grad_lse,
+                                     needs))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass  # nothing to keep: the backward only raises
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            "haloattn.attention's backward is not differentiable again (no double backward: a gradient of a "
+            "gradient, or a Hessian, needs second derivatives no backend has)"
+        )
+
+    @staticmethod
+    def vmap(info, in_dims, problem, backend, config, needs, *tensors):
+        """vmap over the gradients (per-sample gradients, jacrev): folded into the batch where no
+        per-head table is vmapped or needs a gradient (its gradient would be summed over the
+        vmapped dimension), index by index otherwise."""
+        size, dims = info.batch_size, in_dims[4:]
+        grad_out, grad_lse, out, lse, *inputs = tensors
+        grad_dims, inputs_dims = dims[:4], dims[4:]
+
+        def call(p, *ts):
+            return _AttentionBackward.apply(p, backend, config, needs, *ts)
+
+        shared_grads = any(needs[i] for i in batching.SHARED)
+        if batching.folds(inputs_dims) and not shared_grads:
+            folded_problem, folded_inputs = batching.fold(problem, size, inputs, inputs_dims)
+            _, folded_rows = batching.fold(problem, size, [grad_out, grad_lse, out, lse], grad_dims, shared=())
+            grads = call(folded_problem, *folded_rows, *folded_inputs)
+            return (tuple(None if g is None else batching.unfold(size, g) for g in grads),
+                    tuple(None if g is None else 0 for g in grads))
+        grads = batching.per_index(size, lambda *ts: call(problem, *ts), tensors, dims)
+        return grads, tuple(None if g is None else 0 for g in grads)
 
 
 class _TangentIsNotDifferentiable(torch.autograd.Function):
