@@ -188,14 +188,22 @@ def test_func_grad_vjp_and_backward_through_a_jvp_primal():
         assert oracle.rel_error(leaf.grad, e) <= tol
 
 
-def test_backward_through_a_forward_ad_tangent_raises():
+def test_backward_through_a_tangent_raises():
+    """The rules are first order: a backward that reaches a tangent (forward_ad's or
+    torch.func.jvp's) raises instead of adding nothing."""
     primals, gen = make_primals((8,), 3)
     q = primals["query"].clone().requires_grad_(True)
+
+    def call(q):
+        return haloattn.attention(q, primals["key"], primals["value"], 3)
+
     with forward_ad.dual_level():
-        out = haloattn.attention(forward_ad.make_dual(q, torch.randn_like(q)), primals["key"], primals["value"], 3)
-        primal, tangent = forward_ad.unpack_dual(out)
+        primal, tangent = forward_ad.unpack_dual(call(forward_ad.make_dual(q, torch.randn_like(q))))
         with pytest.raises(NotImplementedError, match="tangent of a JVP .* not differentiable"):
             (primal.sum() + tangent.sum()).backward()
+    primal, tangent = torch.func.jvp(call, (q,), (torch.randn_like(q),))
+    with pytest.raises(NotImplementedError, match="tangent of a JVP .* not differentiable"):
+        (primal.sum() + tangent.sum()).backward()
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -245,10 +253,9 @@ def test_vmap_folds_into_the_batch(backend, monkeypatch):
     assert all(oracle.rel_error(g, e) <= tol for g, e in zip(*grads))
 
 
-def test_per_sample_gradients_and_jacrev():
-    """vmap over grad (per-sample gradients, the bias table's included) and jacrev match the
-    oracle's; a JVP inside a vmap (jacfwd, hessian) is refused with a message saying what works,
-    and so is a gradient of a gradient."""
+def test_per_sample_gradients_and_jacobians():
+    """vmap over grad (per-sample gradients, the bias table's included), jacrev and jacfwd match
+    the oracle's; second derivatives (hessian, a gradient of a gradient) raise and say why."""
     primals, gen = make_primals((6, 5), (3, 3), batch=4, rpb=True)
     q, k, v, rpb = (primals[n] for n in ("query", "key", "value", "rpb"))
 
@@ -268,13 +275,18 @@ def test_per_sample_gradients_and_jacrev():
     def call(q):
         return haloattn.attention(q, k[:1], v[:1], (3, 3), rpb=rpb)
 
-    jacobian = torch.func.jacrev(call)(q[:1])
-    assert oracle.rel_error(jacobian, torch.func.jacrev(lambda q: oracle.attention(q, k[:1], v[:1], (3, 3), rpb=rpb)[0])(q[:1])) <= tol
-    for run in (lambda: torch.func.jacfwd(call)(q[:1]), lambda: torch.func.hessian(lambda q: call(q).sum())(q[:1])):
-        with pytest.raises(NotImplementedError, match="JVP rule has no vmap rule yet: jacfwd, hessian"):
+    def reference(q):
+        return oracle.attention(q, k[:1], v[:1], (3, 3), rpb=rpb)[0]
+
+    for jacobian in (torch.func.jacrev, torch.func.jacfwd):
+        assert oracle.rel_error(jacobian(call)(q[:1]), jacobian(reference)(q[:1])) <= tol
+    second_order = (
+        lambda: torch.func.hessian(lambda q: call(q).sum())(q[:1]),
+        lambda: torch.func.grad(lambda q: torch.func.grad(lambda q: call(q).pow(2).sum())(q).sum())(q[:1]),
+    )
+    for run in second_order:
+        with pytest.raises(NotImplementedError, match="derivatives are first order"):
             run()
-    with pytest.raises(NotImplementedError, match="not differentiable again"):
-        torch.func.grad(lambda q: torch.func.grad(lambda q: call(q).pow(2).sum())(q).sum())(q[:1])
 
 
 # ----------------------------------------------------------------------------------------------

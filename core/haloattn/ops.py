@@ -76,31 +76,6 @@ class AttentionFunction(torch.autograd.Function):
         return (None, None, None, *grads)
 
 
-_functorch = getattr(torch._C, "_functorch", None)
-
-
-_NO_VMAP = (
-    "haloattn.attention's JVP rule has no vmap rule yet: jacfwd, hessian and vmap over jvp cannot run "
-    "it (vmap of the call, vmap over grad and jacrev can). Take the JVP per vmapped index, or fold the "
-    "vmapped dimension into the batch (the first axis)"
-)
-
-
-def _unwrapped(t):
-    """The tensor under torch.func's wrappers. Inside a torch.func transform a Function's rules
-    receive wrapped tensors, which have no storage for a kernel to read; the rules here compute
-    outside the transform (their results are first order, and torch.func lifts them back). A
-    vmap's batched tensor is refused: unwrapped, it would carry the vmapped dimension into the
-    kernels' layout."""
-    if t is None or _functorch is None:
-        return t
-    while _functorch.is_functorch_wrapped_tensor(t):
-        if _functorch.is_batchedtensor(t):
-            raise NotImplementedError(_NO_VMAP)
-        t = _functorch.get_unwrapped(t)
-    return t
-
-
 def _outside_transforms():
     """The rule runs as if no torch.func transform were active: the tensors it creates (outputs,
     scratch) are plain ones, not a transform's wrappers, and torch.autograd may run (the
@@ -118,10 +93,9 @@ class TransformableAttentionFunction(torch.autograd.Function):
     apart from the forward), with the backend's JVP rule and a vmap rule. Plain autograd calls keep
     :class:`AttentionFunction`, which may keep backend state between forward and backward.
 
-    The rules are first order: the tangents carry no gradient of their own (under
-    ``forward_ad`` a backward through them raises, see :class:`_TangentIsNotDifferentiable`; under
-    ``torch.func.jvp`` they are constants to the outer autograd, as docs/backends.md says), and
-    the backward is not differentiable again (``once_differentiable``)."""
+    The backward and the JVP run through Functions of their own (:class:`_AttentionBackward`,
+    :class:`_AttentionJvp`), which give them vmap rules too and are first order: a backward
+    through a tangent, or a second derivative of either rule, raises and says so."""
 
     @staticmethod
     def forward(problem, backend, config, *tensors):
@@ -141,10 +115,9 @@ class TransformableAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, problem, backend, config, *tensors):
-        """torch.func.vmap of the call: the vmapped dimension folded into the batch (batching.py).
-        The inner call is an ordinary one, so a backward from outside the vmap reaches the
-        backend's backward; a backward or JVP *inside* the vmap (vmap over grad, jacrev,
-        jacfwd) meets batched tensors in those rules and is refused there."""
+        """torch.func.vmap of the call: the vmapped dimension folded into the batch (batching.py);
+        a backward or JVP inside the vmap (vmap over grad, jacrev, jacfwd) goes through the
+        vmap rules of _AttentionBackward and _AttentionJvp."""
         size, dims = info.batch_size, in_dims[3:]
 
         def call(p, *ts):
@@ -155,13 +128,6 @@ class TransformableAttentionFunction(torch.autograd.Function):
             out, lse = call(folded_problem, *folded)
             return (batching.unfold(size, out), batching.unfold(size, lse)), (0, 0)
         return batching.per_index(size, lambda *ts: call(problem, *ts), tensors, dims), (0, 0)
-
-    @staticmethod
-    def _saved(ctx):
-        saved = [_unwrapped(t) for t in ctx.saved_tensors]
-        out, lse = saved[-2:]
-        it = iter(saved[:-2])
-        return AttentionInputs(*(next(it) if p else None for p in ctx.present)), out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
@@ -176,16 +142,13 @@ class TransformableAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, _problem, _backend, _config, *tangents):
-        inputs, out, lse = TransformableAttentionFunction._saved(ctx)
-        tangents = AttentionInputs(*(_unwrapped(t) if p else None for t, p in zip(tangents, ctx.present)))
-        with on_device(out.device), torch.no_grad(), _outside_transforms():
-            t_out, t_lse = ctx.backend.jvp(ctx.problem, inputs, tangents, out, lse, ctx.config)
-        followed = [t for t in inputs if t is not None and t.requires_grad]
-        if followed and torch.is_grad_enabled():
-            # torch.autograd.forward_ad: a backward through the tangents raises. (torch.func.jvp
-            # shows this rule no outer requires_grad: there its tangents are constants.)
-            t_out, t_lse = _TangentIsNotDifferentiable.apply(t_out, t_lse, *followed)
-        return t_out, t_lse
+        # Through a Function of its own, so that the rule has a vmap rule too (jacfwd).
+        saved = list(ctx.saved_tensors)
+        it = iter(saved[:-2])
+        inputs = [next(it) if p else None for p in ctx.present]
+        tangents = [t if p else None for t, p in zip(tangents, ctx.present)]
+        # A backward that reaches these tangents meets _AttentionJvp's, which raises.
+        return _AttentionJvp.apply(ctx.problem, ctx.backend, ctx.config, *saved[-2:], *inputs, *tangents)
 
 
 class _AttentionBackward(torch.autograd.Function):
@@ -205,10 +168,11 @@ class _AttentionBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise NotImplementedError(
-            "haloattn.attention's backward is not differentiable again (no double backward: a gradient of a "
-            "gradient, or a Hessian, needs second derivatives no backend has)"
-        )
+        raise NotImplementedError(_SECOND_ORDER)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_SECOND_ORDER)
 
     @staticmethod
     def vmap(info, in_dims, problem, backend, config, needs, *tensors):
@@ -233,27 +197,55 @@ class _AttentionBackward(torch.autograd.Function):
         return grads, tuple(None if g is None else 0 for g in grads)
 
 
-class _TangentIsNotDifferentiable(torch.autograd.Function):
-    """Passes JVP tangents through, linked to the primal inputs that need gradients, so that a
-    backward through a tangent raises instead of silently adding nothing (the JVP rules compute
-    tangents outside autograd: their own derivatives would be second-order terms no backend has)."""
+class _AttentionJvp(torch.autograd.Function):
+    """The tangents of TransformableAttentionFunction's call, as a function of (O, LSE, the inputs
+    and their tangents): the backend's JVP rule, with a vmap rule (folded into the batch, as for
+    the call)."""
 
     @staticmethod
-    def forward(t_out, t_lse, *primals):
-        return t_out.view_as(t_out), t_lse.view_as(t_lse)
+    def forward(problem, backend, config, out, lse, *tensors):
+        inputs, tangents = AttentionInputs(*tensors[:7]), AttentionInputs(*tensors[7:])
+        with on_device(out.device), torch.no_grad(), _outside_transforms():
+            return backend.jvp(problem, inputs, tangents, out, lse, config)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        pass  # nothing to keep: the backward only raises
+        pass
 
     @staticmethod
     def backward(ctx, *grads):
-        raise NotImplementedError(
-            "haloattn.attention: a backward pass reached the tangent of a JVP (torch.func.jvp / "
-            "forward_ad). haloattn's JVP rules are first order: their tangents are not differentiable. "
-            "Detach the tangent (as MeanFlow and consistency-model losses do with their targets), or "
-            "differentiate the primal output only"
-        )
+        raise NotImplementedError(_NOT_DIFFERENTIABLE_TANGENT)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_SECOND_ORDER)
+
+    @staticmethod
+    def vmap(info, in_dims, problem, backend, config, out, lse, *tensors):
+        size, dims = info.batch_size, in_dims[3:]
+
+        def call(p, *ts):
+            return _AttentionJvp.apply(p, backend, config, *ts)
+
+        inputs_dims, tangent_dims = dims[2:9], dims[9:]
+        if batching.folds(inputs_dims) and batching.folds(tangent_dims):
+            rows, rows_dims = [out, lse, *tensors], list(dims)
+            folded_problem, folded = batching.fold(problem, size, rows, rows_dims, shared=(5, 6, 12, 13))
+            t_out, t_lse = call(folded_problem, *folded)
+            return (batching.unfold(size, t_out), batching.unfold(size, t_lse)), (0, 0)
+        return batching.per_index(size, lambda *ts: call(problem, *ts), [out, lse, *tensors], dims), (0, 0)
+
+
+_SECOND_ORDER = (
+    "haloattn.attention's derivatives are first order: its backward and JVP rules are not differentiable "
+    "again (a gradient of a gradient, a tangent of a tangent or a Hessian needs second derivatives no "
+    "backend has)"
+)
+_NOT_DIFFERENTIABLE_TANGENT = (
+    "haloattn.attention: a backward pass reached the tangent of a JVP (torch.func.jvp / forward_ad). "
+    "haloattn's JVP rules are first order: their tangents are not differentiable. Detach the tangent (as "
+    "MeanFlow and consistency-model losses do with their targets), or differentiate the primal output only"
+)
 
 
 # ---------------------------------------------------------------------------------------------
