@@ -175,15 +175,27 @@ def attention(
 
 
 def _transformed_call(tensors, needs_jvp: bool, options: dict, backend: Optional[str]):
-    """A call under forward-mode AD or a torch.func transform: validated and dispatched every
-    time (a transform's wrapped tensors are not cache keys), through the torch.func form of the
-    autograd function."""
-    query, key, value, rpb, kq_conv, additional_keys, additional_values = tensors
-    problem = build_problem(
-        query, key, value, rpb=rpb, kq_conv=kq_conv, additional_keys=additional_keys,
-        additional_values=additional_values, **options,
-    )
-    chosen, config = DISPATCHER.select(problem, backend, None, needs_grad=True, needs_jvp=needs_jvp)
+    """A call under forward-mode AD or a torch.func transform, through the torch.func form of the
+    autograd function; validated and dispatched once per signature, as plain calls are (the
+    logical shapes a transform shows key it like real tensors)."""
+    try:
+        call_key = ("transformed", needs_jvp, backend, *(_tensor_key(t) for t in tensors),
+                    *(_hashable(v) for v in options.values()), os.environ.get(BACKEND_ENV))
+        entry = _CALLS.get(call_key)
+    except TypeError:  # an unhashable argument: let validation name it
+        entry, call_key = None, None
+    if entry is None:
+        query, key, value, rpb, kq_conv, additional_keys, additional_values = tensors
+        problem = build_problem(
+            query, key, value, rpb=rpb, kq_conv=kq_conv, additional_keys=additional_keys,
+            additional_values=additional_values, **options,
+        )
+        entry = (problem, *DISPATCHER.select(problem, backend, None, needs_grad=True, needs_jvp=needs_jvp))
+        if call_key is not None:
+            if len(_CALLS) >= _CALLS_LIMIT:
+                _CALLS.clear()
+            _CALLS[call_key] = entry
+    problem, chosen, config = entry
     out, lse = ops.TransformableAttentionFunction.apply(problem, chosen, config, *tensors)
     return (out, lse) if options["return_lse"] else out
 
