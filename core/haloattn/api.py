@@ -180,7 +180,8 @@ def _transformed_call(tensors, needs_jvp: bool, options: dict, backend: Optional
     logical shapes a transform shows key it like real tensors)."""
     try:
         call_key = ("transformed", needs_jvp, backend, *(_tensor_key(t) for t in tensors),
-                    *(_hashable(v) for v in options.values()), os.environ.get(BACKEND_ENV))
+                    *(_hashable(v) for v in options.values()), os.environ.get(BACKEND_ENV),
+                    os.environ.get(AUTOTUNE_ENV), os.environ.get(CACHE_DIR_ENV))
         entry = _CALLS.get(call_key)
     except TypeError:  # an unhashable argument: let validation name it
         entry, call_key = None, None
