@@ -19,6 +19,15 @@ from .tuning import AUTOTUNE_ENV, CACHE_DIR_ENV
 _CALLS: dict = {}
 _CALLS_LIMIT = 4096
 
+
+def _remember(call_key, entry) -> None:
+    """Keep a call's (problem, backend, config) under its key (None: not hashable, not kept)."""
+    if call_key is not None:
+        if len(_CALLS) >= _CALLS_LIMIT:
+            _CALLS.clear()
+        _CALLS[call_key] = entry
+
+
 _OPTION_NAMES = (
     "window", "stride", "dilation", "causal", "pattern", "shift", "scale", "softcap",
     "score_mod", "mask_mod", "return_lse", "backend",
@@ -33,7 +42,6 @@ def _tensor_key(t: Optional[torch.Tensor]):
     return None if t is None else (t.shape, t.dtype, t.device)
 
 
-_TENSOR_NAMES = ("query", "key", "value", "rpb", "kq_conv", "additional_keys", "additional_values")
 _functorch = getattr(torch._C, "_functorch", None)
 # functorch's wrapper test (torch.func transforms wrap their inputs); private, so looked up once.
 _is_wrapped = getattr(_functorch, "is_functorch_wrapped_tensor", lambda t: False)
@@ -64,14 +72,15 @@ def _transforms(tensors):
     dispatcher then picks."""
     tangents = _forward_ad_active()
     transformed = needs_jvp = False
-    for name, t in zip(_TENSOR_NAMES, tensors):
+    for t in tensors:
         if not isinstance(t, torch.Tensor):
             continue
         if tangents and forward_ad.unpack_dual(t).tangent is not None:
             transformed = needs_jvp = True
         elif _is_wrapped(t):
             transformed = True
-            needs_jvp = needs_jvp or "Jvp" in _transform_stack()
+    if transformed and not needs_jvp:
+        needs_jvp = "Jvp" in _transform_stack()
     return transformed, needs_jvp
 
 
@@ -161,10 +170,7 @@ def attention(
         )
         chosen, config = DISPATCHER.select(problem, backend, AttentionInputs(*tensors), needs_grad)
         entry = (problem, chosen, config)
-        if call_key is not None:
-            if len(_CALLS) >= _CALLS_LIMIT:
-                _CALLS.clear()
-            _CALLS[call_key] = entry
+        _remember(call_key, entry)
     problem, chosen, config = entry
     if needs_grad:
         out, lse = ops.AttentionFunction.apply(problem, chosen, config, *tensors)
@@ -192,10 +198,7 @@ def _transformed_call(tensors, needs_jvp: bool, options: dict, backend: Optional
             additional_values=additional_values, **options,
         )
         entry = (problem, *DISPATCHER.select(problem, backend, None, needs_grad=True, needs_jvp=needs_jvp))
-        if call_key is not None:
-            if len(_CALLS) >= _CALLS_LIMIT:
-                _CALLS.clear()
-            _CALLS[call_key] = entry
+        _remember(call_key, entry)
     problem, chosen, config = entry
     out, lse = ops.TransformableAttentionFunction.apply(problem, chosen, config, *tensors)
     return (out, lse) if options["return_lse"] else out

@@ -21,11 +21,6 @@ from .problem import Problem
 SHARED = (3, 4)  # rpb, kq_conv
 
 
-def folds(dims: Sequence[Optional[int]]) -> bool:
-    """Whether the vmapped dimension can be folded into the batch (no per-head table vmapped)."""
-    return all(dims[i] is None for i in SHARED)
-
-
 def fold(problem: Problem, size: int, tensors, dims, shared: Sequence[int] = SHARED):
     """The problem with batch ``size * B`` and the tensors folded into it; those at positions
     ``shared`` (the per-head tables of AttentionInputs) as they are."""
@@ -50,3 +45,17 @@ def per_index(size: int, call: Callable, tensors, dims):
     for index in range(size):
         results.append(call(*(t if t is None or d is None else t.select(d, index) for t, d in zip(tensors, dims))))
     return tuple(None if parts[0] is None else torch.stack(parts) for parts in zip(*results))
+
+
+def vmapped(size: int, call: Callable, problem: Problem, tensors, dims, shared: Sequence[int] = SHARED,
+            may_fold: bool = True):
+    """A vmap rule's result: ``call(problem, *tensors)`` once with the vmapped dimension folded
+    into the batch where ``may_fold`` and no tensor at a ``shared`` position is vmapped, else once
+    per vmapped index; every output (None stays None) with its vmapped dimension first, and the
+    out_dims that say so."""
+    if may_fold and all(dims[i] is None for i in shared):
+        folded_problem, folded = fold(problem, size, tensors, dims, shared)
+        outputs = tuple(None if o is None else unfold(size, o) for o in call(folded_problem, *folded))
+    else:
+        outputs = per_index(size, lambda *ts: call(problem, *ts), tensors, dims)
+    return outputs, tuple(None if o is None else 0 for o in outputs)

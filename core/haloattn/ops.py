@@ -118,16 +118,9 @@ class TransformableAttentionFunction(torch.autograd.Function):
         """torch.func.vmap of the call: the vmapped dimension folded into the batch (batching.py);
         a backward or JVP inside the vmap (vmap over grad, jacrev, jacfwd) goes through the
         vmap rules of _AttentionBackward and _AttentionJvp."""
-        size, dims = info.batch_size, in_dims[3:]
-
-        def call(p, *ts):
-            return TransformableAttentionFunction.apply(p, backend, config, *ts)
-
-        if batching.folds(dims):
-            folded_problem, folded = batching.fold(problem, size, tensors, dims)
-            out, lse = call(folded_problem, *folded)
-            return (batching.unfold(size, out), batching.unfold(size, lse)), (0, 0)
-        return batching.per_index(size, lambda *ts: call(problem, *ts), tensors, dims), (0, 0)
+        return batching.vmapped(
+            info.batch_size, lambda p, *ts: TransformableAttentionFunction.apply(p, backend, config, *ts), problem,
+            tensors, in_dims[3:])
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
@@ -179,22 +172,11 @@ class _AttentionBackward(torch.autograd.Function):
         """vmap over the gradients (per-sample gradients, jacrev): folded into the batch where no
         per-head table is vmapped or needs a gradient (its gradient would be summed over the
         vmapped dimension), index by index otherwise."""
-        size, dims = info.batch_size, in_dims[4:]
-        grad_out, grad_lse, out, lse, *inputs = tensors
-        grad_dims, inputs_dims = dims[:4], dims[4:]
-
-        def call(p, *ts):
-            return _AttentionBackward.apply(p, backend, config, needs, *ts)
-
-        shared_grads = any(needs[i] for i in batching.SHARED)
-        if batching.folds(inputs_dims) and not shared_grads:
-            folded_problem, folded_inputs = batching.fold(problem, size, inputs, inputs_dims)
-            _, folded_rows = batching.fold(problem, size, [grad_out, grad_lse, out, lse], grad_dims, shared=())
-            grads = call(folded_problem, *folded_rows, *folded_inputs)
-            return (tuple(None if g is None else batching.unfold(size, g) for g in grads),
-                    tuple(None if g is None else 0 for g in grads))
-        grads = batching.per_index(size, lambda *ts: call(problem, *ts), tensors, dims)
-        return grads, tuple(None if g is None else 0 for g in grads)
+        # tensors: dO, dLSE, O, LSE, then the inputs (their per-head tables at 4 + SHARED)
+        shared = tuple(4 + i for i in batching.SHARED)
+        return batching.vmapped(
+            info.batch_size, lambda p, *ts: _AttentionBackward.apply(p, backend, config, needs, *ts), problem,
+            tensors, in_dims[4:], shared, may_fold=not any(needs[i] for i in batching.SHARED))
 
 
 class _AttentionJvp(torch.autograd.Function):
@@ -222,18 +204,13 @@ class _AttentionJvp(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, problem, backend, config, out, lse, *tensors):
-        size, dims = info.batch_size, in_dims[3:]
-
-        def call(p, *ts):
-            return _AttentionJvp.apply(p, backend, config, *ts)
-
-        inputs_dims, tangent_dims = dims[2:9], dims[9:]
-        if batching.folds(inputs_dims) and batching.folds(tangent_dims):
-            rows, rows_dims = [out, lse, *tensors], list(dims)
-            folded_problem, folded = batching.fold(problem, size, rows, rows_dims, shared=(5, 6, 12, 13))
-            t_out, t_lse = call(folded_problem, *folded)
-            return (batching.unfold(size, t_out), batching.unfold(size, t_lse)), (0, 0)
-        return batching.per_index(size, lambda *ts: call(problem, *ts), [out, lse, *tensors], dims), (0, 0)
+        """vmap over the tangents (jacfwd): folded into the batch unless a per-head table or its
+        tangent is vmapped."""
+        # tensors after O and LSE: the 7 inputs, then their 7 tangents
+        shared = tuple(2 + i for i in batching.SHARED) + tuple(9 + i for i in batching.SHARED)
+        return batching.vmapped(
+            info.batch_size, lambda p, *ts: _AttentionJvp.apply(p, backend, config, *ts), problem,
+            [out, lse, *tensors], in_dims[3:], shared)
 
 
 _SECOND_ORDER = (
