@@ -17,6 +17,7 @@ fused kernels (NATTEN #224); dense attention with a mask would have to hold N x 
 tangents (17 GB per tensor for the 2-D problems), so the forward is the yardstick.
 
     python benchmarks/bench_jvp.py [--only 0,1] [--json F] [--markdown F]
+    python benchmarks/bench_jvp.py --variants [--only 0,1,5,9]   # the JVP kernel per copy stages / warps
 """
 
 from __future__ import annotations
@@ -123,6 +124,39 @@ def time_problem(row, check: bool) -> dict:
     return result
 
 
+def time_variants(row) -> dict:
+    """The JVP kernel (tangents of q, k, v) with the dQ config's copy stages set to 1, 2, 3 and with
+    8 warps, CUDA-graph ms, median of three interleaved rounds; each tangent's largest relative
+    difference from the default's."""
+    from haloattn.backends.triton import tiles
+
+    name, batch, spatial, heads, kv_heads, D, window, options = row
+    gen = torch.Generator(device="cuda").manual_seed(len(name))
+    q, k, v, tq, tk, tv = (torch.randn(batch, *spatial, h, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+                           for h in (heads, kv_heads, kv_heads, heads, kv_heads, kv_heads))
+    problem = build_problem(q, k, v, window, **options)
+    backend = DISPATCHER.get("triton")
+    inputs, tangents = AttentionInputs(q, k, v), AttentionInputs(tq, tk, tv)
+    out, lse = backend.forward(problem, inputs)
+    base = tiles.default_config(problem)
+    variants = {"default": base}
+    for label, change in (("stages1", dict(stages=1)), ("stages2", dict(stages=2)), ("stages3", dict(stages=3)),
+                          ("warps8", dict(warps=8))):
+        variants[label] = dict(base, dq=dict(base["dq"], **change))
+    reference = backend.jvp(problem, inputs, tangents, out, lse, base)[0].float()
+    result = {"problem": name}
+    for label, cfg in variants.items():
+        tangent = backend.jvp(problem, inputs, tangents, out, lse, cfg)[0].float()
+        result[label + "_rel_diff"] = ((tangent - reference).norm() / reference.norm()).item()
+    times = {label: [] for label in variants}
+    for _ in range(3):
+        for label, cfg in variants.items():
+            times[label].append(graph_ms(lambda: backend.jvp(problem, inputs, tangents, out, lse, cfg)))
+    result.update({label + "_ms": sorted(t)[1] for label, t in times.items()})
+    result["fwd_ms"] = graph_ms(lambda: backend.forward(problem, inputs))
+    return result
+
+
 def markdown(rows, flex_note: str) -> str:
     lines = [
         "| problem | fwd ms | fwd eff | JVP kernel ms | JVP eff | JVP / fwd | JVP of v only ms | torch.func.jvp call ms "
@@ -143,12 +177,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma list of problem indices")
     parser.add_argument("--no-check", dest="check", action="store_false")
+    parser.add_argument("--variants", action="store_true", help="time the JVP kernel's copy stages and warps instead")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
     rows = problems()
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(rows))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.variants:
+        for i in chosen:
+            print(json.dumps(time_variants(rows[i])), flush=True)
+        return
     results = []
     for i in chosen:
         results.append(time_problem(rows[i], args.check))

@@ -1,0 +1,94 @@
+"""Tensor descriptors against pointer loads for the forward's K/V on short walks (tiles.SHORT_WALK_STEPS).
+
+Two tables, as RESULTS.md "Short walks read by pointer" reports them (forward, bf16, CUDA-graph
+time, median of three interleaved rounds):
+
+* ``--flip``: each problem's default config against the same config with ``tma`` flipped (the
+  sweep that suggested the rule);
+* default (``--rule``): the default config against the one before the short-walk rule (descriptors
+  wherever the head dim asks for them, one (batch, head) pair a program), outputs compared.
+
+    python benchmarks/bench_short_walks.py [--flip] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+from haloattn.backend import AttentionInputs
+from haloattn.backends.triton import tiles
+from haloattn.dispatch import DISPATCHER
+from haloattn.problem import build_problem
+
+# (batch, spatial, heads, head dim, window, options): blocked problems (stride == window) and
+# small windows walking 1-4 key tiles, and longer walks as controls.
+PROBLEMS = [
+    (1, (128, 128), 16, 128, 16, dict(stride=16)),
+    (1, (128, 128), 16, 64, 16, dict(stride=16)),
+    (4, (64, 64), 16, 128, 8, dict(stride=8)),
+    (4, (64, 64), 8, 64, 8, dict(stride=8)),
+    (1, (128, 128), 16, 128, 32, dict(stride=32)),
+    (2, (96, 96), 16, 128, 12, dict(stride=12)),
+    (1, (16, 48, 48), 16, 128, (2, 8, 8), dict(stride=(2, 8, 8))),
+    (1, (32768,), 16, 128, 256, dict(stride=256)),
+    (1, (128, 128), 16, 128, 32, dict(stride=16)),
+    (1, (128, 128), 16, 128, 31, {}),
+    (8, (56, 56), 8, 128, 7, {}),
+    (4, (96, 96), 8, 128, 13, {}),
+    (2, (64, 64), 4, 256, 5, {}),
+    (2, (16, 32, 32), 12, 128, (3, 5, 5), {}),
+    (2, (8192,), 16, 128, 127, dict(causal=True)),
+    (64, (28, 28), 8, 128, 7, dict(pattern="window")),
+]
+
+
+def interleaved_ms(backend, problem, inputs, configs: dict, rounds: int = 3) -> dict:
+    times = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, cfg in configs.items():
+            torch.cuda.synchronize()
+            times[name].append(do_bench_cudagraph(lambda: backend.forward(problem, inputs, cfg), rep=40))
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flip", action="store_true", help="default against tma flipped, not against the old rule")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    backend = DISPATCHER.get("triton")
+    rows = []
+    for batch, spatial, heads, head_dim, window, options in PROBLEMS:
+        q, k, v = (torch.randn(batch, *spatial, heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        problem = build_problem(q, k, v, window, **options)
+        inputs = AttentionInputs(q, k, v)
+        new = tiles.default_config(problem)
+        fwd = new["fwd"]
+        if args.flip:
+            other = dict(new, fwd=dict(fwd, tma=not fwd["tma"]))
+        else:
+            other = dict(new, fwd=dict(fwd, tma=tiles.descriptor_loads(problem), pack=1))
+        row = {"batch": batch, "spatial": spatial, "head_dim": head_dim, "window": window, **options,
+               "steps": round(tiles.steps_per_tile(problem, fwd["q"], fwd["kv"]), 2), "tma": fwd["tma"],
+               "pack": fwd.get("pack", 1)}
+        if other["fwd"] == fwd:
+            row["unchanged"] = True
+        else:
+            reference, _ = backend.forward(problem, inputs, other)
+            got, _ = backend.forward(problem, inputs, new)
+            row["max_diff"] = (got.float() - reference.float()).abs().max().item()
+            ms = interleaved_ms(backend, problem, inputs, {"default": new, "other": other})
+            row.update(default_ms=ms["default"], other_ms=ms["other"], speedup=ms["other"] / ms["default"])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "flip": args.flip, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
