@@ -6,9 +6,12 @@ time, median of three interleaved rounds):
 * ``--flip``: each problem's default config against the same config with ``tma`` flipped (the
   sweep that suggested the rule);
 * default (``--rule``): the default config against the one before the short-walk rule (descriptors
-  wherever the head dim asks for them, one (batch, head) pair a program), outputs compared.
+  wherever the head dim asks for them, one (batch, head) pair a program), outputs compared;
+* ``--backward``: the backward (dQ and dK/dV kernels) with its default loads against the same
+  with ``tma`` flipped in both (and dK/dV's ``wait_dk`` as the flipped loads would choose it),
+  gradients compared: whether short walks want pointer loads in the backward too.
 
-    python benchmarks/bench_short_walks.py [--flip] [--json FILE]
+    python benchmarks/bench_short_walks.py [--flip | --backward] [--json FILE]
 """
 
 from __future__ import annotations
@@ -55,9 +58,33 @@ def interleaved_ms(backend, problem, inputs, configs: dict, rounds: int = 3) -> 
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
+def interleaved_backward_ms(backend, problem, inputs, configs: dict, rounds: int = 3) -> dict:
+    out, lse = backend.forward(problem, inputs, next(iter(configs.values())))
+    grad_out = torch.randn_like(out)
+    needs = (True, True, True, False, False, False, False)
+    times = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, cfg in configs.items():
+            torch.cuda.synchronize()
+            times[name].append(do_bench_cudagraph(
+                lambda: backend.backward(problem, inputs, out, lse, grad_out, None, needs, cfg), rep=40))
+    grads = {name: backend.backward(problem, inputs, out, lse, grad_out, None, needs, cfg)[:3]
+             for name, cfg in configs.items()}
+    first, second = grads.values()
+    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(first, second))
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}, diff
+
+
+def flipped_backward(problem, config: dict) -> dict:
+    tma = not config["dq"]["tma"]
+    return dict(config, dq=dict(config["dq"], tma=tma),
+                dkdv=dict(config["dkdv"], tma=tma, wait_dk=tiles.waits_for_dk(problem, tma)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flip", action="store_true", help="default against tma flipped, not against the old rule")
+    parser.add_argument("--backward", action="store_true", help="the backward's loads flipped instead")
     parser.add_argument("--json")
     args = parser.parse_args()
     backend = DISPATCHER.get("triton")
@@ -68,6 +95,16 @@ def main():
         inputs = AttentionInputs(q, k, v)
         new = tiles.default_config(problem)
         fwd = new["fwd"]
+        if args.backward:
+            other = flipped_backward(problem, new)
+            row = {"batch": batch, "spatial": spatial, "head_dim": head_dim, "window": window, **options,
+                   "bwd_tma": new["dq"]["tma"]}
+            ms, diff = interleaved_backward_ms(backend, problem, inputs, {"default": new, "flipped": other})
+            row.update(max_diff=diff, default_ms=ms["default"], flipped_ms=ms["flipped"],
+                       speedup=ms["flipped"] / ms["default"])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            continue
         if args.flip:
             other = dict(new, fwd=dict(fwd, tma=not fwd["tma"]))
         else:
@@ -87,7 +124,8 @@ def main():
         print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "flip": args.flip, "rows": rows}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "flip": args.flip, "backward": args.backward,
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

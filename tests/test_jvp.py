@@ -482,3 +482,58 @@ def test_profile_reports_the_jvp_of_each_backend_with_a_rule(backend_without_rul
     assert float(reference[-1]) <= 1e-5  # float32 inputs against the float64 reference's tangent
     norule = next(line for line in lines if line.startswith(backend_without_rule.name)).split()
     assert norule[-3:] == ["-", "no", "rule"]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_torch_func_transforms_on_the_fused_kernels(backend):
+    """vmap (folded into the batch), per-sample gradients (vmap over grad, the bias table's
+    included) and jacfwd / jacrev through a fused backend on the GPU, against the float64 oracle
+    on the CPU: the transform wiring (ops.py, batching.py) around the kernels that run in models."""
+    unavailable = DISPATCHER.get(backend).available()
+    if unavailable:
+        pytest.skip(f"backend {backend} is not available here: {unavailable}")
+    primals, _ = make_primals((10, 9), (5, 3), heads=2, head_dim=64, batch=3, rpb=backend == "triton", seed=11)
+    q, k, v = (primals[n] for n in ("query", "key", "value"))
+    rpb = primals.get("rpb")
+    dtype, tol = torch.bfloat16, oracle.TOLERANCE[torch.bfloat16]
+    options = dict(dilation=(2, 1), causal=(False, True))
+
+    def on_gpu(t):
+        return None if t is None else t.to("cuda", dtype)
+
+    def ours(q, k, v, rpb=on_gpu(rpb)):
+        return haloattn.attention(q, k, v, (5, 3), rpb=rpb, backend=backend, **options)
+
+    def theirs(q, k, v, rpb=rpb):
+        return oracle.attention(q, k, v, (5, 3), rpb=rpb, **options)[0]
+
+    # vmap over the batch axis of a batch of one, against the oracle on the whole batch
+    got = torch.func.vmap(ours)(*(on_gpu(t).unsqueeze(1) for t in (q, k, v))).squeeze(1)
+    assert oracle.rel_error(got.cpu(), theirs(q, k, v)) <= tol
+
+    def per_sample(attention, cast, with_rpb):
+        def loss(q, k, v, rpb):
+            out = attention(*(t.unsqueeze(0) for t in (q, k, v)), rpb=rpb)
+            return out.float().pow(2).sum()
+        argnums = (0, 1, 2, 3) if with_rpb else (0, 1, 2)
+        return torch.func.vmap(torch.func.grad(loss, argnums=argnums), in_dims=(0, 0, 0, None))(
+            *(cast(t) for t in (q, k, v)), cast(rpb))
+
+    with_rpb = rpb is not None
+    for got, ref in zip(per_sample(ours, on_gpu, with_rpb), per_sample(theirs, lambda t: t, with_rpb)):
+        assert oracle.rel_error(got.double().cpu(), ref) <= tol
+
+    jacobians = (torch.func.jacrev, torch.func.jacfwd) if backend == "triton" else (torch.func.jacrev,)
+    small = tuple(t[:1, :4, :3, :1] for t in (q, k, v))  # a 4x3 grid, one head
+
+    def small_ours(q):
+        return haloattn.attention(q, on_gpu(small[1]), on_gpu(small[2]), 3, backend=backend)
+
+    def small_theirs(q):
+        return oracle.attention(q, small[1], small[2], 3)[0]
+
+    for jacobian in jacobians:
+        got = jacobian(small_ours)(on_gpu(small[0]))
+        assert oracle.rel_error(got.double().cpu(), jacobian(small_theirs)(small[0])) <= tol
