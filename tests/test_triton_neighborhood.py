@@ -220,6 +220,30 @@ def test_short_walks_read_keys_by_pointer(monkeypatch, forget_configs):
     assert steps == 1.0 and not config["tma"] and config["pack"] > 1
 
 
+def test_short_backward_walks_read_by_pointer(monkeypatch, forget_configs):
+    """On a GPU with a copy engine the backward streams 16-bit tiles of 64-128 channels through
+    descriptors, except where its dQ walk visits at most BACKWARD_SHORT_WALK_STEPS tiles (one-tile
+    and two-tile blocked problems: 1.04-1.24x by pointer on the H100); both kernels then agree, and
+    dK/dV drops the descriptor-only wait."""
+    _pretend_gpu(monkeypatch, 227 * 1024, (9, 0))
+    monkeypatch.setattr(tiles, "multiprocessors", lambda device: 132)  # an H100's
+
+    def backward(spatial, window, head_dim=128, **options):
+        q = torch.empty(2, *spatial, 8, head_dim, dtype=torch.bfloat16)
+        problem = dataclasses.replace(build_problem(q, q, q, window, **options), device=torch.device("cuda", 0))
+        config = tiles.default_config(problem)
+        return config["dq"], config["dkdv"], tiles.steps_per_tile(problem, config["dq"]["q"], config["dq"]["kv"])
+
+    for spatial, window, options, head_dim in (((64, 64), 8, dict(stride=8), 64), ((64, 64), 8, dict(stride=8), 128),
+                                               ((16, 48, 48), (2, 8, 8), dict(stride=(2, 8, 8)), 128)):
+        dq, dkdv, steps = backward(spatial, window, head_dim, **options)
+        assert steps <= tiles.BACKWARD_SHORT_WALK_STEPS, (spatial, window, steps)
+        assert not dq["tma"] and not dkdv["tma"] and not dkdv["wait_dk"], (spatial, window)
+    for spatial, window, options in (((128, 128), 16, dict(stride=16)), ((56, 56), 7, {}), ((128, 128), 31, {})):
+        dq, dkdv, steps = backward(spatial, window, **options)
+        assert steps > tiles.BACKWARD_SHORT_WALK_STEPS and dq["tma"] and dkdv["tma"] and dkdv["wait_dk"], (spatial, window)
+
+
 def test_narrow_heads_take_a_two_warp_key_major_pass():
     """16-bit heads of at most 32 channels run dK/dV with 2 warps (1.05-1.27x the backward on the
     H100); wider heads, and float32, keep 4; the tuning candidates hold the other choice."""

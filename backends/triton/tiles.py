@@ -58,6 +58,12 @@ SHORT_WALK_MAX_HEAD_DIM = 128
 # that was 1.12-1.19x faster than pointer loads on nine of the ten benchmark problems (D = 64 and
 # 128) and 0.99x on 16x16 stride 16. (On the 2026-11-23 kernels it had measured 0.88-1.01x.)
 BACKWARD_DESCRIPTOR_HEAD_DIMS = (64, 128)
+# ...except where the backward's tiles walk at most this many streamed tiles: H100 (2026-11-28,
+# `bench_short_walks.py --backward`), pointer loads 1.24x (D=64) and 1.06x (D=128) on one-tile
+# walks (8x8 stride 8) and 1.04x on 3-D 2x8x8 stride 2x8x8 (two tiles); from three tiles on the
+# descriptors won or tied (0.94-1.01x at 3-4 tiles: 16x16 stride 16, 7x7, 7x7 windows, 1-D causal
+# 127; 0.74-0.90x on longer walks).
+BACKWARD_SHORT_WALK_STEPS = 2
 # Streamed tiles are walked anchored at the program's common range (index_math.tile_start: more
 # tiles need no mask, never more steps): on the H100 the forward and the backward were as fast or
 # up to 1.09x faster on the ten benchmark problems (RESULTS.md, "Anchored walks").
@@ -341,7 +347,9 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     small = max(problem.head_dim, problem.value_dim) <= 128
     resident = fit(q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
     stream = fit(kv, ext, EXACT_FLOAT32_STREAM if exact_float32 else 64)
-    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": backward_descriptor_loads(problem),
+    backward_descriptors = (backward_descriptor_loads(problem)
+                            and steps_per_tile(problem, resident, stream) > BACKWARD_SHORT_WALK_STEPS)
+    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": backward_descriptors,
              "anchor": ANCHOR_TILES, "axis_masks": False}
     dq = {"q": resident, "kv": stream, **knobs}
     dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"])}
