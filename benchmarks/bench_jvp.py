@@ -18,6 +18,7 @@ tangents (17 GB per tensor for the 2-D problems), so the forward is the yardstic
 
     python benchmarks/bench_jvp.py [--only 0,1] [--json F] [--markdown F]
     python benchmarks/bench_jvp.py --variants [--only 0,1,5,9]   # the JVP kernel per copy stages / warps
+    python benchmarks/bench_jvp.py --wide-heads   # head dims 192 / 256: JVP tile sizes against the refit
 """
 
 from __future__ import annotations
@@ -124,20 +125,27 @@ def time_problem(row, check: bool) -> dict:
     return result
 
 
-def time_variants(row) -> dict:
-    """The JVP kernel (tangents of q, k, v) with the dQ config's copy stages set to 1, 2, 3 and with
-    8 warps, CUDA-graph ms, median of three interleaved rounds; each tangent's largest relative
-    difference from the default's."""
-    from haloattn.backends.triton import tiles
-
+def triton_jvp_problem(row, seed: int):
+    """A row's problem with random bf16 q, k, v and tangents for all three, the triton backend and
+    its forward's out and LSE: (name, problem, backend, inputs, tangents, out, lse)."""
     name, batch, spatial, heads, kv_heads, D, window, options = row
-    gen = torch.Generator(device="cuda").manual_seed(len(name))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, tq, tk, tv = (torch.randn(batch, *spatial, h, D, device="cuda", dtype=torch.bfloat16, generator=gen)
                            for h in (heads, kv_heads, kv_heads, heads, kv_heads, kv_heads))
     problem = build_problem(q, k, v, window, **options)
     backend = DISPATCHER.get("triton")
     inputs, tangents = AttentionInputs(q, k, v), AttentionInputs(tq, tk, tv)
     out, lse = backend.forward(problem, inputs)
+    return name, problem, backend, inputs, tangents, out, lse
+
+
+def time_variants(row) -> dict:
+    """The JVP kernel (tangents of q, k, v) with the dQ config's copy stages set to 1, 2, 3 and with
+    8 warps, CUDA-graph ms, median of three interleaved rounds; each tangent's largest relative
+    difference from the default's."""
+    from haloattn.backends.triton import tiles
+
+    name, problem, backend, inputs, tangents, out, lse = triton_jvp_problem(row, seed=len(row[0]))
     base = tiles.default_config(problem)
     variants = {"default": base}
     for label, change in (("stages1", dict(stages=1)), ("stages2", dict(stages=2)), ("stages3", dict(stages=3)),
@@ -152,6 +160,45 @@ def time_variants(row) -> dict:
     for _ in range(3):
         for label, cfg in variants.items():
             times[label].append(graph_ms(lambda: backend.jvp(problem, inputs, tangents, out, lse, cfg)))
+    result.update({label + "_ms": sorted(t)[1] for label, t in times.items()})
+    result["fwd_ms"] = graph_ms(lambda: backend.forward(problem, inputs))
+    return result
+
+
+# Head dims above 128, where the JVP kernel's four streamed tiles outgrow the dQ tiles' shared memory.
+WIDE_HEADS = [(f"2-D 64x64, 13x13, 8 heads of {D}, batch 2", 2, (64, 64), 8, 8, D, 13, {}) for D in (192, 256)]
+
+
+def time_wide_heads(row) -> dict:
+    """The JVP kernel at a wide head: the dQ tiles as given, which Triton refuses at their first
+    launch and the launcher's generic refit (launch._run_fitted) then shrinks ("refit"), against
+    explicit (queries, keys) tile sizes that fit: CUDA-graph ms, median of three interleaved
+    rounds, each tangent's relative difference from the refit's, and the default's tiles."""
+    from haloattn.backends.triton import fast_launch, tiles
+
+    name, problem, backend, inputs, tangents, out, lse = triton_jvp_problem(row, seed=row[5])
+    base = tiles.default_config(problem)
+    extents = tiles.group_extents(problem)
+    configs = {"refit": None, "default": base}
+    for q_tokens, kv_tokens in ((64, 32), (32, 32), (16, 32), (32, 16), (16, 16)):
+        configs[f"q{q_tokens}_kv{kv_tokens}"] = dict(base, dq=dict(
+            base["dq"], q=tiles.fit(base["dq"]["q"], extents, q_tokens), kv=tiles.fit(base["dq"]["kv"], extents, kv_tokens)))
+    fitted = tiles.jvp_tiles
+    times, tangent = {label: [] for label in configs}, {}
+    try:
+        for _ in range(3):
+            for label, cfg in configs.items():
+                tiles.jvp_tiles = (lambda problem, dq: dq) if label == "refit" else fitted
+                fast_launch.clear_plans()
+                tangent[label] = backend.jvp(problem, inputs, tangents, out, lse, cfg)[0].float()  # refits outside the graph
+                times[label].append(graph_ms(lambda: backend.jvp(problem, inputs, tangents, out, lse, cfg)))
+    finally:
+        tiles.jvp_tiles = fitted
+        fast_launch.clear_plans()
+    own = fitted(problem, base["dq"])
+    result = {"problem": name, "default_tiles": [own["q"], own["kv"], own["warps"]]}
+    for label in configs:
+        result[label + "_rel_diff"] = ((tangent[label] - tangent["refit"]).norm() / tangent["refit"].norm()).item()
     result.update({label + "_ms": sorted(t)[1] for label, t in times.items()})
     result["fwd_ms"] = graph_ms(lambda: backend.forward(problem, inputs))
     return result
@@ -178,12 +225,17 @@ def main():
     parser.add_argument("--only", help="comma list of problem indices")
     parser.add_argument("--no-check", dest="check", action="store_false")
     parser.add_argument("--variants", action="store_true", help="time the JVP kernel's copy stages and warps instead")
+    parser.add_argument("--wide-heads", action="store_true", help="time JVP tile sizes at head dims 192 and 256")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
     rows = problems()
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(rows))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.wide_heads:
+        for row in WIDE_HEADS:
+            print(json.dumps(time_wide_heads(row)), flush=True)
+        return
     if args.variants:
         for i in chosen:
             print(json.dumps(time_variants(rows[i])), flush=True)

@@ -1,12 +1,17 @@
-"""Compile Triton kernels for sm_90 (H100/H200) on a machine without a GPU, and read what the
-compiler made: the shared part of compile_report_neighborhood.py and compile_report_window.py.
+"""Compile Triton kernels for a GPU target (sm_90 by default: H100/H200; also sm_80, sm_86, sm_89,
+sm_100, sm_120) on a machine without a GPU, and read what the compiler made: the shared part of
+compile_report_neighborhood.py, compile_report_window.py and the compile tests. (The module keeps
+its first name, sm90_compile, because those import it.)
 
-Kernel launches are routed to :class:`Capture`, which records each launch instead of
-running it; :func:`compile_captured` specialises the recorded arguments the way Triton's JIT would
-(pointers and 16-divisible ints get the divisibility hint, ints equal to 1 become constants unless
-the kernel excludes them from specialisation), builds for ``cuda:90`` with Triton's bundled ptxas,
-and reports registers, spills, shared memory and counts of the SASS instructions that matter
-(HGMMA = wgmma, HMMA = mma.sync, LDGSTS = cp.async, UTMALDG = TMA, LDG = plain global loads).
+Kernel launches are routed to :class:`Capture`, which records each launch instead of running it;
+within :func:`captured_launches` the launchers see the device limits of the chosen :class:`GPU`
+(shared memory, copy engine, SMs), so they pick the configs they would pick on it.
+:func:`compile_captured` specialises the recorded arguments the way Triton's JIT would (pointers
+and 16-divisible ints get the divisibility hint, ints equal to 1 become constants unless the kernel
+excludes them from specialisation), builds for the target with the ptxas that Triton bundles (and
+would use for it), and reports registers, spills, shared memory and counts of the SASS
+instructions that matter (HGMMA = wgmma, HMMA = mma.sync, UTCHMMA = tcgen05, LDGSTS = cp.async,
+UTMALDG = TMA, LDG = plain global loads).
 """
 
 from __future__ import annotations
@@ -15,17 +20,52 @@ import contextlib
 import os
 import re
 import subprocess
+import sys
 import tempfile
+from dataclasses import dataclass
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 
-TARGET = GPUTarget("cuda", 90, 32)
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A compile target and what its device tells the launchers (device_limits)."""
+
+    capability: int  # 90 for sm_90
+    name: str
+    shared_limit: int  # shared memory one block may opt in to, bytes
+    multiprocessors: int
+
+    @property
+    def copy_engine(self) -> bool:
+        """TMA tensor copies: sm_90 and newer (sm_100 and sm_120 too)."""
+        return self.capability >= 90
+
+    @property
+    def target(self) -> GPUTarget:
+        return GPUTarget("cuda", self.capability, 32)
+
+
+# One GPU per target, with the CUDA programming guide's per-block shared memory (opt-in).
+GPUS = {gpu.capability: gpu for gpu in (
+    GPU(80, "A100", 163 * KIB, 108),
+    GPU(86, "RTX 3090", 99 * KIB, 82),
+    GPU(89, "RTX 4090", 99 * KIB, 128),
+    GPU(90, "H100", 227 * KIB, 132),
+    GPU(100, "B200", 227 * KIB, 148),
+    GPU(120, "RTX 5090", 99 * KIB, 170),
+)}
+HOPPER = GPUS[90]
+TARGET = HOPPER.target
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
           torch.int32: "i32", torch.int8: "i8"}
-COUNTED = ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG", "STG", "LDS", "STS", "LDSM", "MUFU.EX2", "BAR.SYNC",
-           "LDL", "STL")
+COUNTED = ("HGMMA", "HMMA", "UTCHMMA", "LDGSTS", "UTMALDG", "LDG", "STG", "LDS", "STS", "LDSM", "MUFU.EX2",
+           "BAR.SYNC", "LDL", "STL")
 
 
 class Capture:
@@ -40,28 +80,67 @@ class Capture:
         return record
 
 
+def _device_limit_stand_ins(gpu: GPU) -> dict:
+    """device_limits' functions as they would answer on ``gpu`` (on meta tensors they answer
+    for Hopper, and has_copy_engine says no)."""
+    from haloattn.backends.triton import device_limits
+
+    return {
+        "shared_memory_limit": lambda device: gpu.shared_limit,
+        "tile_shared_budget": lambda device: gpu.shared_limit - device_limits.COMPILER_RESERVE,
+        "has_copy_engine": lambda device: gpu.copy_engine,
+        "tiles_for_copy_engine": lambda device: gpu.copy_engine,
+        "multiprocessors": lambda device: gpu.multiprocessors,
+    }
+
+
 @contextlib.contextmanager
-def captured_launches(launcher):
+def emulated_device(gpu: GPU):
+    """Within the block the Triton backend's launch code sees ``gpu``'s device limits: each
+    device_limits function is replaced wherever a backend module holds it (``from .device_limits
+    import ...`` binds it in the importing module, which is where the launchers look it up), and
+    restored on the way out. Default configs are cached per problem, not per device: the cache is
+    emptied on the way in and out, so that none chosen for another GPU is used or outlives it."""
+    from haloattn.backends.triton import device_limits, tiles
+
+    package = device_limits.__name__.rpartition(".")[0] + "."
+    stand_ins = _device_limit_stand_ins(gpu)
+    originals = {name: getattr(device_limits, name) for name in stand_ins}
+    replaced = []
+    for module in [m for name, m in list(sys.modules.items()) if name.startswith(package) and m is not None]:
+        for name, original in originals.items():
+            if getattr(module, name, None) is original:
+                replaced.append((module, name, original))
+                setattr(module, name, stand_ins[name])
+    tiles.default_config.cache_clear()
+    try:
+        yield
+    finally:
+        for module, name, original in replaced:
+            setattr(module, name, original)
+        tiles.default_config.cache_clear()
+
+
+@contextlib.contextmanager
+def captured_launches(launcher, gpu: GPU = HOPPER):
     """Within the block, kernel launches (``fast_launch.resolve``) record themselves instead of
-    running; yields the list they are appended to. Launch plans are forgotten on the way in and
-    out, so that none built while recording outlives the block. A launcher that checks for the
-    copy engine (TMA) is told sm_90 has it."""
+    running, and the launch code sees ``gpu``'s device limits (:func:`emulated_device`: on the
+    default, Hopper, the configs are the ones the CPU interpreter gets, with the copy engine
+    (TMA)); yields the list the launches are appended to. Launch plans are forgotten on the way
+    in and out, so that none built while recording outlives the block. ``launcher``, the module
+    whose functions launch, is the callers' (the limits are replaced in every backend module)."""
     from haloattn.backends.triton import fast_launch
 
     sink = []
-    saved = {name: getattr(launcher, name) for name in ("has_copy_engine",) if hasattr(launcher, name)}
     saved_resolve = fast_launch.resolve
     fast_launch.clear_plans()
     fast_launch.resolve = lambda fn: Capture(fn, sink)
-    if "has_copy_engine" in saved:
-        launcher.has_copy_engine = lambda device: True
     try:
-        yield sink
+        with emulated_device(gpu):
+            yield sink
     finally:
         fast_launch.resolve = saved_resolve
         fast_launch.clear_plans()
-        for name, value in saved.items():
-            setattr(launcher, name, value)
 
 
 def specialise(fn, args, kwargs):
@@ -114,14 +193,23 @@ def count_ops(sass: str) -> dict:
     return {key: sum(1 for op in ops if op == key or op.startswith(key + ".")) for key in COUNTED}
 
 
-def compile_captured(fn, args, kwargs, label, sass_dir=None, ttgir_dir=None) -> dict:
-    """Build one captured launch for sm_90 and print (and return) what the compiler made."""
+def ptxas_report(ptx: str, capability: int) -> str:
+    """ptxas -v's report (registers, spills, warnings) on ``ptx``, from the ptxas Triton uses for
+    this target, for the GPU name of the PTX's ``.target`` line (sm_90a, sm_100a, sm_120a: Triton
+    builds the arch-specific variants from sm_90 on; sm_80, sm_86, sm_89 as they are)."""
+    gpu_name = re.search(r"^\s*\.target\s+(\w+)", ptx, re.MULTILINE).group(1)
+    return subprocess.run([get_ptxas(capability).path, "-v", "--gpu-name", gpu_name, "-o", os.devnull, "-"],
+                          input=ptx, capture_output=True, text=True).stderr
+
+
+def compile_captured(fn, args, kwargs, label, sass_dir=None, ttgir_dir=None, capability: int = 90) -> dict:
+    """Build one captured launch for ``sm_{capability}`` (default sm_90) and print (and return)
+    what the compiler made."""
     signature, constexprs, attrs, options = specialise(fn, args, kwargs)
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(src, target=TARGET, options=options)
+    kernel = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
     ptx = kernel.asm["ptx"]
-    info = subprocess.run([tool("ptxas"), "-v", "--gpu-name", "sm_90a" if "sm_90a" in ptx else "sm_90",
-                           "-o", os.devnull, "-"], input=ptx, capture_output=True, text=True).stderr
+    info = ptxas_report(ptx, capability)
     m = re.search(r"Used (\d+) registers", info)
     regs = int(m.group(1)) if m else None
     m = re.search(r"(\d+) bytes spill stores", info)
@@ -136,7 +224,8 @@ def compile_captured(fn, args, kwargs, label, sass_dir=None, ttgir_dir=None) -> 
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, f"{label}.{ext}"), "w") as out:
                 out.write(text)
-    row = dict(label=label, warps=options.get("num_warps"), stages=options.get("num_stages", kwargs.get("NUM_STAGES")),
+    row = dict(label=label, capability=capability, warps=options.get("num_warps"),
+               stages=options.get("num_stages", kwargs.get("NUM_STAGES")),
                regs=regs, spills=spills, shared=kernel.metadata.shared,
                cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"), **counts)
     ops = " ".join(f"{k}={v}" for k, v in counts.items() if v)

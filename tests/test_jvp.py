@@ -440,9 +440,10 @@ def test_triton_tangents_on_random_problems(dtype, seed):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 192, 256])
 def test_triton_tangents_per_head_dim(head_dim):
-    """Each head-dim class (the kernel switches to 8 warps at value tiles of 128 and more)."""
+    """Each head-dim class (the kernel switches to 8 warps at value tiles of 128 and more; from 192
+    its key tile is fitted to its own shared memory, tiles.jvp_tiles)."""
     primals, gen = make_primals((24, 20), (7, 9), heads=2, head_dim=head_dim, rpb=True, seed=head_dim)
     ours, ref = jvp_both(primals, gen, tuple(primals), (7, 9), dtype=torch.bfloat16, backend="triton",
                          device="cuda", dilation=(2, 1), causal=(False, True))
@@ -537,3 +538,29 @@ def test_torch_func_transforms_on_the_fused_kernels(backend):
     for jacobian in jacobians:
         got = jacobian(small_ours)(on_gpu(small[0]))
         assert oracle.rel_error(got.double().cpu(), jacobian(small_theirs)(small[0])) <= tol
+
+
+def test_wide_heads_fit_the_jvp_kernels_own_shared_memory():
+    """The JVP kernel streams four tiles a step where dQ streams two: from head dim 192 (16-bit)
+    its tiles shrink until its own estimate fits Hopper's shared memory (32 x 32 here, as fast as
+    the runtime refit on the H100 without the refused first compile); narrower heads and float32
+    keep the dQ tiles."""
+    from haloattn.backends.triton import tiles
+    from haloattn.problem import build_problem
+
+    def jvp_and_dq(head_dim, dtype):
+        q = torch.empty(1, 64, 64, 4, head_dim, dtype=dtype)
+        problem = build_problem(q, q, q, 13)
+        dq = tiles.default_config(problem)["dq"]
+        return problem, dq, tiles.jvp_tiles(problem, dq)
+
+    for head_dim in (192, 256):
+        problem, dq, jvp = jvp_and_dq(head_dim, torch.bfloat16)
+        item, d, dv = tiles._operand_sizes(problem)
+        assert (math.prod(jvp["q"]), math.prod(jvp["kv"])) == (32, 32), (dq, jvp)
+        assert jvp["stages"] == dq["stages"] >= 2
+        need = tiles._shared_bytes("jvp", math.prod(jvp["q"]), math.prod(jvp["kv"]), jvp["stages"], d, dv, item)
+        assert need <= tiles.tile_shared_budget(problem.device)
+    for head_dim, dtype in ((64, torch.bfloat16), (128, torch.float16), (128, torch.float32), (256, torch.float32)):
+        _, dq, jvp = jvp_and_dq(head_dim, dtype)
+        assert jvp == dq, (head_dim, dtype)

@@ -4,7 +4,9 @@ The CPU tests run the kernels in Triton's interpreter, which executes them as Py
 see what only the compiler rejects (a loop-carried value that changes type, a constexpr used as a
 tensor, a layout the MMA lowering refuses). Here each backend's launch code runs on meta tensors
 with its launches captured (benchmarks/sm90_compile.py) and every captured kernel is built for
-sm_90 with the ptxas that Triton bundles, as the JIT would build it on an H100.
+sm_90 with the ptxas that Triton bundles, as the JIT would build it on an H100, and must fit the
+H100's registers and shared memory. tests/test_arch_compile.py builds some of these cases for the
+other GPU generations with the same machinery (compile_in_child, check_kernels_run).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import torch
 triton = pytest.importorskip("triton")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from sm90_compile import captured_launches, compile_captured, tool  # noqa: E402
+from sm90_compile import GPUS, captured_launches, compile_captured, tool  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import jvp_launch, launch, tiles, window_launch  # noqa: E402
+from haloattn.backends.triton.window_plugin import shared_memory_reasons  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.exists(tool("ptxas")), reason="Triton's bundled ptxas is missing")
@@ -72,37 +75,102 @@ def _problem(spatial, window, dtype, heads, kv_heads, head_dim, value_dim, rpb, 
 FORWARD_PACK = {"neighbourhood_2d_packed_pairs_rpb": 4}
 
 
-def compile_case(name: str) -> list:
-    """Capture the case's forward and backward launches and build each for sm_90: (kernel, regs,
-    whether ptxas serialised its wgmmas)."""
-    from unittest import mock
-
+def compile_case(name: str, capability: int = 90) -> list:
+    """Capture the case's forward and backward (and forward-mode) launches as the launchers make
+    them on the GPU of ``capability`` (sm90_compile.GPUS) and build each for it: per kernel its
+    name, registers, whether ptxas serialised its wgmmas, its shared memory in bytes, and the
+    shared memory of each refit the launcher would make (``refits``, see _refits)."""
     launcher, *spec = CASES[name]
     problem, inputs = _problem(*spec)
-    config = None
-    if name in FORWARD_PACK:
-        default = tiles.default_config(problem)
-        config = dict(default, fwd=dict(default["fwd"], pack=FORWARD_PACK[name]))
+    gpu = GPUS[capability]
+    outcomes = []
+    for fn, args, kwargs in _capture(name, launcher, problem, inputs, gpu):
+        outcome = _build(fn, args, kwargs, f"sm{capability}-{name}-{fn.__name__}", capability)
+        outcome["refits"] = _refits(name, launcher, problem, inputs, gpu, outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _capture(name, launcher, problem, inputs, gpu, config=None) -> list:
+    """(kernel, args, kwargs) of every launch the case's forward, backward and (neighbourhood)
+    forward-mode calls make on ``gpu`` with ``config`` (default: the case's)."""
+    from unittest import mock
+
     # Host-side reductions after the kernels (the rpb gradient's bincount, say) have no meta kernel.
     with mock.patch.object(launch, "rpb_gradient", lambda *args: None), \
             mock.patch.object(window_launch, "table_gradient", lambda *args: None), \
-            captured_launches(launcher) as sink:
+            captured_launches(launcher, gpu) as sink:
+        config = config or _forward_packing(name, problem)
         out, lse = launcher.forward(problem, inputs, config)
         needs = (True, True, True, inputs.rpb is not None, False, problem.extra_tokens > 0, problem.extra_tokens > 0)
         launcher.backward(problem, inputs, out, lse, torch.empty_like(out), torch.empty_like(lse), needs, config)
         if launcher is launch:  # the forward-mode rule, every input moving
             jvp_launch.jvp(problem, inputs, inputs, out, lse, config)
-    compiled = [(fn.__name__, compile_captured(fn, args, kwargs, f"{name}-{fn.__name__}"))
-                for fn, _, args, kwargs in sink]
-    return [(kernel, row["regs"], row["wgmma_serialized"]) for kernel, row in compiled]
+    return [(fn, args, kwargs) for fn, _, args, kwargs in sink]
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    """Every case, compiled in a child process: kernels defined while TRITON_INTERPRET=1 is set
-    (the CPU suite sets it) are interpreter objects that cannot be compiled."""
+def _build(fn, args, kwargs, label: str, capability: int) -> dict:
+    """What the tests check of one launch built for ``sm_{capability}``."""
+    row = compile_captured(fn, args, kwargs, label, capability=capability)
+    return dict(kernel=fn.__name__, regs=row["regs"], serialized=row["wgmma_serialized"], shared=row["shared"])
+
+
+def _forward_packing(name: str, problem):
+    """The config of a FORWARD_PACK case (the default, with its forward packing pairs); None (the
+    default) for the others. Called where the GPU's limits are in place: the default depends on them."""
+    if name not in FORWARD_PACK:
+        return None
+    default = tiles.default_config(problem)
+    return dict(default, fwd=dict(default["fwd"], pack=FORWARD_PACK[name]))
+
+
+def _refits(name, launcher, problem, inputs, gpu, outcome) -> list:
+    """Shared memory of the kernel after each refit the neighbourhood launcher makes where it
+    compiled larger than ``gpu`` allows (launch._run_fitted: Triton refuses the launch, the
+    config part that sets the kernel's tiles shrinks by the overshoot, up to launch.MAX_REFITS
+    times); empty where the kernel fits, or where its launcher does not refit (the test then
+    sees the overshoot). tiles.shrink_to_fit's ValueError (nothing left to shrink) propagates, as
+    it would to the caller on the GPU."""
+    kernel, shared = outcome["kernel"], outcome["shared"]
+    if launcher is not launch or kernel not in launch.CONFIG_PART or shared <= gpu.shared_limit:
+        return []
+    with captured_launches(launcher, gpu):  # the configs the launcher starts from, on this GPU
+        config = _forward_packing(name, problem) or _default_config_of(kernel, problem)
+    sizes = []
+    while shared > gpu.shared_limit and len(sizes) < launch.MAX_REFITS:
+        with captured_launches(launcher, gpu):
+            config = tiles.shrink_to_fit(problem, tiles.normalise(config, problem), launch.CONFIG_PART[kernel],
+                                         shared - gpu.shared_limit)
+        fn, args, kwargs = next(captured for captured in _capture(name, launcher, problem, inputs, gpu, config)
+                                if captured[0].__name__ == kernel)
+        shared = _build(fn, args, kwargs, f"sm{gpu.capability}-{name}-{kernel}-refit{len(sizes) + 1}",
+                        gpu.capability)["shared"]
+        sizes.append(shared)
+    return sizes
+
+
+def _default_config_of(kernel: str, problem):
+    """The default config the launcher of ``kernel`` starts from (the backward and forward-mode
+    ones with CUDA-core float32 products where tf32 is off)."""
+    if kernel == "forward_kernel":
+        return tiles.default_config(problem)
+    return tiles.default_config(problem, exact_float32=launch._precision(problem.dtype) == "ieee")
+
+
+def fits_shared_memory(outcome: dict, limit: int) -> bool:
+    """Whether a compiled kernel runs within ``limit`` bytes of shared memory per block: as built,
+    or after the launcher's refits."""
+    return (outcome["refits"] or [outcome["shared"]])[-1] <= limit
+
+
+def compile_in_child(capability: int, names, timeout: int = 1500):
+    """Compile the named cases for ``sm_{capability}`` in a child process (this file run as a
+    script): kernels defined while TRITON_INTERPRET=1 is set (the CPU suite sets it) are
+    interpreter objects that cannot be compiled. Returns ({case: {"kernels": [...], "error": ...}},
+    the tail of the child's output for failure messages)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    child = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1500)
+    child = subprocess.run([sys.executable, os.path.abspath(__file__), "--capability", str(capability), *names],
+                           env=env, capture_output=True, text=True, timeout=timeout)
     results = {}
     for line in child.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -110,16 +178,39 @@ def compiled():
     return results, child.stdout[-3000:] + child.stderr[-3000:]
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_kernels_compile_for_sm90(name, compiled):
-    results, log = compiled
+@pytest.fixture(scope="module")
+def compiled():
+    """Every case, compiled for sm_90 (in a child process: compile_in_child)."""
+    return compile_in_child(90, list(CASES))
+
+
+def check_kernels_run(name: str, results: dict, log: str, gpu) -> None:
+    """The case compiled for ``gpu``: no error, a forward and a backward, at most 255 registers a
+    thread, and each kernel within the GPU's shared memory per block (where Triton would refuse
+    the launch with OutOfResources), after the launcher's refits; a window problem may exceed it
+    where backend 'triton_window' hands such problems to 'triton' on this GPU instead."""
     assert name in results, f"the child process did not report {name}:\n{log}"
     outcome = results[name]
-    assert outcome["error"] is None, f"{name}: {outcome['error']}"
+    assert outcome["error"] is None, f"{gpu.name} (sm_{gpu.capability}), {name}: {outcome['error']}"
     kernels = outcome["kernels"]
     assert len(kernels) >= 2, f"{name}: no forward and backward launches were captured"
-    for kernel, regs, _ in kernels:
-        assert regs is not None and regs <= 255, (kernel, regs)
+    for row in kernels:
+        assert row["regs"] is not None and row["regs"] <= 255, (gpu.name, row)
+    if CASES[name][0] is window_launch and _window_backend_declines(name, gpu):
+        return
+    too_large = [row for row in kernels if not fits_shared_memory(row, gpu.shared_limit)]
+    assert not too_large, f"{gpu.name} (sm_{gpu.capability}) allows {gpu.shared_limit} bytes a block: {too_large}"
+
+
+def _window_backend_declines(name: str, gpu) -> bool:
+    """Whether backend 'triton_window' refuses the case on ``gpu`` for its shared memory."""
+    problem, _ = _problem(*CASES[name][1:])
+    return bool(shared_memory_reasons(problem, gpu.shared_limit))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernels_compile_for_sm90(name, compiled):
+    check_kernels_run(name, *compiled, GPUS[90])
 
 
 @pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[0] is launch])
@@ -130,7 +221,7 @@ def test_jvp_kernel_compiles_with_asynchronous_wgmma(name, compiled):
     results, log = compiled
     kernels = results.get(name, {}).get("kernels")
     assert kernels, log
-    jvp = [(regs, serialized) for kernel, regs, serialized in kernels if kernel == "jvp_kernel"]
+    jvp = [(row["regs"], row["serialized"]) for row in kernels if row["kernel"] == "jvp_kernel"]
     assert len(jvp) == 1 and jvp[0][1] is False, jvp
 
 
@@ -141,14 +232,23 @@ def test_packed_forward_keeps_its_wgmma_asynchronous(compiled):
     results, log = compiled
     kernels = results.get("neighbourhood_2d_packed_pairs_rpb", {}).get("kernels")
     assert kernels, log
-    forward = [serialized for kernel, _, serialized in kernels if kernel == "forward_kernel"]
+    forward = [row["serialized"] for row in kernels if row["kernel"] == "forward_kernel"]
     assert forward == [False]
 
 
-if __name__ == "__main__":
-    for case in CASES:
+def _main(argv) -> None:
+    """``[--capability N] [case ...]``: compile the cases (default all) for sm_N (default 90) and
+    print one ``RESULT {json}`` line per case."""
+    capability = 90
+    if argv[:1] == ["--capability"]:
+        capability, argv = int(argv[1]), argv[2:]
+    for case in argv or CASES:
         try:
-            outcome = {"kernels": compile_case(case), "error": None}
+            outcome = {"kernels": compile_case(case, capability), "error": None}
         except Exception as exc:  # reported per case by the test
             outcome = {"kernels": [], "error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
         print("RESULT " + json.dumps({case: outcome}), flush=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

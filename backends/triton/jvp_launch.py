@@ -1,6 +1,6 @@
 """Host side of the Triton backend's forward-mode AD (jvp_kernel): one launch over the forward's
 query tiles, with the dQ kernel's tiles (the same walk: a query tile against the key tiles its
-windows reach, P from the saved LSE)."""
+windows reach, P from the saved LSE), its key tile fitted to the JVP's own shared memory."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs, ou
 
 
 def _jvp_launch(problem: Problem, config, tensors: dict) -> Launch:
-    cfg = tiles.normalise(config, problem)["dq"]
+    cfg = tiles.jvp_tiles(problem, tiles.normalise(config, problem)["dq"])
     t = {name: (value if value is not None else tensors["q"]) for name, value in tensors.items()}
     q, k, v = tensors["q"], tensors["k"], tensors["v"]
     B, H, r = problem.batch, problem.heads, problem.rank

@@ -286,6 +286,12 @@ def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, it
         return item * (q * d + stages * kv * (d + dv))
     if kernel == "dq":
         return item * (q * (d + dv) + stages * kv * (d + dv))
+    if kernel == "jvp":
+        # K, V and their tangents streamed; the resident side (Q, its tangent, the stored O and
+        # the compiler's staging of P dS) bounded by twice the query rows' widths: at or above
+        # every sm_90 build measured (2026-11-28, bf16: 160-384 KiB estimated for 100-332 KiB built
+        # at head dims 128-256, 32-128 queries, 32-64 keys).
+        return item * (stages * kv * 2 * (d + dv) + 2 * q * (d + dv))
     return item * (kv * (d + dv) + stages * q * (d + dv))
 
 
@@ -356,6 +362,20 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if narrow_key_major(problem, exact_float32):
         dkdv["warps"] = NARROW_DKDV_WARPS
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
+
+
+def jvp_tiles(problem: Problem, dq: Dict) -> Dict:
+    """The JVP kernel's launch settings: the dQ kernel's (the same walk), fitted to the JVP's own
+    shared memory. It streams four tiles a step (K, V and their tangents) where dQ streams two: at
+    head dims 192 and 256 (16-bit) the dQ tiles (64 queries, 64 keys) compiled to 332 KiB on sm_90,
+    which Triton refused at the first launch after compiling it, and the generic refit then
+    reached 16 x 32 tiles. Fitted here (the same halving, by this kernel's estimate) they come out
+    at 32 x 32 before any compile: on the H100, 0.96-0.98x the refit's time, 1.5x faster than
+    64 x 32 (RESULTS.md, "Forward-mode AD"). Float32 keeps the dQ tiles: they are smaller
+    already and compiled to 84 KiB at 128 channels, far under this estimate."""
+    if problem.dtype.itemsize != 2:
+        return dq
+    return _fit_shared(problem, "jvp", dq)
 
 
 def narrow_key_major(problem: Problem, exact_float32: bool = False) -> bool:
