@@ -1,6 +1,6 @@
 """Host side of the Triton backend's forward-mode AD (jvp_kernel): one launch over the forward's
 query tiles, with the dQ kernel's tiles (the same walk: a query tile against the key tiles its
-windows reach, P from the saved LSE), its key tile fitted to the JVP's own shared memory."""
+windows reach, P from the saved LSE), its tiles fitted to the JVP's own shared memory (tiles.jvp_tiles)."""
 
 from __future__ import annotations
 

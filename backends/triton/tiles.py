@@ -58,7 +58,7 @@ SHORT_WALK_MAX_HEAD_DIM = 128
 # that was 1.12-1.19x faster than pointer loads on nine of the ten benchmark problems (D = 64 and
 # 128) and 0.99x on 16x16 stride 16. (On the 2026-11-23 kernels it had measured 0.88-1.01x.)
 BACKWARD_DESCRIPTOR_HEAD_DIMS = (64, 128)
-# ...except where the backward's tiles walk at most this many streamed tiles: H100 (2026-11-28,
+# ...except where the dQ kernel's walk visits at most this many streamed tiles: H100 (2026-11-28,
 # `bench_short_walks.py --backward`), pointer loads 1.24x (D=64) and 1.06x (D=128) on one-tile
 # walks (8x8 stride 8) and 1.04x on 3-D 2x8x8 stride 2x8x8 (two tiles); from three tiles on the
 # descriptors won or tied (0.94-1.01x at 3-4 tiles: 16x16 stride 16, 7x7, 7x7 windows, 1-D causal
@@ -371,7 +371,7 @@ def jvp_tiles(problem: Problem, dq: Dict) -> Dict:
     which Triton refused at the first launch after compiling it, and the generic refit then
     reached 16 x 32 tiles. Fitted here (the same halving, by this kernel's estimate) they come out
     at 32 x 32 before any compile: on the H100, 0.96-0.98x the refit's time, 1.5x faster than
-    64 x 32 (RESULTS.md, "Forward-mode AD"). Float32 keeps the dQ tiles: they are smaller
+    64 x 32 (RESULTS.md, "the JVP's own tile fit at wide heads"). Float32 keeps the dQ tiles: they are smaller
     already and compiled to 84 KiB at 128 channels, far under this estimate."""
     if problem.dtype.itemsize != 2:
         return dq
