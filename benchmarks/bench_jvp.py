@@ -129,9 +129,12 @@ def triton_jvp_problem(row, seed: int):
     """A row's problem with random bf16 q, k, v and tangents for all three, the triton backend and
     its forward's out and LSE: (name, problem, backend, inputs, tangents, out, lse)."""
     name, batch, spatial, heads, kv_heads, D, window, options = row
+    options = dict(options)
+    value_dim = options.pop("value_dim", D)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, tq, tk, tv = (torch.randn(batch, *spatial, h, D, device="cuda", dtype=torch.bfloat16, generator=gen)
-                           for h in (heads, kv_heads, kv_heads, heads, kv_heads, kv_heads))
+    q, k, v, tq, tk, tv = (torch.randn(batch, *spatial, h, width, device="cuda", dtype=torch.bfloat16, generator=gen)
+                           for h, width in ((heads, D), (kv_heads, D), (kv_heads, value_dim), (heads, D),
+                                            (kv_heads, D), (kv_heads, value_dim)))
     problem = build_problem(q, k, v, window, **options)
     backend = DISPATCHER.get("triton")
     inputs, tangents = AttentionInputs(q, k, v), AttentionInputs(tq, tk, tv)
@@ -166,7 +169,8 @@ def time_variants(row) -> dict:
 
 
 # Head dims above 128, where the JVP kernel's four streamed tiles outgrow the dQ tiles' shared memory.
-WIDE_HEADS = [(f"2-D 64x64, 13x13, 8 heads of {D}, batch 2", 2, (64, 64), 8, 8, D, 13, {}) for D in (192, 256)]
+WIDE_HEADS = [(f"2-D 64x64, 13x13, 8 heads of {D}, batch 2", 2, (64, 64), 8, 8, D, 13, {}) for D in (192, 256)] + [
+    ("2-D 64x64, 13x13, 8 heads of 192, D_v 64, batch 2", 2, (64, 64), 8, 8, 192, 13, {"value_dim": 64})]
 
 
 def time_wide_heads(row) -> dict:
