@@ -49,30 +49,35 @@ PROBLEMS = [
 ]
 
 
-def interleaved_ms(backend, problem, inputs, configs: dict, rounds: int = 3) -> dict:
-    times = {name: [] for name in configs}
+def interleaved_ms(runs: dict, rounds: int = 3) -> dict:
+    """CUDA-graph ms of each ``runs[name]()``, median of ``rounds`` interleaved rounds."""
+    times = {name: [] for name in runs}
     for _ in range(rounds):
-        for name, cfg in configs.items():
+        for name, run in runs.items():
             torch.cuda.synchronize()
-            times[name].append(do_bench_cudagraph(lambda: backend.forward(problem, inputs, cfg), rep=40))
+            times[name].append(do_bench_cudagraph(run, rep=40))
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def interleaved_backward_ms(backend, problem, inputs, configs: dict, rounds: int = 3) -> dict:
+def forward_ms(backend, problem, inputs, configs: dict) -> dict:
+    return interleaved_ms({name: (lambda cfg=cfg: backend.forward(problem, inputs, cfg))
+                           for name, cfg in configs.items()})
+
+
+def backward_ms(backend, problem, inputs, configs: dict):
+    """(interleaved ms per config of the backward's kernels for q, k and v, the largest difference
+    between the two configs' gradients)."""
     out, lse = backend.forward(problem, inputs, next(iter(configs.values())))
     grad_out = torch.randn_like(out)
     needs = (True, True, True, False, False, False, False)
-    times = {name: [] for name in configs}
-    for _ in range(rounds):
-        for name, cfg in configs.items():
-            torch.cuda.synchronize()
-            times[name].append(do_bench_cudagraph(
-                lambda: backend.backward(problem, inputs, out, lse, grad_out, None, needs, cfg), rep=40))
-    grads = {name: backend.backward(problem, inputs, out, lse, grad_out, None, needs, cfg)[:3]
-             for name, cfg in configs.items()}
-    first, second = grads.values()
+
+    def run(cfg):
+        return backend.backward(problem, inputs, out, lse, grad_out, None, needs, cfg)
+
+    ms = interleaved_ms({name: (lambda cfg=cfg: run(cfg)) for name, cfg in configs.items()})
+    first, second = (run(cfg)[:3] for cfg in configs.values())
     diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(first, second))
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}, diff
+    return ms, diff
 
 
 def flipped_backward(problem, config: dict) -> dict:
@@ -99,7 +104,7 @@ def main():
             other = flipped_backward(problem, new)
             row = {"batch": batch, "spatial": spatial, "head_dim": head_dim, "window": window, **options,
                    "bwd_tma": new["dq"]["tma"]}
-            ms, diff = interleaved_backward_ms(backend, problem, inputs, {"default": new, "flipped": other})
+            ms, diff = backward_ms(backend, problem, inputs, {"default": new, "flipped": other})
             row.update(max_diff=diff, default_ms=ms["default"], flipped_ms=ms["flipped"],
                        speedup=ms["flipped"] / ms["default"])
             rows.append(row)
@@ -118,7 +123,7 @@ def main():
             reference, _ = backend.forward(problem, inputs, other)
             got, _ = backend.forward(problem, inputs, new)
             row["max_diff"] = (got.float() - reference.float()).abs().max().item()
-            ms = interleaved_ms(backend, problem, inputs, {"default": new, "other": other})
+            ms = forward_ms(backend, problem, inputs, {"default": new, "other": other})
             row.update(default_ms=ms["default"], other_ms=ms["other"], speedup=ms["other"] / ms["default"])
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -20,6 +20,21 @@ _CALLS: dict = {}
 _CALLS_LIMIT = 4096
 
 
+def _kept(call_key):
+    """(the kept entry of ``call_key`` or None, the key; None for a key that is not hashable, which
+    validation then names)."""
+    try:
+        return _CALLS.get(call_key), call_key
+    except TypeError:
+        return None, None
+
+
+def _tuning_environment() -> tuple:
+    """The environment a call's dispatch depends on: a forced backend, autotuning, and the tuning
+    cache (a different one may pick a different config)."""
+    return os.environ.get(BACKEND_ENV), os.environ.get(AUTOTUNE_ENV), os.environ.get(CACHE_DIR_ENV)
+
+
 def _remember(call_key, entry) -> None:
     """Keep a call's (problem, backend, config) under its key (None: not hashable, not kept)."""
     if call_key is not None:
@@ -154,13 +169,9 @@ def attention(
         _tensor_key(additional_keys), _tensor_key(additional_values),
         _hashable(window), _hashable(stride), _hashable(dilation), _hashable(causal), pattern,
         _hashable(shift), scale, softcap, score_mod, mask_mod, return_lse, backend, needs_grad,
-        torch.is_grad_enabled(), os.environ.get(BACKEND_ENV), os.environ.get(AUTOTUNE_ENV),
-        os.environ.get(CACHE_DIR_ENV),  # a different tuning cache may pick a different config
+        torch.is_grad_enabled(), *_tuning_environment(),
     )
-    try:
-        entry = _CALLS.get(call_key)
-    except TypeError:  # an unhashable argument: let validation name it
-        entry, call_key = None, None
+    entry, call_key = _kept(call_key)
     if entry is None:
         problem = build_problem(
             query, key, value, window, stride=stride, dilation=dilation, causal=causal, pattern=pattern,
@@ -184,13 +195,8 @@ def _transformed_call(tensors, needs_jvp: bool, options: dict, backend: Optional
     """A call under forward-mode AD or a torch.func transform, through the torch.func form of the
     autograd function; validated and dispatched once per signature, as plain calls are (the
     logical shapes a transform shows key it like real tensors)."""
-    try:
-        call_key = ("transformed", needs_jvp, backend, *(_tensor_key(t) for t in tensors),
-                    *(_hashable(v) for v in options.values()), os.environ.get(BACKEND_ENV),
-                    os.environ.get(AUTOTUNE_ENV), os.environ.get(CACHE_DIR_ENV))
-        entry = _CALLS.get(call_key)
-    except TypeError:  # an unhashable argument: let validation name it
-        entry, call_key = None, None
+    entry, call_key = _kept(("transformed", needs_jvp, backend, *(_tensor_key(t) for t in tensors),
+                             *(_hashable(v) for v in options.values()), *_tuning_environment()))
     if entry is None:
         query, key, value, rpb, kq_conv, additional_keys, additional_values = tensors
         problem = build_problem(

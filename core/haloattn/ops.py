@@ -123,28 +123,46 @@ class TransformableAttentionFunction(torch.autograd.Function):
             tensors, in_dims[3:])
 
     @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        # Through a Function of its own, so that the backward has a vmap rule too (vmap over grad:
-        # per-sample gradients); torch.func hands it the tensors at each transform's level.
+    def _saved(ctx):
+        """(O and LSE, the seven inputs with None where absent) as the forward saved them;
+        torch.func hands them over at each transform's level."""
         saved = list(ctx.saved_tensors)
         it = iter(saved[:-2])
-        tensors = [next(it) if p else None for p in ctx.present]
+        return saved[-2:], [next(it) if p else None for p in ctx.present]
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        # Through a Function of its own, so that the backward has a vmap rule too (vmap over grad:
+        # per-sample gradients).
+        out_lse, inputs = TransformableAttentionFunction._saved(ctx)
         grads = _AttentionBackward.apply(ctx.problem, ctx.backend, ctx.config, tuple(ctx.needs_input_grad[3:]),
-                                         grad_out, grad_lse, *saved[-2:], *tensors)
+                                         grad_out, grad_lse, *out_lse, *inputs)
         return (None, None, None, *grads)
 
     @staticmethod
     def jvp(ctx, _problem, _backend, _config, *tangents):
         # Through a Function of its own, so that the rule has a vmap rule too (jacfwd).
-        saved = list(ctx.saved_tensors)
-        it = iter(saved[:-2])
-        inputs = [next(it) if p else None for p in ctx.present]
+        out_lse, inputs = TransformableAttentionFunction._saved(ctx)
         tangents = [t if p else None for t, p in zip(tangents, ctx.present)]
         # A backward that reaches these tangents meets _AttentionJvp's, which raises.
-        return _AttentionJvp.apply(ctx.problem, ctx.backend, ctx.config, *saved[-2:], *inputs, *tangents)
+        return _AttentionJvp.apply(ctx.problem, ctx.backend, ctx.config, *out_lse, *inputs, *tangents)
 
 
-class _AttentionBackward(torch.autograd.Function):
+class _FirstOrderRule(torch.autograd.Function):
+    """A rule (the backward, the JVP) run as a Function for its vmap rule: it keeps nothing, and
+    a tangent of it is a second derivative, which raises. Subclasses say in ``backward`` why a
+    backward through them raises."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_SECOND_ORDER)
+
+
+class _AttentionBackward(_FirstOrderRule):
     """The gradients of TransformableAttentionFunction's call, as a function of (dO, dLSE, O, LSE
     and the inputs): the backend's backward, with a vmap rule (the vmapped dimension folded into
     the batch, as for the call). Not differentiable again."""
@@ -156,15 +174,7 @@ class _AttentionBackward(torch.autograd.Function):
                                      needs))
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass  # nothing to keep: the backward only raises
-
-    @staticmethod
     def backward(ctx, *grads):
-        raise NotImplementedError(_SECOND_ORDER)
-
-    @staticmethod
-    def jvp(ctx, *tangents):
         raise NotImplementedError(_SECOND_ORDER)
 
     @staticmethod
@@ -179,7 +189,7 @@ class _AttentionBackward(torch.autograd.Function):
             tensors, in_dims[4:], shared, may_fold=not any(needs[i] for i in batching.SHARED))
 
 
-class _AttentionJvp(torch.autograd.Function):
+class _AttentionJvp(_FirstOrderRule):
     """The tangents of TransformableAttentionFunction's call, as a function of (O, LSE, the inputs
     and their tangents): the backend's JVP rule, with a vmap rule (folded into the batch, as for
     the call)."""
@@ -191,16 +201,8 @@ class _AttentionJvp(torch.autograd.Function):
             return backend.jvp(problem, inputs, tangents, out, lse, config)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
     def backward(ctx, *grads):
         raise NotImplementedError(_NOT_DIFFERENTIABLE_TANGENT)
-
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise NotImplementedError(_SECOND_ORDER)
 
     @staticmethod
     def vmap(info, in_dims, problem, backend, config, out, lse, *tensors):
