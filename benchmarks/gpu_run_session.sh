@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for a session's measurements of both Triton backends: install, the GPU tests of
-# triton (under xdist) and triton_window (serially, with timm parity), the window benchmark
+# triton and triton_window (with timm parity), both under xdist, the window benchmark
 # (CUDA-graph timed, SDPA in every mask layout), the neighbourhood benchmark (triton and cuDNN,
 # all ten problems; Flex with FLEX=1), with SWEEP=1 the window kernels' launch-config sweep and with
 # TIMM=1 timm Swin-T throughput, with OVERHEAD=1 host time per call and its profile. Files under $OUT (the device tool takes at most eight): device.txt,
@@ -30,10 +30,11 @@ if [ -z "$SKIP_TESTS" ]; then
       > "$OUT/triton_tests.log" 2>&1
     stamp "triton tests: exit $?"; tail -4 "$OUT/triton_tests.log"
   fi
-  # Serially: under xdist every worker's float64 oracle backward fights for the 16 cores. On a fresh
-  # machine (empty Triton cache) the long-window cases compile for 25-60 s each: ~420 s in all.
+  # Under 8 xdist workers: on a fresh machine (empty Triton cache) the long-window cases compile
+  # for 25-60 s each, which serially ran past 420 s on an H200 (2026-11-28, 18 of 28 done); with
+  # 8 workers all 28 passed in 185 s.
   if [ -z "$SKIP_WINDOW" ]; then
-    timeout 480 python3 -m pytest -p no:xdist -m "gpu or not gpu" -q -rA --timeout 250 --tb=short -p no:cacheprovider \
+    timeout 480 python3 -m pytest -n 8 -m "gpu or not gpu" -q -rA --timeout 330 --tb=short -p no:cacheprovider \
       tests/test_window_gpu.py tests/test_timm.py > "$OUT/window_tests.log" 2>&1
     stamp "window tests: exit $?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/window_tests.log" | tail -12
   fi
