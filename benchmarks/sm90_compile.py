@@ -202,16 +202,30 @@ def ptxas_report(ptx: str, capability: int) -> str:
                           input=ptx, capture_output=True, text=True).stderr
 
 
+def _build(src, options: dict, capability: int):
+    """(compiled kernel, ptxas -v report, registers a thread) of one build for ``sm_{capability}``."""
+    kernel = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
+    info = ptxas_report(kernel.asm["ptx"], capability)
+    m = re.search(r"Used (\d+) registers", info)
+    return kernel, info, int(m.group(1)) if m else None
+
+
 def compile_captured(fn, args, kwargs, label, sass_dir=None, ttgir_dir=None, capability: int = 90) -> dict:
     """Build one captured launch for ``sm_{capability}`` (default sm_90) and print (and return)
     what the compiler made."""
+    from haloattn.backends.triton import device_limits
+
     signature, constexprs, attrs, options = specialise(fn, args, kwargs)
     src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options)
+    kernel, info, regs = _build(src, options, capability)
+    # As the launcher does on the GPU (fast_launch.Launch): a degenerate build is rebuilt capped.
+    m = re.search(r"(\d+) bytes stack frame", info)
+    rebuilt = ("maxnreg" not in options and regs is not None and m is not None
+               and device_limits.built_degenerately(regs, int(m.group(1))))
+    if rebuilt:
+        options = dict(options, maxnreg=device_limits.MAX_REGISTERS)
+        kernel, info, regs = _build(src, options, capability)
     ptx = kernel.asm["ptx"]
-    info = ptxas_report(ptx, capability)
-    m = re.search(r"Used (\d+) registers", info)
-    regs = int(m.group(1)) if m else None
     m = re.search(r"(\d+) bytes spill stores", info)
     spills = int(m.group(1)) if m else None
     # ptxas C7515: every wgmma of the kernel waits for the one before (no tensor-core pipelining).
@@ -224,13 +238,14 @@ def compile_captured(fn, args, kwargs, label, sass_dir=None, ttgir_dir=None, cap
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, f"{label}.{ext}"), "w") as out:
                 out.write(text)
-    row = dict(label=label, capability=capability, warps=options.get("num_warps"),
+    row = dict(label=label, capability=capability, warps=options.get("num_warps"), rebuilt=rebuilt,
                stages=options.get("num_stages", kwargs.get("NUM_STAGES")),
                regs=regs, spills=spills, shared=kernel.metadata.shared,
                cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"), **counts)
     ops = " ".join(f"{k}={v}" for k, v in counts.items() if v)
     row["wgmma_serialized"] = serialized
-    print(f"{label}: warps {row['warps']} stages {row['stages']} regs {regs} spill-stores {spills}B "
+    print(f"{label}: warps {row['warps']} stages {row['stages']} regs {regs}{' (rebuilt capped)' if rebuilt else ''} "
+          f"spill-stores {spills}B "
           f"shared {row['shared']}B ptx-cp.async {row['cp_async']}{' WGMMA-SERIALIZED' if serialized else ''} | {ops}",
           flush=True)
     return row

@@ -34,6 +34,7 @@ ARCH_CASES = (
     "neighbourhood_2d_causal_hd192_dv64",
     "window_swin_shift_rpb",
     "window_12x12_long",
+    "window_8x8_float32_hd64",
 )
 
 

@@ -49,7 +49,14 @@ CASES = {
                                              True, 0, dict(dilation=(1, 2, 2), causal=(True, False, False),
                                                            softcap=10.0)),
     "window_12x12_long": (window_launch, (24, 24), 12, torch.bfloat16, 2, 2, 64, 64, True, 0, dict(shift=6)),
+    # float32 windows at head dim 64: ptxas built the backward for sm_80 with 32 registers and 26 KB
+    # of spill stores a thread, for sm_89 with 40 and 22 KB (device_limits.built_degenerately).
+    "window_8x8_float32_hd64": (window_launch, (16, 16), 8, torch.float32, 2, 2, 64, 64, True, 0, dict(shift=4)),
 }
+# Spill stores a thread any kernel of the cases may have on any target: the largest, the float32
+# window backward at head dim 64 rebuilt capped on sm_80, spills 6.6 KB (2.7 KB on sm_90); built
+# degenerately (device_limits.built_degenerately) it spilled 26 KB, other such builds 6-320 KB.
+MAX_SPILL_BYTES = 8192
 
 
 def _problem(spatial, window, dtype, heads, kv_heads, head_dim, value_dim, rpb, extra, options):
@@ -112,7 +119,8 @@ def _capture(name, launcher, problem, inputs, gpu, config=None) -> list:
 def _build(fn, args, kwargs, label: str, capability: int) -> dict:
     """What the tests check of one launch built for ``sm_{capability}``."""
     row = compile_captured(fn, args, kwargs, label, capability=capability)
-    return dict(kernel=fn.__name__, regs=row["regs"], serialized=row["wgmma_serialized"], shared=row["shared"])
+    return dict(kernel=fn.__name__, regs=row["regs"], spills=row["spills"], serialized=row["wgmma_serialized"],
+                shared=row["shared"])
 
 
 def _forward_packing(name: str, problem):
@@ -185,10 +193,11 @@ def compiled():
 
 
 def check_kernels_run(name: str, results: dict, log: str, gpu) -> None:
-    """The case compiled for ``gpu``: no error, a forward and a backward, at most 255 registers a
-    thread, and each kernel within the GPU's shared memory per block (where Triton would refuse
-    the launch with OutOfResources), after the launcher's refits; a window problem may exceed it
-    where backend 'triton_window' hands such problems to 'triton' on this GPU instead."""
+    """The case compiled for ``gpu``: no error, a forward and a backward, at most 255 registers and
+    MAX_SPILL_BYTES of spill stores a thread, and each kernel within the GPU's shared memory per
+    block (where Triton would refuse the launch with OutOfResources), after the launcher's refits;
+    a window problem may exceed it where backend 'triton_window' hands such problems to 'triton'
+    on this GPU instead."""
     assert name in results, f"the child process did not report {name}:\n{log}"
     outcome = results[name]
     assert outcome["error"] is None, f"{gpu.name} (sm_{gpu.capability}), {name}: {outcome['error']}"
@@ -196,6 +205,7 @@ def check_kernels_run(name: str, results: dict, log: str, gpu) -> None:
     assert len(kernels) >= 2, f"{name}: no forward and backward launches were captured"
     for row in kernels:
         assert row["regs"] is not None and row["regs"] <= 255, (gpu.name, row)
+        assert row["spills"] is not None and row["spills"] <= MAX_SPILL_BYTES, (gpu.name, row)
     if CASES[name][0] is window_launch and _window_backend_declines(name, gpu):
         return
     too_large = [row for row in kernels if not fits_shared_memory(row, gpu.shared_limit)]

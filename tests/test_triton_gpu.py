@@ -378,6 +378,31 @@ def test_repeated_calls_launch_directly_on_their_own_tensors(monkeypatch):
 
 @gpu
 @needs_cuda
+def test_degenerate_builds_are_rebuilt_capped_and_give_the_same_results(monkeypatch):
+    """A kernel ptxas built with few registers and the rest in local memory is rebuilt with
+    ``maxnreg`` 255 (fast_launch.Launch; CPU test: test_triton_neighborhood.py). Hopper builds no
+    such kernel on its own, so here every first build counts as degenerate: the rebuilt kernels,
+    compiled by Triton's warm-up and launched from the second call on, give the oracle's results."""
+    from haloattn.backends.triton import fast_launch
+
+    monkeypatch.setattr(fast_launch, "built_degenerately", lambda registers, local_bytes: True)
+    plans, rebuild = [], fast_launch.Launch._rebuilt_if_degenerate
+    monkeypatch.setattr(fast_launch.Launch, "_rebuilt_if_degenerate",
+                        lambda plan, compiled, arguments: plans.append(plan) or rebuild(plan, compiled, arguments))
+    fast_launch.clear_plans()
+    case = dict(dtype=torch.bfloat16, device="cuda", heads=4, kv_heads=2, head_dim=64, rpb=True, softcap=5.0)
+    try:
+        for seed in (0, 1):  # the first call builds and rebuilds, the second launches the rebuilt kernels
+            check_against_oracle((9, 11), (3, 5), seed=seed, **case)
+    finally:
+        fast_launch.clear_plans()
+    built = {plan.kernel.__name__ for plan in plans}
+    assert {"forward_kernel", "dq_kernel", "dkdv_kernel"} <= built, built
+    assert all(plan.options.get("maxnreg") == 255 for plan in plans)
+
+
+@gpu
+@needs_cuda
 # It compiles every kernel twice with small tiles: 127 s alone on an H100, past a 200 s --timeout
 # under six compiling workers; a run's --timeout should not fail it for that.
 @pytest.mark.timeout(900)

@@ -839,3 +839,52 @@ def test_additional_token_kernel_fits_the_shared_memory():
         assert size <= tiles.tile_shared_budget(problem.device), (dtype, head_dim, queries, tokens, stages)
         assert min(queries, tokens) >= tiles.MIN_TILE
     check_against_oracle((40,), 9, dtype=torch.float32, heads=2, head_dim=256, extra=3, seed=3)
+
+
+def test_kernels_built_with_few_registers_and_the_rest_spilled_are_rebuilt_capped(monkeypatch):
+    """ptxas sometimes builds a kernel that needs more than 255 registers with 32-40 and the rest
+    in local memory (6-320 KB of spill stores a thread on sm_80 and sm_89: tests/test_arch_compile.py
+    builds such a case): a launch plan whose first build came out so rebuilds it (without running
+    it) with ``maxnreg`` 255 and launches that from then on; builds that merely spill, or that a
+    launcher capped itself, stay as they are."""
+    from haloattn.backends.triton import device_limits, fast_launch
+
+    assert device_limits.built_degenerately(32, 8936)
+    assert not device_limits.built_degenerately(255, 2444)  # spills, but with every register in use
+    assert not device_limits.built_degenerately(40, 0)
+
+    class Built:
+        def __init__(self, registers, local_words):
+            self.n_regs, self.n_spills = registers, local_words
+
+    class Kernel:
+        """Stands in for resolve(kernel): what its launches and warm-ups were given."""
+        def __init__(self, first_build):
+            self.first_build, self.launched, self.warmed = first_build, [], []
+
+        def __getitem__(self, grid):
+            return lambda *args, **options: self.launched.append(options) or self.first_build
+
+        def warmup(self, *args, grid, **options):
+            self.warmed.append(options)
+            return Built(255, 600)
+
+    kernel = launch.forward_kernel
+    x = torch.zeros(4)
+    args = {name: (x if name in ("Q", "K", "V", "O", "LSE", "RPB", "AK", "AV") else 1) for name in kernel.arg_names}
+
+    def first_calls(first_build, **options):
+        stand_in = Kernel(first_build)
+        monkeypatch.setattr(fast_launch, "resolve", lambda fn: stand_in)
+        plan = fast_launch.Launch(kernel, (1,), [], dict(args, **options))
+        plan(*[x] * len(plan.slots))
+        plan(*[x] * len(plan.slots))
+        return stand_in
+
+    degenerate = first_calls(Built(32, 8936 // 4), num_warps=4)
+    assert degenerate.warmed == [{"num_warps": 4, "maxnreg": 255}]
+    assert degenerate.launched == [{"num_warps": 4}, {"num_warps": 4, "maxnreg": 255}]
+    spilling = first_calls(Built(255, 600), num_warps=4)
+    assert spilling.warmed == [] and spilling.launched == [{"num_warps": 4}] * 2
+    capped = first_calls(Built(32, 8936 // 4), num_warps=4, maxnreg=128)
+    assert capped.warmed == [] and capped.launched == [{"num_warps": 4, "maxnreg": 128}] * 2

@@ -57,6 +57,27 @@ def multiprocessors(device: torch.device) -> int:
     return HOPPER_MULTIPROCESSORS
 
 
+# Registers a thread may hold (ptx ``.maxnreg``), for rebuilding a kernel ptxas built degenerately.
+MAX_REGISTERS = 255
+# Left to itself ptxas (CUDA 12.8 as Triton bundles it, and 13.0) picks a register count by its own
+# occupancy rule (168 on sm_90 for a forward that would take 215, say). But a kernel that needs
+# more than 255 it sometimes builds with 32-40 registers and the rest on the stack: on sm_80 the
+# float32 Swin-window backward spilled 13.5 KB a thread where sm_86 / sm_89 / sm_90 builds of the
+# same kernel spilled 0.9-1.9 KB at 255 registers, long-window kernels up to 320 KB; sm_89 (with 40)
+# to float32 windows and 128-slot windows at head dim 128. Capped at 255 those kernels take 255
+# and spill as the sm_90 builds do (RESULTS.md, "Degenerate register allocation"). A cap
+# on every kernel would move ptxas off its occupancy choice everywhere, so only degenerate builds
+# are rebuilt (fast_launch.Launch; the compile tests do the same: sm90_compile.compile_captured).
+DEGENERATE_REGISTERS = 128
+
+
+def built_degenerately(registers: int, local_bytes: int) -> bool:
+    """Whether a kernel was built with few registers and the rest in local memory: fewer than
+    DEGENERATE_REGISTERS registers a thread while it spills (no sane allocation spills with half
+    the register file free)."""
+    return local_bytes > 0 and registers < DEGENERATE_REGISTERS
+
+
 def has_copy_engine(device: torch.device) -> bool:
     """Hopper (sm_90) and newer copy tensor tiles with TMA."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9

@@ -28,6 +28,7 @@ try:  # Triton >= 3.4; older ones take the ordinary path only
 except ImportError:
     knobs = None
 
+from .device_limits import MAX_REGISTERS, built_degenerately
 from .plugin import interpreting
 
 PLAN_CACHE_LIMIT = 1024
@@ -116,6 +117,17 @@ class Launch:
         for i in self.slots:
             self.arguments[i] = None
 
+    def _rebuilt_if_degenerate(self, compiled, arguments):
+        """``compiled``, or where ptxas built it with few registers and the rest in local memory
+        (device_limits.built_degenerately) and the launcher set no register cap, the same kernel
+        rebuilt (not run) with ``maxnreg`` MAX_REGISTERS, which this plan's later calls launch."""
+        registers, local_words = getattr(compiled, "n_regs", None), getattr(compiled, "n_spills", None)
+        if (registers is None or local_words is None or "maxnreg" in self.options
+                or not built_degenerately(registers, 4 * local_words)):  # Triton counts 4-byte words
+            return compiled
+        self.options = dict(self.options, maxnreg=MAX_REGISTERS)
+        return resolve(self.kernel).warmup(*arguments, grid=self.grid, **self.options)
+
     def __call__(self, *tensors: torch.Tensor) -> None:
         if len(tensors) != len(self.slots):
             raise TypeError(f"launch of {self.kernel.__name__}: {len(tensors)} tensors for {len(self.slots)} places")
@@ -131,7 +143,7 @@ class Launch:
                 c.run(self.grid[0], self.grid[1], self.grid[2], driver.active.get_current_stream(device), c.function,
                       c.packed_metadata, None, None, None, *arguments)
                 return
-        compiled = resolve(self.kernel)[self.grid](*arguments, **self.options)
+        compiled = self._rebuilt_if_degenerate(resolve(self.kernel)[self.grid](*arguments, **self.options), arguments)
         if self.compiled is None and knobs is not None and not interpreting() and all(
                 hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
             self.compiled = compiled

@@ -39,7 +39,8 @@ def is_long(launch: "WindowLaunch") -> bool:
 
 
 # Shared memory (bytes) of the forward and backward kernels at their default launch settings,
-# compiled for sm_90 (benchmarks/compile_report_window.py, 2026-11-23; the float32 forward's of
+# compiled for sm_90 (benchmarks/window_shared_memory.py --capability 90; first measured with
+# benchmarks/compile_report_window.py, 2026-11-23; the float32 forward's of
 # 64-slot tiles 2026-11-25, with its bias tile reloaded per window), by tile class (padded
 # window: 64 slots or fewer, 128, or the long-window kernels beyond), bytes per element and padded
 # head dim (32 or fewer, 64, 128). The plugin compares them with the GPU's per-block limit (H100:
@@ -50,9 +51,11 @@ SHARED_MEMORY = {
     (64, 4, 32): (98304, 90368), (64, 4, 64): (98304, 65536), (64, 4, 128): (180224, 98304),
     (128, 2, 32): (81920, 98816), (128, 2, 64): (114688, 98304), (128, 2, 128): (229376, 163840),
     (128, 4, 32): (81920, 163840), (128, 4, 64): (163840, 196608), (128, 4, 128): (327680, 262144),
-    # Long windows (window_long_kernels.py, measured 2026-11-25): the larger of 12x12 and 16x16.
-    (256, 2, 32): (143360, 161792), (256, 2, 64): (135168, 89216), (256, 2, 128): (65536, 81920),
-    (256, 4, 32): (98304, 81920), (256, 4, 64): (32768, 131072), (256, 4, 128): (65536, 229376),
+    # Long windows (window_long_kernels.py): the larger of 12x12 and 16x16. Measured again on
+    # 2026-11-28 with benchmarks/window_shared_memory.py (every other entry came out the same): the
+    # float32 head-dim-32 forward had grown to 104 KiB, the 16-bit head-dim-64 backward shrunk to 40.
+    (256, 2, 32): (143360, 161792), (256, 2, 64): (135168, 40960), (256, 2, 128): (65536, 81920),
+    (256, 4, 32): (106496, 81920), (256, 4, 64): (32768, 131072), (256, 4, 128): (65536, 229376),
 }
 
 
