@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch.autograd import forward_ad
 
-from . import ops
+from . import flop_count, ops
 from .backend import AttentionInputs, Backend, on_device
 from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
 from .problem import build_problem
@@ -143,20 +143,29 @@ def attention(
         ``[B, *spatial, H, D_v]``, or ``(output, lse)`` with ``return_lse=True``.
     """
     tensors = (query, key, value, rpb, kq_conv, additional_keys, additional_values)
-    if torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        transformed, needs_jvp = _transforms(tensors)
+        if transformed:
+            return _transformed_call(tensors, needs_jvp, dict(
+                window=window, stride=stride, dilation=dilation, causal=causal, pattern=pattern, shift=shift,
+                scale=scale, softcap=softcap, score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse,
+            ), backend)
+    # The custom op while torch.compile traces, and where something watches the dispatch (a
+    # FlopCounterMode, a FakeTensorMode) or there is no data (meta tensors: shape inference,
+    # models initialised on the meta device): its fake implementation validates the call and gives
+    # the output shapes, and flop_count gives the FLOPs.
+    watched = not compiling and (
+        torch._C._len_torch_dispatch_stack() > 0 or (isinstance(query, torch.Tensor) and query.is_meta))
+    if compiling or watched:
+        if watched:
+            flop_count.count_with_active_counters()
         options = dict(zip(_OPTION_NAMES, (
             _hashable(window), _hashable(stride), _hashable(dilation), _hashable(causal), pattern,
             _hashable(shift), scale, softcap, score_mod, mask_mod, return_lse, backend,
         )))
         out, lse = ops.compiled_attention(tensors, options)
         return (out, lse) if return_lse else out
-
-    transformed, needs_jvp = _transforms(tensors)
-    if transformed:
-        return _transformed_call(tensors, needs_jvp, dict(
-            window=window, stride=stride, dilation=dilation, causal=causal, pattern=pattern, shift=shift, scale=scale,
-            softcap=softcap, score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse,
-        ), backend)
     if not all(t is None or isinstance(t, torch.Tensor) for t in tensors):
         # not a tensor: let validation name the argument (the cache key would raise AttributeError)
         build_problem(

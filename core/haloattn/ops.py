@@ -298,11 +298,17 @@ def attention_op(
     return out.contiguous(), lse.contiguous()
 
 
-@attention_op.register_fake
-def _attention_fake(query, key, value, rpb, kq_conv, additional_keys, additional_values, spec):
+def problem_of_spec(spec: str, *tensors: Optional[torch.Tensor]):
+    """The validated problem of a custom-op call: its tensors (any device, meta and fake ones
+    too) and its spec's options."""
     options = _options(spec)
     options.pop("backend")
-    _problem(AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values), options)
+    return _problem(AttentionInputs(*tensors), options)
+
+
+@attention_op.register_fake
+def _attention_fake(query, key, value, rpb, kq_conv, additional_keys, additional_values, spec):
+    problem_of_spec(spec, query, key, value, rpb, kq_conv, additional_keys, additional_values)
     out = query.new_empty(*query.shape[:-1], value.shape[-1])
     lse = query.new_empty(query.shape[:-1], dtype=lse_dtype(query.dtype))
     return out, lse
@@ -373,7 +379,9 @@ attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def compiled_attention(tensors: Sequence[Optional[torch.Tensor]], options: dict):
-    """The call as a custom op (used while torch.compile traces)."""
+    """The call as a custom op: while torch.compile traces, on meta tensors, and under a dispatch
+    mode (FlopCounterMode, FakeTensorMode), which then sees one op with a fake implementation and a
+    FLOP count instead of a backend's insides."""
     key = spec_key((tuple(options), tuple(options.values())))
     return torch.ops.haloattn.attention(*tensors, key)
 
