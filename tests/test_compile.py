@@ -4,6 +4,8 @@ recompile on repeated calls with the same shapes, and gives the eager outputs an
 from __future__ import annotations
 
 
+import os
+
 import pytest
 import torch
 
@@ -184,3 +186,38 @@ def test_backward_op_returns_the_layouts_its_fake_promises():
     contiguous = torch.randn(2, 5, 5, dtype=torch.float64)
     laid_out = ops._laid_out_like_fake(contiguous, rpb)
     assert laid_out.stride() == rpb.stride() and torch.equal(laid_out, contiguous)
+
+
+def test_exported_program_runs_in_another_process(tmp_path):
+    """Without mods the custom op's spec is its options as JSON, so a program from torch.export,
+    saved and loaded by a fresh process, runs there and gives this process's output; a spec with
+    a mask_mod is a key of this process only, which another process names in its error."""
+    import subprocess
+    import sys
+
+    from haloattn import api, ops
+
+    torch.manual_seed(0)
+    model = Block(window=(3, 5), dilation=(1, 2), causal=(True, False)).eval()
+    x = torch.randn(2, 7, 12, 8, dtype=torch.float64)
+    program = torch.export.export(model, (x,))
+    torch.export.save(program, tmp_path / "block.pt2")
+    torch.save((x, model(x)), tmp_path / "expected.pt")
+    script = (
+        "import sys, torch, haloattn\n"
+        "program = torch.export.load(sys.argv[1] + '/block.pt2')\n"
+        "x, expected = torch.load(sys.argv[1] + '/expected.pt')\n"
+        "torch.testing.assert_close(program.module()(x), expected, rtol=0, atol=0)\n"
+        "from haloattn import ops\n"
+        "try:\n"
+        "    ops._options(sys.argv[2])\n"
+        "except KeyError as e:\n"
+        "    print('mods spec:', e)\n"
+    )
+    options = dict(zip(api._OPTION_NAMES, (3, 1, 1, False, "neighborhood", 0, None, None, None, mask_even, False, None)))
+    with_mods = ops.spec_key((tuple(options), tuple(options.values())))
+    assert not with_mods.startswith("{")
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path), with_mods], capture_output=True, text=True,
+                         timeout=240, env={**os.environ, "HALOATTN_BACKEND": "reference"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "names call options of another process" in run.stdout

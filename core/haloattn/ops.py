@@ -9,6 +9,7 @@ implementations that validate the problem and give output shapes, so a model com
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from typing import List, Optional, Sequence, Tuple
 
@@ -228,8 +229,11 @@ _NOT_DIFFERENTIABLE_TANGENT = (
 
 
 # ---------------------------------------------------------------------------------------------
-# torch.compile path. Non-tensor arguments travel as a spec string (a key into _SPECS) because
-# custom ops take only tensors and simple values; score_mod/mask_mod are kept by reference here.
+# torch.compile path. Non-tensor arguments travel as a spec string because custom ops take only
+# tensors and simple values. Without a score_mod or mask_mod the spec is the options themselves
+# (JSON), so a graph that names it (torch.export.save, then load in another process) still
+# runs; a call with mods gets a key into _SPECS, which keeps the functions by reference in this
+# process only.
 _SPECS: dict = {}
 _RESOLVED: dict = {}
 
@@ -246,17 +250,44 @@ def _assume_constant_result(fn):
 
 @_assume_constant_result
 def spec_key(options: tuple) -> str:
-    """Register call options (hashable tuple) and return their constant key for the graph."""
+    """The spec of call options (names, values): their JSON, or a registered key with mods."""
     key = _SPECS.get(("key", options))
     if key is None:
-        key = f"spec{len(_SPECS)}"
+        key = _described(options) or f"spec{len(_SPECS)}"
         _SPECS[("key", options)] = key
         _SPECS[key] = options
     return key
 
 
+def _described(options: tuple) -> Optional[str]:
+    """The options as JSON (tuples as lists), or None where a score_mod or mask_mod (a Python
+    function, which JSON cannot carry) is among them."""
+    named = dict(zip(*options))
+    if named.get("score_mod") is not None or named.get("mask_mod") is not None:
+        return None
+    try:
+        described = json.dumps(named, separators=(",", ":"))
+    except (TypeError, ValueError):  # a value of another type (numpy integers, say) keeps a key
+        return None
+    return described if _parsed(described) == options else None
+
+
+def _parsed(described: str) -> tuple:
+    """Options (names, values) from their JSON: lists back to tuples."""
+    named = json.loads(described)
+    return tuple(named), tuple(tuple(v) if isinstance(v, list) else v for v in named.values())
+
+
 def _options(spec: str) -> dict:
-    names, values = _SPECS[spec]
+    options = _SPECS.get(spec)
+    if options is None and spec.startswith("{"):
+        # A described spec this process has not made (a graph loaded from a file): JSON gives
+        # lists where the call had tuples.
+        options = _SPECS[spec] = _parsed(spec)
+    if options is None:
+        raise KeyError(f"haloattn: spec {spec!r} names call options of another process (a call with a score_mod or "
+                       "mask_mod, whose functions only the process that traced it holds)")
+    names, values = options
     return dict(zip(names, values))
 
 
