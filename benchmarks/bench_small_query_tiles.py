@@ -1,0 +1,135 @@
+"""The `triton` kernels with 16- and 32-query tiles on small windows, against the heuristic default.
+
+A query tile's keys are the union of its queries' windows: with a 7x7 window an 8x8 tile walks
+a 14x14 box, 4.85 computed pairs per attended one on NAT-T's 56x56 grid; a 2x8 tile walks 8x14,
+2.6 (``efficiency_bounds.computed_pairs``). At head dims of 32-64 the scores' softmax, not the
+products, sets a step's time, so fewer computed pairs may win although a 16-row product runs on
+mma.sync with one warp. Per problem (bf16) this times, as CUDA-graph replays (device time): the
+default forward, and forwards with (queries, keys, warps, stages) from VARIANTS, each with the
+query and key boxes ``tiles.forward_cost`` finds cheapest for those sizes; then the default
+backward and backwards whose resident tiles have 16 or 32 tokens. Each output and gradient is
+checked against the default's.
+
+    python benchmarks/bench_small_query_tiles.py [--only 0,2] [--json FILE] [--markdown FILE]
+
+``--compile-only`` runs each config once without timing: several such processes side by side
+fill Triton's cache, so that the timed run after them compiles nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_forward_pack import PROBLEMS  # noqa: E402
+from bench_neighborhood import bench_graph  # noqa: E402
+
+from haloattn.backend import AttentionInputs  # noqa: E402
+from haloattn.backends.triton import launch, tiles  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
+
+# (queries, keys, warps, stages) of the forward variants
+VARIANTS = [(16, 64, 1, 3), (16, 32, 1, 3), (32, 64, 1, 3), (32, 64, 2, 3)]
+# (resident tokens, streamed tokens, warps) of the backward variants (both kernels)
+BACKWARD_VARIANTS = [(16, 64, 1), (32, 64, 1), (32, 32, 1)]
+
+
+def cheapest_boxes(problem, queries: int, keys: int):
+    """The query and key boxes of these sizes with the fewest computed pairs (and masked axes)."""
+    ext = tiles.group_extents(problem)
+    return min(((tiles.forward_cost(problem, q, kv, 1.0), q, kv)
+                for q in tiles._shapes(problem.rank, queries, ext) for kv in tiles._shapes(problem.rank, keys, ext)),
+               key=lambda c: c[0])[1:]
+
+
+def forward_variant(problem, default, queries, keys, warps, stages):
+    q, kv = cheapest_boxes(problem, queries, keys)
+    fwd = dict(default["fwd"], q=list(q), kv=list(kv), warps=warps, stages=stages, tma=False,
+               pack=tiles.packed_pairs(problem, q, kv, False))
+    return dict(default, fwd=tiles._fit_shared(problem, "fwd", fwd))
+
+
+def backward_variant(problem, default, resident, streamed, warps):
+    q, kv = cheapest_boxes(problem, resident, streamed)
+    knobs = dict(warps=warps, stages=2, tma=False)
+    dq = dict(default["dq"], q=list(q), kv=list(kv), **knobs)
+    dkdv = dict(default["dkdv"], q=list(kv), kv=list(q), **knobs, wait_dk=False)
+    return dict(default, dq=tiles._fit_shared(problem, "dq", dq), dkdv=tiles._fit_shared(problem, "dkdv", dkdv))
+
+
+def largest_difference(a, b) -> float:
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b) if x is not None)
+
+
+def time_problem(name, batch, spatial, heads, dim, window, options, compile_only=False):
+    q, k, v = (torch.randn(batch, *spatial, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    problem = build_problem(q, k, v, window, **options)
+    inputs = AttentionInputs(q, k, v)
+    default = tiles.default_config(problem)
+    row = {"problem": name, "q": default["fwd"]["q"], "kv": default["fwd"]["kv"]}
+    measure = (lambda r, key, fn: fn()) if compile_only else bench_graph
+    measure(row, "fwd_default", lambda: launch.forward(problem, inputs, default))
+    out, lse = launch.forward(problem, inputs, default)
+    for queries, keys, warps, stages in VARIANTS:
+        key = f"fwd_{queries}x{keys}_w{warps}_s{stages}"
+        config = forward_variant(problem, default, queries, keys, warps, stages)
+        row[key + "_tiles"] = [config["fwd"]["q"], config["fwd"]["kv"], config["fwd"]["pack"]]
+        row[key + "_diff"] = largest_difference(launch.forward(problem, inputs, config), (out, lse))
+        measure(row, key, lambda: launch.forward(problem, inputs, config))
+    grad_out = torch.randn_like(out)
+    needs = (True, True, True, False, False, False, False)
+
+    def backward(config):
+        return launch.backward(problem, inputs, out, lse, grad_out, None, needs, config)
+
+    measure(row, "bwd_default", lambda: backward(default))
+    grads = backward(default)
+    for resident, streamed, warps in BACKWARD_VARIANTS:
+        key = f"bwd_{resident}x{streamed}_w{warps}"
+        config = backward_variant(problem, default, resident, streamed, warps)
+        row[key + "_tiles"] = [config["dq"]["q"], config["dq"]["kv"]]
+        row[key + "_diff"] = largest_difference(backward(config), grads)
+        measure(row, key, lambda: backward(config))
+    if compile_only:
+        return row
+    for kind in ("fwd", "bwd"):
+        times = {k: t for k, t in row.items() if k.startswith(kind + "_") and isinstance(t, float)
+                 and not k.endswith("_diff")}
+        best = min(times, key=times.get)
+        row[kind + "_best"], row[kind + "_gain"] = best, row[kind + "_default"] / times[best]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma list of problem indices (bench_forward_pack.PROBLEMS)")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    indices = [int(i) for i in args.only.split(",")] if args.only else range(len(PROBLEMS))
+    rows = [time_problem(*PROBLEMS[i], compile_only=args.compile_only) for i in indices]
+    if args.compile_only:
+        return
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("| problem | default tiles | fwd default ms | best fwd variant | ms | gain | bwd default ms "
+                    "| best bwd variant | ms | gain |\n|---|---|---|---|---|---|---|---|---|---|\n")
+            for r in rows:
+                f.write(f"| {r['problem']} | {r['q']} / {r['kv']} | {r['fwd_default']:.4f} | {r['fwd_best']} "
+                        f"{r.get(r['fwd_best'] + '_tiles', '')} | {r[r['fwd_best']]:.4f} | {r['fwd_gain']:.2f} | "
+                        f"{r['bwd_default']:.4f} | {r['bwd_best']} {r.get(r['bwd_best'] + '_tiles', '')} | "
+                        f"{r[r['bwd_best']]:.4f} | {r['bwd_gain']:.2f} |\n")
+
+
+if __name__ == "__main__":
+    main()
