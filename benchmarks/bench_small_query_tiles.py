@@ -109,6 +109,7 @@ def time_problem(name, batch, spatial, heads, dim, window, options, compile_only
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma list of problem indices (bench_forward_pack.PROBLEMS)")
+    parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
