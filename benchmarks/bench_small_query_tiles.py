@@ -62,6 +62,57 @@ def backward_variant(problem, default, resident, streamed, warps):
     return dict(default, dq=tiles._fit_shared(problem, "dq", dq), dkdv=tiles._fit_shared(problem, "dkdv", dkdv))
 
 
+# More narrow-head problems for ``--rule``: ranks 1-3, head dims 16 and 32, windows the NAT
+# shapes above do not have.
+RULE_PROBLEMS = [
+    ("2-D 32x32, 7x7, 4x16, batch 8", 8, (32, 32), 4, 16, 7, {}),
+    ("1-D 512, window 31, 4x32, batch 8", 8, (512,), 4, 32, 31, {}),
+    ("1-D 2048, causal 127, 8x32, batch 4", 4, (2048,), 8, 32, 127, {"causal": True}),
+    ("2-D 64x64, 13x13, 4x32, batch 8", 8, (64, 64), 4, 32, 13, {}),
+    ("2-D 64x64, 13x13 dilation 2, 4x32, batch 8", 8, (64, 64), 4, 32, 13, {"dilation": 2}),
+    ("2-D 64x64, 31x31, 4x32, batch 4", 4, (64, 64), 4, 32, 31, {}),
+    ("3-D 8x16x16, 3x5x5, 4x32, batch 4", 4, (8, 16, 16), 4, 32, (3, 5, 5), {}),
+    ("3-D 8x32x32, 3x7x7 causal time, 6x32, batch 2", 2, (8, 32, 32), 6, 32, (3, 7, 7), {"causal": (True, False, False)}),
+]
+
+
+def wide_default(problem):
+    """The default config as it was before the narrow-head small tiles (tiles.NARROW_*)."""
+    saved = tiles.NARROW_FORWARD_BLOCKS, tiles.NARROW_BACKWARD_TILES
+    tiles.NARROW_FORWARD_BLOCKS, tiles.NARROW_BACKWARD_TILES = {}, (32, 32, 1, 1e-9)
+    tiles.default_config.cache_clear(), tiles._best_forward.cache_clear()
+    try:
+        return tiles.default_config(problem)
+    finally:
+        tiles.NARROW_FORWARD_BLOCKS, tiles.NARROW_BACKWARD_TILES = saved
+        tiles.default_config.cache_clear(), tiles._best_forward.cache_clear()
+
+
+def time_rule(name, batch, spatial, heads, dim, window, options, compile_only=False):
+    """The default against ``wide_default``: forward and backward, outputs compared."""
+    q, k, v = (torch.randn(batch, *spatial, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    problem = build_problem(q, k, v, window, **options)
+    inputs = AttentionInputs(q, k, v)
+    configs = {"new": tiles.default_config(problem), "old": wide_default(problem)}
+    row = {"problem": name, **{f"{n}_tiles": [c["fwd"]["q"], c["fwd"]["kv"], c["fwd"]["warps"], c["dq"]["q"],
+                                              c["dq"]["kv"], c["dq"]["warps"]] for n, c in configs.items()}}
+    measure = (lambda r, key, fn: fn()) if compile_only else bench_graph
+    grad_out = torch.randn_like(q)
+    needs = (True, True, True, False, False, False, False)
+    results = {}
+    for n, config in configs.items():
+        out, lse = launch.forward(problem, inputs, config)
+        results[n] = (out, launch.backward(problem, inputs, out, lse, grad_out, None, needs, config))
+        measure(row, f"fwd_{n}", lambda: launch.forward(problem, inputs, config))
+        measure(row, f"bwd_{n}", lambda: launch.backward(problem, inputs, out, lse, grad_out, None, needs, config))
+    row["out_diff"] = largest_difference([results["new"][0]], [results["old"][0]])
+    row["grad_diff"] = largest_difference(results["new"][1], results["old"][1])
+    if not compile_only:
+        row["fwd_gain"], row["bwd_gain"] = row["fwd_old"] / row["fwd_new"], row["bwd_old"] / row["bwd_new"]
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def largest_difference(a, b) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b) if x is not None)
 
@@ -110,13 +161,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma list of problem indices (bench_forward_pack.PROBLEMS)")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--rule", action="store_true",
+                        help="the default against the default before the narrow-head rule, on PROBLEMS + RULE_PROBLEMS")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
     torch.manual_seed(0)
-    indices = [int(i) for i in args.only.split(",")] if args.only else range(len(PROBLEMS))
-    rows = [time_problem(*PROBLEMS[i], compile_only=args.compile_only) for i in indices]
+    problems = PROBLEMS + RULE_PROBLEMS if args.rule else PROBLEMS
+    indices = [int(i) for i in args.only.split(",")] if args.only else range(len(problems))
+    timer = time_rule if args.rule else time_problem
+    rows = [timer(*problems[i], compile_only=args.compile_only) for i in indices]
     if args.compile_only:
+        return
+    if args.rule:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write("| problem | tiles before (fwd q / kv / warps, dq q / kv / warps) | tiles now | fwd before ms "
+                        "| now | gain | bwd before ms | now | gain |\n|---|---|---|---|---|---|---|---|---|\n")
+                for r in rows:
+                    f.write(f"| {r['problem']} | {r['old_tiles']} | {r['new_tiles']} | {r['fwd_old']:.4f} | "
+                            f"{r['fwd_new']:.4f} | {r['fwd_gain']:.2f} | {r['bwd_old']:.4f} | {r['bwd_new']:.4f} | "
+                            f"{r['bwd_gain']:.2f} |\n")
         return
     if args.json:
         with open(args.json, "w") as f:

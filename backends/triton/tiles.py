@@ -87,6 +87,18 @@ LAZY_RESCALE = False
 # 2 warps spill (25x slower).
 NARROW_HEAD_DIM = 32
 NARROW_DKDV_WARPS = 2
+# Narrow heads also take small query tiles where those compute fewer pairs: with a 7x7 window an
+# 8x8 query tile walks a 14x14 key box (4.85 computed pairs per attended one on a 56x56 grid), a
+# 2x8 tile an 8x14 box (2.4). At 32 channels the scores' softmax, not the products, sets a
+# step's time, so a one-warp program on mma.sync tiles pays for the fewer pairs. Forward blocks
+# (queries, keys) -> (warps, stages, speed on computed pairs, on FORWARD_BLOCKS' scale) and the
+# backward's (resident, streamed, warps, speed relative to the 64-token default), from the H200
+# run of 2026-11-29 (benchmarks/bench_small_query_tiles.py; RESULTS.md, "Small query tiles on
+# narrow heads"): 16 x 32 forwards ran at 0.57-0.60 of the default's rate on computed pairs and
+# 32 x 64 at 0.76-0.83 on the NAT shapes, the 32 x 32 backward at 0.81-0.88; at head dim 64 every
+# small tile lost (0.45-0.6), so the rule stops at NARROW_HEAD_DIM.
+NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.74), (16, 32): (1, 3, 0.53)}
+NARROW_BACKWARD_TILES = (32, 32, 1, 0.85)
 
 # Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
 # PACK_MAX (batch, head) pairs in one flat loop, as long as the launch keeps PACK_MIN_WAVES
@@ -265,18 +277,45 @@ def waits_for_dk(problem: Problem, descriptors: bool) -> bool:
     return descriptors and max(problem.head_dim, problem.value_dim) > 64
 
 
+def narrow_16bit(problem: Problem) -> bool:
+    """16-bit products on heads of at most NARROW_HEAD_DIM channels (value heads included)."""
+    return problem.dtype.itemsize == 2 and max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM
+
+
 @lru_cache(maxsize=256)
 def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
     """Query and key tile shapes, warps and stages of the cheapest forward for this problem."""
+    blocks = dict(FORWARD_BLOCKS[descriptors])
+    if narrow_16bit(problem) and not descriptors:
+        blocks.update(NARROW_FORWARD_BLOCKS)
+    best = None
+    for (bm, bn), (warps, stages, speed) in blocks.items():
+        cost, q, kv = _cheapest_boxes(problem, bm, bn, speed)
+        if best is None or cost < best[0]:
+            best = (cost, q, kv, warps, stages)
+    return best[1:]
+
+
+def _cheapest_boxes(problem: Problem, queries: int, keys: int, speed: float = 1.0):
+    """(forward_cost, query box, key box) of the cheapest boxes of these token counts."""
     ext = group_extents(problem)
     best = None
-    for (bm, bn), (warps, stages, speed) in FORWARD_BLOCKS[descriptors].items():
-        for q in _shapes(problem.rank, bm, ext):
-            for kv in _shapes(problem.rank, bn, ext):
-                cost = forward_cost(problem, q, kv, speed)
-                if best is None or cost < best[0]:
-                    best = (cost, q, kv, warps, stages)
-    return best[1:]
+    for q in _shapes(problem.rank, queries, ext):
+        for kv in _shapes(problem.rank, keys, ext):
+            cost = forward_cost(problem, q, kv, speed)
+            if best is None or cost < best[0]:
+                best = (cost, q, kv)
+    return best
+
+
+def _narrow_backward_tiles(problem: Problem, resident, stream):
+    """The backward's (resident, streamed, warps) on narrow 16-bit heads: NARROW_BACKWARD_TILES
+    where they cost less than the 64-token tiles (small windows), else None."""
+    tokens, streamed, warps, speed = NARROW_BACKWARD_TILES
+    cost, small_resident, small_stream = _cheapest_boxes(problem, tokens, streamed, speed)
+    if cost < forward_cost(problem, resident, stream, 1.0):
+        return list(small_resident), list(small_stream), warps
+    return None
 
 
 def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, item: int) -> int:
@@ -353,13 +392,17 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     small = max(problem.head_dim, problem.value_dim) <= 128
     resident = fit(q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
     stream = fit(kv, ext, EXACT_FLOAT32_STREAM if exact_float32 else 64)
+    warps = 4 if small else 8
+    narrow = _narrow_backward_tiles(problem, resident, stream) if narrow_key_major(problem, exact_float32) else None
+    if narrow:
+        resident, stream, warps = narrow
     backward_descriptors = (backward_descriptor_loads(problem)
                             and steps_per_tile(problem, resident, stream) > BACKWARD_SHORT_WALK_STEPS)
-    knobs = {"warps": 4 if small else 8, "stages": 2, "tma": backward_descriptors,
+    knobs = {"warps": warps, "stages": 2, "tma": backward_descriptors,
              "anchor": ANCHOR_TILES, "axis_masks": False}
     dq = {"q": resident, "kv": stream, **knobs}
     dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"])}
-    if narrow_key_major(problem, exact_float32):
+    if narrow_key_major(problem, exact_float32) and not narrow:
         dkdv["warps"] = NARROW_DKDV_WARPS
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
 
@@ -381,8 +424,7 @@ def jvp_tiles(problem: Problem, dq: Dict) -> Dict:
 def narrow_key_major(problem: Problem, exact_float32: bool = False) -> bool:
     """Whether the dK/dV kernel runs its 64-token tiles with NARROW_DKDV_WARPS warps: 16-bit
     products on heads of at most NARROW_HEAD_DIM channels."""
-    return (not exact_float32 and problem.dtype.itemsize == 2
-            and max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM)
+    return not exact_float32 and narrow_16bit(problem)
 
 
 def candidate_configs(problem: Problem) -> List[Dict]:
