@@ -91,14 +91,18 @@ NARROW_DKDV_WARPS = 2
 # 8x8 query tile walks a 14x14 key box (4.85 computed pairs per attended one on a 56x56 grid), a
 # 2x8 tile an 8x14 box (2.4). At 32 channels the scores' softmax, not the products, sets a
 # step's time, so a one-warp program on mma.sync tiles pays for the fewer pairs. Forward blocks
-# (queries, keys) -> (warps, stages, speed on computed pairs, on FORWARD_BLOCKS' scale) and the
-# backward's (resident, streamed, warps, speed relative to the 64-token default), from the H200
-# run of 2026-11-29 (benchmarks/bench_small_query_tiles.py; RESULTS.md, "Small query tiles on
-# narrow heads"): 16 x 32 forwards ran at 0.57-0.60 of the default's rate on computed pairs and
-# 32 x 64 at 0.76-0.83 on the NAT shapes, the 32 x 32 backward at 0.81-0.88; at head dim 64 every
-# small tile lost (0.45-0.6), so the rule stops at NARROW_HEAD_DIM.
-NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.74), (16, 32): (1, 3, 0.53)}
-NARROW_BACKWARD_TILES = (32, 32, 1, 0.85)
+# (queries, keys) -> (warps, stages, speed on computed pairs, on FORWARD_BLOCKS' scale), from two
+# H200 runs of 2026-11-29 (benchmarks/bench_small_query_tiles.py; RESULTS.md, "Small query tiles
+# on narrow heads"): on eleven narrow problems 16 x 32 forwards ran at 0.51-0.57 of the 64 x 64
+# default's rate on computed pairs and 32 x 64 at 0.66-0.76; at head dim 64 every small tile
+# lost (0.45-0.6 with the fewer pairs counted), so the rule stops at NARROW_HEAD_DIM.
+NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
+# Where the forward takes such a tile, the backward runs (resident, streamed) boxes of these
+# tokens with this many warps: 1.03-1.46x the 64-token backward on the same runs. Its own cost
+# comparison (same model, 0.62-0.86 of the rate) separated the winners from the two losers
+# (0.91x at 13x13 with dilation 2) by less than its noise; following the forward's choice kept
+# every measured win above 1.03x and lost nowhere.
+NARROW_BACKWARD_TILES = (32, 32, 1)
 
 # Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
 # PACK_MAX (batch, head) pairs in one flat loop, as long as the launch keeps PACK_MIN_WAVES
@@ -308,16 +312,6 @@ def _cheapest_boxes(problem: Problem, queries: int, keys: int, speed: float = 1.
     return best
 
 
-def _narrow_backward_tiles(problem: Problem, resident, stream):
-    """The backward's (resident, streamed, warps) on narrow 16-bit heads: NARROW_BACKWARD_TILES
-    where they cost less than the 64-token tiles (small windows), else None."""
-    tokens, streamed, warps, speed = NARROW_BACKWARD_TILES
-    cost, small_resident, small_stream = _cheapest_boxes(problem, tokens, streamed, speed)
-    if cost < forward_cost(problem, resident, stream, 1.0):
-        return list(small_resident), list(small_stream), warps
-    return None
-
-
 def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, item: int) -> int:
     """Rough (conservative) shared memory of one program: the streamed operand tiles times the
     pipeline depth plus the resident ones."""
@@ -393,9 +387,10 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     resident = fit(q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
     stream = fit(kv, ext, EXACT_FLOAT32_STREAM if exact_float32 else 64)
     warps = 4 if small else 8
-    narrow = _narrow_backward_tiles(problem, resident, stream) if narrow_key_major(problem, exact_float32) else None
+    narrow = narrow_key_major(problem, exact_float32) and math.prod(q) < 64  # the forward chose small tiles
     if narrow:
-        resident, stream, warps = narrow
+        tokens, streamed, warps = NARROW_BACKWARD_TILES
+        resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
     backward_descriptors = (backward_descriptor_loads(problem)
                             and steps_per_tile(problem, resident, stream) > BACKWARD_SHORT_WALK_STEPS)
     knobs = {"warps": warps, "stages": 2, "tma": backward_descriptors,
