@@ -245,12 +245,13 @@ def test_short_backward_walks_read_by_pointer(monkeypatch, forget_configs):
 
 
 def test_narrow_heads_take_a_two_warp_key_major_pass():
-    """16-bit heads of at most 32 channels run dK/dV with 2 warps (1.05-1.27x the backward on the
-    H100); wider heads, and float32, keep 4; the tuning candidates hold the other choice."""
+    """16-bit heads of at most 32 channels run dK/dV's 64-token tiles with 2 warps (1.05-1.27x the
+    backward on the H100); wider heads, and float32, keep 4; the tuning candidates hold the other
+    choice. (A 31x31 window: on small ones narrow heads take small tiles, the test below.)"""
     def key_major_warps(head_dim, dtype, value_dim=None):
         q = torch.empty(8, 56, 56, 2, head_dim, dtype=dtype)
         v = torch.empty(8, 56, 56, 2, value_dim or head_dim, dtype=dtype)
-        problem = build_problem(q, q, v, 7)
+        problem = build_problem(q, q, v, 31)
         return (tiles.default_config(problem)["dkdv"]["warps"],
                 sorted({c["dkdv"]["warps"] for c in tiles.candidate_configs(problem)}))
 
@@ -259,6 +260,38 @@ def test_narrow_heads_take_a_two_warp_key_major_pass():
     assert key_major_warps(32, torch.bfloat16, value_dim=64)[0] == 4
     assert key_major_warps(64, torch.bfloat16) == (4, [1, 4, 8])
     assert key_major_warps(32, torch.float32)[0] == 4
+
+
+def test_narrow_heads_take_small_tiles_on_small_windows():
+    """16-bit heads of at most 32 channels on a 7x7 window: a one-warp forward on 16- or 32-query
+    tiles (about half the computed pairs of 8x8 tiles) and a one-warp backward on 32-token tiles;
+    DiNAT's dilated layer (walks of one tile) a packed two-warp forward on 32 queries, its
+    backward on 64-token tiles; 64-channel heads and float32 keep 64-token tiles. The old
+    default stays among the tuning candidates."""
+    def config(head_dim, dtype, **options):
+        q = torch.empty(8, 56, 56, 2, head_dim, dtype=dtype)
+        problem = build_problem(q, q, q, 7, **options)
+        return problem, tiles.default_config(problem)
+
+    problem, narrow = config(32, torch.bfloat16)
+    assert math.prod(narrow["fwd"]["q"]) in (16, 32) and narrow["fwd"]["warps"] == 1
+    for kernel in ("dq", "dkdv"):
+        assert math.prod(narrow[kernel]["q"]) == math.prod(narrow[kernel]["kv"]) == 32
+        assert narrow[kernel]["warps"] == 1
+    wide_queries = [c["fwd"] for c in tiles.candidate_configs(problem)
+                    if math.prod(c["fwd"]["q"]) == 64 and c["fwd"]["warps"] == 4]
+    assert wide_queries, "the 64-query four-warp forward is still a tuning candidate"
+    assert tiles.forward_cost(problem, narrow["fwd"]["q"], narrow["fwd"]["kv"], 1.0) < 0.6 * tiles.forward_cost(
+        problem, wide_queries[0]["q"], wide_queries[0]["kv"], 1.0)
+
+    _, dilated = config(32, torch.float16, dilation=8)
+    assert (math.prod(dilated["fwd"]["q"]), dilated["fwd"]["warps"]) == (32, 2) and dilated["fwd"]["pack"] > 1
+    assert math.prod(dilated["dq"]["q"]) == 64 and dilated["dkdv"]["warps"] == tiles.NARROW_DKDV_WARPS
+
+    for head_dim, dtype in ((64, torch.bfloat16), (32, torch.float32)):
+        _, wide = config(head_dim, dtype)
+        assert math.prod(wide["fwd"]["q"]) >= 64 and math.prod(wide["dq"]["q"]) >= 16, (head_dim, dtype)
+        assert wide["fwd"]["warps"] >= 4, (head_dim, dtype)
 
 
 def test_every_tuning_candidate_runs_forward_correctly():

@@ -103,6 +103,12 @@ NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
 # (0.91x at 13x13 with dilation 2) by less than its noise; following the forward's choice kept
 # every measured win above 1.03x and lost nowhere.
 NARROW_BACKWARD_TILES = (32, 32, 1)
+# Narrow heads whose forward walks are short enough to pack (PACK_MAX_STEPS: DiNAT's dilated
+# layers, whose 7x7 dilation groups one tile covers, and grids no larger than the window) run
+# ((queries, keys), (warps, stages)) with the pairs packed: 1.39-1.43x the forward of 8x8 tiles
+# with 8 warps on the three such problems of the 2026-11-29 run (one warp: 1.02-1.52x). Their
+# backward keeps its tiles (32-token ones measured 0.97-1.01x there).
+NARROW_SHORT_WALK_BLOCK = ((32, 64), (2, 3))
 
 # Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
 # PACK_MAX (batch, head) pairs in one flat loop, as long as the launch keeps PACK_MIN_WAVES
@@ -372,6 +378,11 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
+    backward_q, backward_kv = q, kv  # the backward's tiles follow these (not the short-walk tiles below)
+    if (narrow_16bit(problem) and not descriptors and math.prod(q) >= 64
+            and steps_per_tile(problem, q, kv) <= PACK_MAX_STEPS):
+        (queries, keys), (warps, stages) = NARROW_SHORT_WALK_BLOCK
+        q, kv = _cheapest_boxes(problem, queries, keys)[1:]
     if descriptors and max(problem.head_dim, problem.value_dim) <= SHORT_WALK_MAX_HEAD_DIM:
         descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
@@ -384,10 +395,11 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     # small windows). Larger head dims keep 128 tokens and 8 warps: with 4 warps the float32
     # accumulators (two 64 x D in dK/dV) would not fit in registers.
     small = max(problem.head_dim, problem.value_dim) <= 128
-    resident = fit(q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
-    stream = fit(kv, ext, EXACT_FLOAT32_STREAM if exact_float32 else 64)
+    resident = fit(backward_q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
+    stream = fit(backward_kv, ext, EXACT_FLOAT32_STREAM if exact_float32 else 64)
     warps = 4 if small else 8
-    narrow = narrow_key_major(problem, exact_float32) and math.prod(q) < 64  # the forward chose small tiles
+    # Small tiles where the forward's cost chose them for their fewer pairs.
+    narrow = narrow_key_major(problem, exact_float32) and math.prod(backward_q) < 64
     if narrow:
         tokens, streamed, warps = NARROW_BACKWARD_TILES
         resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
