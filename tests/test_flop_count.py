@@ -92,3 +92,33 @@ def test_fake_tensor_mode_gives_fake_outputs():
         out, lse = haloattn.attention(q, kv, kv, (3, 5), return_lse=True)
     assert isinstance(out, FakeTensor) and out.shape == (2, 6, 7, 4, 8)
     assert isinstance(lse, FakeTensor) and lse.shape == (2, 6, 7, 4) and lse.dtype == torch.float32
+
+
+def test_selective_activation_checkpointing_saves_the_op():
+    """Selective activation checkpointing runs its policy in a dispatch mode: the call reaches it
+    as one op, which a policy can save (as torch's own SDPA), and the gradients are unchanged."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    seen = []
+
+    def policy(ctx, op, *args, **kwargs):
+        seen.append(op)
+        return CheckpointPolicy.MUST_SAVE if op == torch.ops.haloattn.attention.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    gen = torch.Generator().manual_seed(5)
+    projection = torch.nn.Linear(16, 48, dtype=torch.float64)
+    x = torch.randn(2, 6, 7, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    def block(x):
+        q, k, v = projection(x).reshape(*x.shape[:-1], 3, 2, 8).unbind(-3)
+        return (haloattn.attention(q, k, v, (3, 5), dilation=(2, 1)) ** 2).sum()
+
+    plain = torch.autograd.grad(block(x), (x, projection.weight))
+    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    checkpointed = torch.autograd.grad(checkpoint(block, x, use_reentrant=False, context_fn=context),
+                                       (x, projection.weight))
+    assert torch.ops.haloattn.attention.default in seen
+    for a, b in zip(checkpointed, plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
