@@ -173,32 +173,33 @@ def main() -> None:
     rows = [timer(*problems[i], compile_only=args.compile_only) for i in indices]
     if args.compile_only:
         return
-    if args.rule:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
-        if args.markdown:
-            with open(args.markdown, "w") as f:
-                f.write("| problem | tiles before (fwd q / kv / warps, dq q / kv / warps) | tiles now | fwd before ms "
-                        "| now | gain | bwd before ms | now | gain |\n|---|---|---|---|---|---|---|---|---|\n")
-                for r in rows:
-                    f.write(f"| {r['problem']} | {r['old_tiles']} | {r['new_tiles']} | {r['fwd_old']:.4f} | "
-                            f"{r['fwd_new']:.4f} | {r['fwd_gain']:.2f} | {r['bwd_old']:.4f} | {r['bwd_new']:.4f} | "
-                            f"{r['bwd_gain']:.2f} |\n")
-        return
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write("| problem | default tiles | fwd default ms | best fwd variant | ms | gain | bwd default ms "
-                    "| best bwd variant | ms | gain |\n|---|---|---|---|---|---|---|---|---|---|\n")
-            for r in rows:
-                f.write(f"| {r['problem']} | {r['q']} / {r['kv']} | {r['fwd_default']:.4f} | {r['fwd_best']} "
-                        f"{r.get(r['fwd_best'] + '_tiles', '')} | {r[r['fwd_best']]:.4f} | {r['fwd_gain']:.2f} | "
-                        f"{r['bwd_default']:.4f} | {r['bwd_best']} {r.get(r['bwd_best'] + '_tiles', '')} | "
-                        f"{r[r['bwd_best']]:.4f} | {r['bwd_gain']:.2f} |\n")
+            f.write((rule_table if args.rule else variants_table)(rows))
 
+
+def variants_table(rows) -> str:
+    lines = ["| problem | default tiles | fwd default ms | best fwd variant | ms | gain | bwd default ms "
+             "| best bwd variant | ms | gain |", "|---" * 10 + "|"]
+    for r in rows:
+        fwd, bwd = r["fwd_best"], r["bwd_best"]
+        lines.append(f"| {r['problem']} | {r['q']} / {r['kv']} | {r['fwd_default']:.4f} | {fwd} "
+                     f"{r.get(fwd + '_tiles', '')} | {r[fwd]:.4f} | {r['fwd_gain']:.2f} | {r['bwd_default']:.4f} | "
+                     f"{bwd} {r.get(bwd + '_tiles', '')} | {r[bwd]:.4f} | {r['bwd_gain']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def rule_table(rows) -> str:
+    lines = ["| problem | tiles before (fwd q / kv / warps, dq q / kv / warps) | tiles now | fwd before ms | now "
+             "| gain | bwd before ms | now | gain |", "|---" * 9 + "|"]
+    for r in rows:
+        lines.append(f"| {r['problem']} | {r['old_tiles']} | {r['new_tiles']} | {r['fwd_old']:.4f} | "
+                     f"{r['fwd_new']:.4f} | {r['fwd_gain']:.2f} | {r['bwd_old']:.4f} | {r['bwd_new']:.4f} | "
+                     f"{r['bwd_gain']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 if __name__ == "__main__":
     main()
