@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch.autograd import forward_ad
 
-from . import flop_count, ops
+from . import flop_count, ops, sharding
 from .backend import AttentionInputs, Backend, on_device
 from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
 from .problem import build_problem
@@ -51,6 +51,12 @@ _OPTION_NAMES = (
 
 def _hashable(value):
     return tuple(value) if isinstance(value, list) else value
+
+
+def _dispatches_itself(t: torch.Tensor) -> bool:
+    """A tensor subclass with its own __torch_dispatch__ (a FakeTensor, say), which has to meet
+    the custom op rather than a backend's kernels."""
+    return type(t).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
 
 
 def _tensor_key(t: Optional[torch.Tensor]):
@@ -144,6 +150,16 @@ def attention(
     """
     tensors = (query, key, value, rpb, kq_conv, additional_keys, additional_values)
     compiling = torch.compiler.is_compiling()
+    plain = type(query) is torch.Tensor  # not a subclass (DTensor, FakeTensor, Parameter)
+    if not compiling and not plain and sharding.is_dtensor(query):
+        # Each rank runs its shards through the plain call below (sharding.py).
+        def local_call(q, k, v, local_rpb, local_kq_conv, local_keys, local_values):
+            return attention(q, k, v, window, stride=stride, dilation=dilation, causal=causal, pattern=pattern,
+                             shift=shift, scale=scale, softcap=softcap, rpb=local_rpb, score_mod=score_mod,
+                             mask_mod=mask_mod, kq_conv=local_kq_conv, additional_keys=local_keys,
+                             additional_values=local_values, return_lse=True, backend=backend)
+
+        return sharding.attention(tensors, local_call, return_lse)
     if not compiling:
         transformed, needs_jvp = _transforms(tensors)
         if transformed:
@@ -152,11 +168,13 @@ def attention(
                 scale=scale, softcap=softcap, score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse,
             ), backend)
     # The custom op while torch.compile traces, and where something watches the dispatch (a
-    # FlopCounterMode, a FakeTensorMode) or there is no data (meta tensors: shape inference,
-    # models initialised on the meta device): its fake implementation validates the call and gives
-    # the output shapes, and flop_count gives the FLOPs.
+    # FlopCounterMode, a FakeTensorMode), there is no data (meta tensors: shape inference, models
+    # initialised on the meta device) or the tensors dispatch themselves (a FakeTensor outside
+    # its mode): its fake implementation validates the call and gives the output shapes, and
+    # flop_count gives the FLOPs.
     watched = not compiling and (
-        torch._C._len_torch_dispatch_stack() > 0 or (isinstance(query, torch.Tensor) and query.is_meta))
+        torch._C._len_torch_dispatch_stack() > 0
+        or (isinstance(query, torch.Tensor) and (query.is_meta or (not plain and _dispatches_itself(query)))))
     if compiling or watched:
         if watched:
             flop_count.count_with_active_counters()
