@@ -397,15 +397,15 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     small = max(problem.head_dim, problem.value_dim) <= 128
     resident = fit(backward_q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
     stream = fit(backward_kv, ext, EXACT_FLOAT32_STREAM if exact_float32 else 64)
-    warps = 4 if small else 8
+    backward_warps = 4 if small else 8
     # Small tiles where the forward's cost chose them for their fewer pairs.
     narrow = narrow_key_major(problem, exact_float32) and math.prod(backward_q) < 64
     if narrow:
-        tokens, streamed, warps = NARROW_BACKWARD_TILES
+        tokens, streamed, backward_warps = NARROW_BACKWARD_TILES
         resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
     backward_descriptors = (backward_descriptor_loads(problem)
                             and steps_per_tile(problem, resident, stream) > BACKWARD_SHORT_WALK_STEPS)
-    knobs = {"warps": warps, "stages": 2, "tma": backward_descriptors,
+    knobs = {"warps": backward_warps, "stages": 2, "tma": backward_descriptors,
              "anchor": ANCHOR_TILES, "axis_masks": False}
     dq = {"q": resident, "kv": stream, **knobs}
     dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"])}
@@ -429,8 +429,9 @@ def jvp_tiles(problem: Problem, dq: Dict) -> Dict:
 
 
 def narrow_key_major(problem: Problem, exact_float32: bool = False) -> bool:
-    """Whether the dK/dV kernel runs its 64-token tiles with NARROW_DKDV_WARPS warps: 16-bit
-    products on heads of at most NARROW_HEAD_DIM channels."""
+    """Whether the backward takes the narrow-head rules (NARROW_DKDV_WARPS on 64-token dK/dV
+    tiles, NARROW_BACKWARD_TILES where the forward took small ones): 16-bit products on heads of
+    at most NARROW_HEAD_DIM channels."""
     return not exact_float32 and narrow_16bit(problem)
 
 
