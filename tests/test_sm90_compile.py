@@ -42,8 +42,11 @@ CASES = {
     # head_dim 192: 128-query dQ tiles against 64-key tiles (non-square pair masks).
     "neighbourhood_2d_causal_hd192_dv64": (launch, (10, 12), (5, 3), torch.bfloat16, 2, 1, 192, 64, False, 0,
                                            dict(causal=(True, False))),
-    # Packed forward programs (several (batch, head) pairs a program), with a bias per head.
-    "neighbourhood_2d_packed_pairs_rpb": (launch, (14, 14), 7, torch.bfloat16, 4, 2, 32, 32, True, 0, {}),
+    # Packed forward programs (several (batch, head) pairs a program), with a bias per head; head
+    # dim 64 keeps the 64-query wgmma forward whose asynchrony the test below checks.
+    "neighbourhood_2d_packed_pairs_rpb": (launch, (14, 14), 7, torch.bfloat16, 4, 2, 64, 64, True, 0, {}),
+    # Narrow heads on a small window: one-warp mma.sync forward on 16 queries, 32-token backward.
+    "neighbourhood_2d_narrow_small_tiles": (launch, (28, 28), 7, torch.bfloat16, 4, 2, 32, 32, False, 0, {}),
     "window_swin_shift_rpb": (window_launch, (14, 14), 7, torch.float16, 3, 3, 32, 32, True, 0, dict(shift=3)),
     "window_3d_dilated_causal_gqa_softcap": (window_launch, (4, 8, 8), (2, 2, 4), torch.float32, 4, 2, 30, 16,
                                              True, 0, dict(dilation=(1, 2, 2), causal=(True, False, False),
