@@ -296,7 +296,7 @@ def narrow_16bit(problem: Problem) -> bool:
 def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
     """Query and key tile shapes, warps and stages of the cheapest forward for this problem."""
     blocks = dict(FORWARD_BLOCKS[descriptors])
-    if narrow_16bit(problem) and not descriptors:
+    if narrow_16bit(problem):  # (read by pointer: descriptors start at DESCRIPTOR_MIN_HEAD_DIM)
         blocks.update(NARROW_FORWARD_BLOCKS)
     best = None
     for (bm, bn), (warps, stages, speed) in blocks.items():
@@ -379,8 +379,7 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
     backward_q, backward_kv = q, kv  # the backward's tiles follow these (not the short-walk tiles below)
-    if (narrow_16bit(problem) and not descriptors and math.prod(q) >= 64
-            and steps_per_tile(problem, q, kv) <= PACK_MAX_STEPS):
+    if narrow_16bit(problem) and math.prod(q) >= 64 and steps_per_tile(problem, q, kv) <= PACK_MAX_STEPS:
         (queries, keys), (warps, stages) = NARROW_SHORT_WALK_BLOCK
         q, kv = _cheapest_boxes(problem, queries, keys)[1:]
     if descriptors and max(problem.head_dim, problem.value_dim) <= SHORT_WALK_MAX_HEAD_DIM:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .geometry import attended_pairs
+from .ops import problem_of_spec
 
 _registered = False
 
@@ -50,15 +51,11 @@ def backward_flops(problem) -> int:
 
 def _attention_formula(query, key, value, rpb, kq_conv, additional_keys, additional_values, spec, *,
                        out_val=None, **_):
-    from .ops import problem_of_spec
-
     return forward_flops(problem_of_spec(spec, query, key, value, rpb, kq_conv, additional_keys, additional_values))
 
 
 def _backward_formula(grad_out, grad_lse, query, key, value, rpb, kq_conv, additional_keys, additional_values,
                       out, lse, spec, needs, *, out_val=None, **_):
-    from .ops import problem_of_spec
-
     return backward_flops(problem_of_spec(spec, query, key, value, rpb, kq_conv, additional_keys, additional_values))
 
 

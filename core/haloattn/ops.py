@@ -297,10 +297,8 @@ def _resolve(spec: str, inputs: AttentionInputs):
     )
     resolved = _RESOLVED.get(signature)
     if resolved is None:
-        options = _options(spec)
-        forced = options.pop("backend")
-        problem = _problem(inputs, options)
-        backend, config = DISPATCHER.select(problem, forced)
+        problem = problem_of_spec(spec, *inputs)
+        backend, config = DISPATCHER.select(problem, _options(spec)["backend"])
         resolved = _RESOLVED[signature] = (problem, backend, config)
     return resolved
 
