@@ -472,6 +472,7 @@ def time_triton_and_dense(index, dense_cache, phase):
             row[f"dense_{step}{timing}_tflops"] = tflops(dense, f"dense_{step}{timing}_ms", factor * dense["dense_flops"])
     phase("dense cuDNN done")
 
+    time_dense_windows(problem, row)
     out = haloattn.attention(q, k, v, window, backend="triton", **options)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -497,6 +498,63 @@ def time_triton_and_dense(index, dense_cache, phase):
     add_rates(row, "triton")
     phase("triton done")
     return row
+
+
+def blocked_windows(problem):
+    """(windows, tokens per window) where every query attends exactly its own aligned block (stride
+    == window dividing the axis, undilated, not causal, pattern "neighborhood" on every axis), else
+    None. Such a problem is a batch of independent dense attentions."""
+    if problem.pattern != "neighborhood":
+        return None
+    if any(a.stride != a.window or a.length % a.window or a.dilation != 1 or a.causal for a in problem.axes):
+        return None
+    windows = 1
+    for a in problem.axes:
+        windows *= a.length // a.window
+    return windows, problem.tokens // windows
+
+
+def time_dense_windows(problem, row):
+    """On a blocked problem, the dense kernels on the same work: each window's tokens gathered into
+    a contiguous sequence (the gather is not timed) and attended by SDPA's cuDNN and Flash kernels
+    as a batch of short sequences. It shows how fast the best dense kernels run these short
+    sequences, a yardstick beside the long-sequence cuDNN rate that the efficiency divides by."""
+    blocked = blocked_windows(problem)
+    if blocked is None:
+        return
+    windows, tokens = blocked
+    shape = (BATCH * windows, HEADS, tokens, problem.head_dim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    go = torch.randn_like(q)
+    row["windows_dense_shape"] = list(shape)
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        with sdpa_kernel(backend):
+            bench_graph(row, f"windows_{name}_fwd_graph_ms", lambda: F.scaled_dot_product_attention(q, k, v))
+            bench_graph(row, f"windows_{name}_fwdbwd_graph_ms",
+                        lambda: F.scaled_dot_product_attention(q, k, v).backward(go))
+        for step, factor in (("fwd", 1.0), ("fwdbwd", 3.5)):
+            rate = tflops(row, f"windows_{name}_{step}_graph_ms", factor * row["fwd_flops"])
+            if rate is not None:
+                row[f"windows_{name}_{step}_graph_tflops"] = rate
+                row[f"windows_{name}_{step}_graph_efficiency"] = rate / row[f"dense_{step}_graph_tflops"]
+
+
+def windows_table(rows):
+    """Blocked problems: triton beside the dense kernels on the windows as a batch (CUDA graph)."""
+    lines = ["| problem | windows as a batch | step | triton TFLOP/s | cuDNN TFLOP/s | Flash TFLOP/s "
+             "| long-sequence cuDNN TFLOP/s | triton / best of them |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "windows_dense_shape" not in r:
+            continue
+        for step in ("fwd", "fwdbwd"):
+            rates = [r.get(f"windows_{n}_{step}_graph_tflops") for n in ("cudnn", "flash")]
+            ours = r.get(f"triton_{step}_graph_tflops")
+            best = max((x for x in rates if x is not None), default=None)
+            cells = [format(x, ".0f") if x is not None else "-" for x in (ours, *rates, r.get(f"dense_{step}_graph_tflops"))]
+            ratio = format(ours / best, ".2f") if ours and best else "-"
+            lines.append(f"| {r['problem']} | {'x'.join(map(str, r['windows_dense_shape']))} | {step} | "
+                         + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def tflops(row, key, flops):
@@ -616,6 +674,9 @@ def main():
             add_flex(row, dict(compiled.get(index, {}), **timed.get(index, {})))
 
     table = markdown_table(rows)
+    blocked = windows_table(rows)
+    if blocked:
+        table += "\n\nThe blocked problems beside dense attention over their windows as a batch (CUDA graph):\n\n" + blocked
     print(table)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "seconds": time.time() - began}

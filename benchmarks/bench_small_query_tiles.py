@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -77,14 +78,18 @@ RULE_PROBLEMS = [
 
 
 def wide_default(problem):
-    """The default config as it was before the narrow-head small tiles (tiles.NARROW_*)."""
-    saved = tiles.NARROW_FORWARD_BLOCKS, tiles.NARROW_BACKWARD_TILES
+    """The default config as it was before the narrow-head small tiles (tiles.NARROW_*): no small
+    forward blocks, no small backward tiles, and packable walks on the wide forward's own block
+    (the short-walk block is set to it, which gives its boxes, warps and stages back)."""
+    saved = tiles.NARROW_FORWARD_BLOCKS, tiles.NARROW_BACKWARD_TILES, tiles.NARROW_SHORT_WALK_BLOCK
     tiles.NARROW_FORWARD_BLOCKS, tiles.NARROW_BACKWARD_TILES = {}, (32, 32, 1, 1e-9)
     tiles.default_config.cache_clear(), tiles._best_forward.cache_clear()
     try:
+        q, kv, warps, stages = tiles._best_forward(problem, tiles.descriptor_loads(problem))
+        tiles.NARROW_SHORT_WALK_BLOCK = ((math.prod(q), math.prod(kv)), (warps, stages))
         return tiles.default_config(problem)
     finally:
-        tiles.NARROW_FORWARD_BLOCKS, tiles.NARROW_BACKWARD_TILES = saved
+        tiles.NARROW_FORWARD_BLOCKS, tiles.NARROW_BACKWARD_TILES, tiles.NARROW_SHORT_WALK_BLOCK = saved
         tiles.default_config.cache_clear(), tiles._best_forward.cache_clear()
 
 
