@@ -19,11 +19,13 @@ tiles or one more per axis. Both backends now anchor only where that adds no ste
 share.
 
     python benchmarks/efficiency_bounds.py [--dense-tflops 630] [--bandwidth-tbs 3.0]
+    python benchmarks/efficiency_bounds.py --measured runs/2026-11-29_h200_neighborhood_flex_0539.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -94,11 +96,43 @@ def best_box(problem):
     return best
 
 
+def measured_rates(path: str) -> None:
+    """From a ``bench_neighborhood.py --json`` file: per problem, the forward's efficiency (do_bench
+    / CUDA graph), the default tiles' computed pairs per attended pair, their product (the kernel's
+    rate on the pairs it computes, as a fraction of cuDNN's dense rate) and the ceiling those tiles
+    leave a kernel running at cuDNN's own rate (1 / computed per attended). Blocked problems timed
+    beside dense SDPA over their windows also get the rate against that."""
+    with open(path) as f:
+        rows = {r["problem"]: r for r in json.load(f)["rows"]}
+    print("| problem | forward efficiency (do_bench / graph) | computed / attended | rate on computed pairs / cuDNN's "
+          "| ceiling at cuDNN's rate with these tiles | against dense SDPA over the windows |")
+    print("|---|---|---|---|---|---|")
+    for name, spatial, window, options, D in PROBLEMS:
+        row = rows.get(name)
+        if row is None or "fwd_efficiency" not in row:
+            continue
+        q = torch.empty(BATCH, *spatial, HEADS, D, dtype=torch.bfloat16, device="meta")
+        problem = build_problem(q, q, q, window, **options)
+        fwd = tiles.default_config(problem)["fwd"]
+        waste = computed_pairs(problem, fwd["q"], fwd["kv"]) / attended_pairs(problem)
+        eff = (row["fwd_efficiency"], row.get("fwd_graph_efficiency", float("nan")))
+        windows = [row.get(f"windows_{n}_fwd_graph_tflops") for n in ("cudnn", "flash")]
+        best = max((w for w in windows if w), default=None)
+        against = f"{row['triton_fwd_graph_tflops'] / best:.2f}" if best else "-"
+        print(f"| {name} | {eff[0]:.2f} / {eff[1]:.2f} | {waste:.2f} | {eff[0] * waste:.2f} / {eff[1] * waste:.2f} "
+              f"| {1 / waste:.2f} | {against} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dense-tflops", type=float, default=630.0, help="dense cuDNN forward rate (H100: 610-680)")
     parser.add_argument("--bandwidth-tbs", type=float, default=3.0, help="device copy bandwidth (H100 HBM3: ~3.0)")
+    parser.add_argument("--measured", metavar="JSON", help="a bench_neighborhood.py --json file: the kernel's rate on "
+                                                           "the pairs it computes, per problem")
     args = parser.parse_args()
+    if args.measured:
+        measured_rates(args.measured)
+        return
     print("| problem | default tiles | computed / attended | best box | computed / attended | memory-bound ceiling "
           "| unmasked steps, box-aligned / anchored key tiles |")
     print("|---|---|---|---|---|---|---|")
