@@ -12,6 +12,9 @@ effective TFLOP/s of a method / dense cuDNN TFLOP/s in the same run. Every metho
 kernels is timed by the host) and medians of CUDA-graph replays (device time alone, the
 ``graph`` columns; a call that cannot be captured gets no graph figure and says why). ``--tune 0,1`` also times every tuning candidate (forward
 and backward kernels) of those problems and reports how far the heuristic default is from the best.
+Blocked problems (stride == window dividing every axis) are also timed as what they are, a batch of
+short dense attentions: SDPA's cuDNN and Flash kernels over the windows gathered into contiguous
+sequences (``time_dense_windows``), a second table beside the first.
 
 FlexAttention is bounded per problem, so one stalled compile costs one row ("timeout"), not the
 run. It runs in worker processes of this script: first a compile phase, one worker per problem in
