@@ -274,17 +274,8 @@ def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, need
     go = grad_out.reshape(problem.batch, problem.tokens, problem.heads, -1)
     gl = grad_lse.reshape(problem.batch, problem.tokens, problem.heads) if grad_lse is not None else None
     for block in blocks(problem, problem.device):
-        # Padding rows of ragged tiles are recomputed too; a zero seed keeps them out of the sums.
-        real = None if block.row_valid is None else block.row_valid.view(1, -1, 1)
         with recording_autograd():  # backward runs with grad mode off: build every output inside
-            o, l = attend_block(problem, leaves, block)
-            seed = go.index_select(1, block.rows).to(o.dtype)
-            outputs, seeds = [o], [seed if real is None else seed * real.unsqueeze(-1)]
-            if gl is not None:
-                finite = torch.isfinite(l)
-                outputs.append(torch.where(finite, l, torch.zeros_like(l)))
-                seed = gl.index_select(1, block.rows).to(l.dtype)
-                seeds.append(seed if real is None else seed * real)
+            outputs, seeds = block_outputs_and_seeds(problem, leaves, block, go, gl)
         partial = torch.autograd.grad(outputs, [leaves[i] for i in targets], seeds, allow_unused=True)
         for i, g in zip(targets, partial):
             if g is not None:
@@ -297,3 +288,19 @@ def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, need
         else:
             result.append(None)
     return tuple(result)
+
+
+def block_outputs_and_seeds(problem: Problem, work: AttentionInputs, block, grad_out, grad_lse):
+    """A block's outputs under autograd (out, and the LSE where ``grad_lse`` is given) and their
+    seeds, the block's rows of dO and dLSE (``[B, N, H, ...]``). Padding rows of ragged tiles are
+    recomputed too; a zero seed keeps them out of the sums. Rows that saw no key keep an LSE of
+    -inf, a constant: a finite stand-in keeps inf - inf out of the products."""
+    real = None if block.row_valid is None else block.row_valid.view(1, -1, 1)
+    o, l = attend_block(problem, work, block)
+    seed = grad_out.index_select(1, block.rows).to(o.dtype)
+    outputs, seeds = [o], [seed if real is None else seed * real.unsqueeze(-1)]
+    if grad_lse is not None:
+        outputs.append(torch.where(torch.isfinite(l), l, torch.zeros_like(l)))
+        seed = grad_lse.index_select(1, block.rows).to(l.dtype)
+        seeds.append(seed if real is None else seed * real)
+    return outputs, seeds

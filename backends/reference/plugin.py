@@ -3,7 +3,7 @@
 from haloattn.backend import Backend
 from haloattn.hookspecs import hookimpl
 
-from . import attend, jvp
+from . import attend, jvp, second_order
 
 
 class ReferenceBackend(Backend):
@@ -22,6 +22,13 @@ class ReferenceBackend(Backend):
 
     def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
         return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad, out=out, lse=lse)
+
+    # Its backward can be recorded on autograd: gradients taken with create_graph=True can be
+    # differentiated again (haloattn.second_order).
+    twice_differentiable = True
+
+    def differentiable_backward(self, problem, inputs, grad_out, grad_lse, needs_grad):
+        return second_order.differentiable_backward(problem, inputs, grad_out, grad_lse, needs_grad)
 
     def jvp_not_supported_reasons(self, problem):
         return []

@@ -107,6 +107,17 @@ class Backend:
         """One gradient per entry of :class:`AttentionInputs` from ``forward_with_state``'s state."""
         raise NotImplementedError
 
+    # Optional: second derivatives (haloattn.second_order). A backend whose backward can be recorded
+    # on autograd sets ``twice_differentiable`` and implements ``differentiable_backward``; the
+    # gradients of every other backend, taken with create_graph=True, raise if differentiated again.
+    twice_differentiable: bool = False
+
+    def differentiable_backward(self, problem: Problem, inputs: AttentionInputs, grad_out: torch.Tensor,
+                                grad_lse: Optional[torch.Tensor], needs_grad: Sequence[bool]):
+        """As ``backward``, recorded on autograd: gradients with a graph back to ``inputs``,
+        ``grad_out`` and ``grad_lse``, so that they can be differentiated again."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"<haloattn backend {self.name!r} priority {self.priority}>"
 

@@ -14,9 +14,8 @@ import sys
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from . import batching
+from . import batching, second_order
 from .backend import AttentionInputs, on_device
 from .dispatch import DISPATCHER
 from .problem import build_problem
@@ -63,18 +62,25 @@ class AttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out, grad_lse):
         *tensors, out, lse = ctx.saved_tensors
         needs = ctx.needs_input_grad[3:]
-        if ctx.state is not None:
+
+        def first_order():
+            if ctx.state is not None:
+                with on_device(out.device):
+                    return ctx.backend.backward_from_state(ctx.state, *_output_gradients(grad_out, grad_lse, out))
+            return _full_grads(
+                ctx.problem, ctx.backend, ctx.config, AttentionInputs(*tensors), out, lse, grad_out, grad_lse, needs
+            )
+
+        if second_order.recorded(tensors, grad_out, grad_lse):  # create_graph=True
             with on_device(out.device):
-                grads = ctx.backend.backward_from_state(ctx.state, *_output_gradients(grad_out, grad_lse, out))
+                grads = second_order.gradients(ctx.backend, ctx.problem, AttentionInputs(*tensors),
+                                               *_output_gradients(grad_out, grad_lse, out), needs, first_order)
             return (None, None, None, *grads)
-        grads = _full_grads(
-            ctx.problem, ctx.backend, ctx.config, AttentionInputs(*tensors), out, lse, grad_out, grad_lse, needs
-        )
-        return (None, None, None, *grads)
+        with torch.no_grad():
+            return (None, None, None, *first_order())
 
 
 def _outside_transforms():
@@ -217,9 +223,10 @@ class _AttentionJvp(_FirstOrderRule):
 
 
 _SECOND_ORDER = (
-    "haloattn.attention's derivatives are first order: its backward and JVP rules are not differentiable "
-    "again (a gradient of a gradient, a tangent of a tangent or a Hessian needs second derivatives no "
-    "backend has)"
+    "haloattn.attention's derivatives are first order under torch.func transforms and forward-mode AD: "
+    "its backward and JVP rules there are not differentiable again (a gradient of a gradient, a tangent of "
+    "a tangent, a Hessian). Second derivatives run in plain torch.autograd (create_graph=True) with "
+    "backend='reference'"
 )
 _NOT_DIFFERENTIABLE_TANGENT = (
     "haloattn.attention: a backward pass reached the tangent of a JVP (torch.func.jvp / forward_ad). "
@@ -401,7 +408,10 @@ def _backward(ctx, grad_out, grad_lse):
     needs = [bool(n) and p for n, p in zip(ctx.needs_input_grad[:7], ctx.present)]
     grads = torch.ops.haloattn.attention_backward(grad_out, grad_lse, *tensors, out, lse, ctx.spec, needs)
     it = iter(grads)
-    return (*(next(it) if n else None for n in needs), None)
+    grads = [next(it) if n else None for n in needs]
+    if second_order.recorded(tensors, grad_out, grad_lse):  # create_graph=True, eagerly under a mode
+        grads = second_order.first_order_only(grads, (*tensors, grad_out, grad_lse), second_order.CUSTOM_OP_REFUSED)
+    return (*grads, None)
 
 
 attention_op.register_autograd(_backward, setup_context=_setup_context)
