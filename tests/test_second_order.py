@@ -13,6 +13,7 @@ import haloattn
 from haloattn.dispatch import DISPATCHER
 
 import oracle
+from test_jvp import _NoRule as FirstOrderBackend
 
 pytestmark = pytest.mark.usefixtures("plain_cpu_environment")
 
@@ -138,25 +139,9 @@ def test_reference_passes_gradgradcheck(name, monkeypatch):
     assert torch.autograd.gradgradcheck(fn, tuple(tensors.values()), eps=1e-6, atol=1e-5, rtol=1e-4)
 
 
-class _FirstOrder(haloattn.Backend):
-    """A fused backend's stand-in: the reference's forward and first-order backward, no more."""
-
-    name = "test_first_order"
-    priority = 998
-
-    def not_supported_reasons(self, problem):
-        return []
-
-    def forward(self, problem, inputs, config=None):
-        return DISPATCHER.get("reference").forward(problem, inputs, config)
-
-    def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
-        return DISPATCHER.get("reference").backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
-
-
 @pytest.fixture
 def first_order_backend():
-    backend = _FirstOrder()
+    backend = FirstOrderBackend()  # a fused backend's stand-in: the reference's first-order backward
     haloattn.register_backend(backend)
     yield backend
     DISPATCHER.registry.backends.pop(backend.name, None)
@@ -168,23 +153,23 @@ def test_first_order_backend_refuses_a_second_derivative_by_name(first_order_bac
     a node that raises, not come back detached (which would drop this call's share silently)."""
     gen = torch.Generator().manual_seed(2)
     q, k, v = (rnd(gen, 1, 8, 2, 4) for _ in range(3))
-    out = haloattn.attention(q, k, v, 3, backend="test_first_order")
+    out = haloattn.attention(q, k, v, 3, backend=FirstOrderBackend.name)
     grads = torch.autograd.grad(out.sum(), (q, k, v), create_graph=True)
     ref_out, _ = oracle.attention(q, k, v, 3)
     ref = torch.autograd.grad(ref_out.sum(), (q, k, v))
     for g, r in zip(grads, ref):  # the first derivatives are right, and marked
         assert g.requires_grad
         assert oracle.rel_error(g, r) <= oracle.TOLERANCE[torch.float64]
-    with pytest.raises(RuntimeError, match=r"backend 'test_first_order'.*first order.*backend='reference'"):
+    with pytest.raises(RuntimeError, match=rf"backend '{FirstOrderBackend.name}'.*first order.*backend='reference'"):
         torch.autograd.grad(grads[0].pow(2).sum(), q)
     # dO that needs a gradient itself (a loss not linear in the output), the penalty asked of the
     # inputs alone: it raises too.
-    penalty, = torch.autograd.grad(haloattn.attention(q, k, v, 3, backend="test_first_order").pow(2).sum(), q,
+    penalty, = torch.autograd.grad(haloattn.attention(q, k, v, 3, backend=FirstOrderBackend.name).pow(2).sum(), q,
                                    create_graph=True)
-    with pytest.raises(RuntimeError, match="backend 'test_first_order'"):
+    with pytest.raises(RuntimeError, match=f"backend '{FirstOrderBackend.name}'"):
         torch.autograd.grad(penalty.pow(2).sum(), (k,))
     # Without create_graph nothing changes: plain gradients, no graph.
-    plain = torch.autograd.grad(haloattn.attention(q, k, v, 3, backend="test_first_order").sum(), q)[0]
+    plain = torch.autograd.grad(haloattn.attention(q, k, v, 3, backend=FirstOrderBackend.name).sum(), q)[0]
     assert not plain.requires_grad and oracle.rel_error(plain, ref[0]) <= oracle.TOLERANCE[torch.float64]
 
 
