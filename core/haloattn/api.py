@@ -148,7 +148,8 @@ def attention(
     Returns:
         ``[B, *spatial, H, D_v]``, or ``(output, lse)`` with ``return_lse=True``.
     """
-    tensors = (query, key, value, rpb, kq_conv, additional_keys, additional_values)
+    tensors = _autocast((query, key, value, rpb, kq_conv, additional_keys, additional_values))
+    query, key, value, rpb, kq_conv, additional_keys, additional_values = tensors
     compiling = torch.compiler.is_compiling()
     plain = type(query) is torch.Tensor  # not a subclass (DTensor, FakeTensor, Parameter)
     if not compiling and not plain and sharding.is_dtensor(query):
@@ -216,6 +217,29 @@ def attention(
         with on_device(query.device):
             out, lse = chosen.forward(problem, AttentionInputs(*tensors), config)
     return (out, lse) if return_lse else out
+
+
+# Autocast casts the token tensors (query, key, value, additional keys and values), not the learned
+# tables (rpb, kq_conv), which may stay float32 beside 16-bit tokens.
+_TOKEN_TENSORS = (0, 1, 2, 5, 6)
+_AUTOCAST_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _autocast(tensors):
+    """The call's tensors as torch.autocast casts F.scaled_dot_product_attention's: inside an
+    autocast region for the query's device, token tensors in float32 (or the other 16-bit type)
+    become autocast's dtype, so that a float32 query (after a float32 rotary embedding, say) beside
+    bfloat16 keys and values runs in bfloat16 as SDPA would; float64 is left alone, as autocast
+    leaves it. Outside autocast the inputs' own dtypes decide (and must agree)."""
+    query = tensors[0]
+    if not isinstance(query, torch.Tensor):
+        return tensors
+    device_type = query.device.type
+    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if i in _TOKEN_TENSORS and isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_ELIGIBLE
+                 else t for i, t in enumerate(tensors))
 
 
 def _transformed_call(tensors, needs_jvp: bool, options: dict, backend: Optional[str]):
