@@ -79,3 +79,17 @@ def test_swin_table_to_rpb_matches_swin_index():
         swin = table[(qy - ky + wh - 1) * (2 * ww - 1) + (qx - kx + ww - 1)]
         ours = rpb[:, ky - qy + wh - 1, kx - qx + ww - 1]
         assert torch.equal(swin, ours)
+
+
+def test_submodules_are_reached_from_the_package_alone():
+    """``import haloattn`` then ``haloattn.nn.X`` (as ``torch.nn`` after ``import torch``), in a
+    fresh interpreter where nothing imported the submodules before; unknown names still raise."""
+    import subprocess
+    import sys
+
+    code = ("import sys, haloattn; assert 'haloattn.nn' not in sys.modules; "
+            "haloattn.nn.NeighborhoodAttention2d(8, 2, 3); haloattn.integrations; haloattn.geometry.key_range\n"
+            "try:\n    haloattn.no_such_thing\nexcept AttributeError as e:\n    print(e)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "no attribute 'no_such_thing'" in done.stdout
