@@ -249,6 +249,20 @@ def forward(problem: Problem, inputs: AttentionInputs) -> Tuple[torch.Tensor, to
     return out.view(B, *problem.spatial, H, -1), lse.view(B, *problem.spatial, H)
 
 
+def forward_out_of_place(problem: Problem, inputs: AttentionInputs, row_blocks) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The forward without in-place writes: blocks of consecutive query rows (``row_blocks``, in
+    order), each computed by ``attend_block`` and concatenated. What a trace records
+    (haloattn.tracing): buffers filled in place export to ONNX as the constants they were created
+    as, these operations as the computation."""
+    work = flatten(problem, inputs, compute_dtype(problem.dtype))
+    with _no_autocast(problem.device):
+        parts = [attend_block(problem, work, block) for block in row_blocks]
+    out = torch.cat([o for o, _ in parts], dim=1).to(problem.dtype)
+    lse = torch.cat([l for _, l in parts], dim=1).to(lse_dtype(problem))
+    B, H = problem.batch, problem.heads
+    return out.view(B, *problem.spatial, H, -1), lse.view(B, *problem.spatial, H)
+
+
 def backward(problem: Problem, inputs: AttentionInputs, grad_out, grad_lse, needs_grad, out=None, lse=None):
     """Gradients, block by block: memory stays bounded by one block. Tiles (every problem without
     kq_conv) run the explicit backward of tiled.py, which needs the forward's ``out`` and ``lse``

@@ -23,6 +23,7 @@ import torch
 
 from haloattn.geometry import Axis, key_range, ravel, unravel
 from haloattn.problem import Problem
+from haloattn.tracing import untraced
 
 # Tile shapes: the query tile edges per axis minimise an estimated cost per query row,
 #   (P + E) + GATHER_COST * P / (T * G),
@@ -102,7 +103,10 @@ def _outer(per_axis: List[torch.Tensor], trailing: bool) -> List[torch.Tensor]:
     return views
 
 
+# The cached helpers run outside any torch.jit trace (tracing.untraced): a tensor one trace recorded
+# and the cache kept would be an unknown value to the next.
 @functools.lru_cache(maxsize=256)
+@untraced
 def _ranges(axis: Axis, pattern: str):
     """Per dilation group: the key range [lo, hi) of every group coordinate (CPU)."""
     out = []
@@ -114,6 +118,7 @@ def _ranges(axis: Axis, pattern: str):
 
 
 @functools.lru_cache(maxsize=1024)
+@untraced
 def _box(axis: Axis, pattern: str, edge: int) -> int:
     """AxisTiles(axis, pattern, edge).box, without building the tiles."""
     box = 0
@@ -139,6 +144,7 @@ def tile_edges(problem: Problem):
 
 
 @functools.lru_cache(maxsize=1024)
+@untraced
 def _tile_edges(axes, pattern: str, groups: int, extra_tokens: int):
     per_axis = [[(e, _box(a, pattern, e)) for e in _edge_candidates(a)] for a in axes]
     best, best_cost = None, math.inf

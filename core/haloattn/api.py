@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch.autograd import forward_ad
 
-from . import flop_count, ops, sharding
+from . import flop_count, ops, sharding, tracing
 from .backend import AttentionInputs, Backend, on_device
 from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
 from .problem import build_problem
@@ -161,6 +161,11 @@ def attention(
                              additional_values=local_values, return_lse=True, backend=backend)
 
         return sharding.attention(tensors, local_call, return_lse)
+    if torch.jit.is_tracing():  # TorchScript's tracer: torch operations only (tracing.py)
+        out, lse = tracing.attention(tensors, dict(
+            window=window, stride=stride, dilation=dilation, causal=causal, pattern=pattern, shift=shift,
+            scale=scale, softcap=softcap, score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse), backend)
+        return (out, lse) if return_lse else out
     if not compiling:
         transformed, needs_jvp = _transforms(tensors)
         if transformed:

@@ -1,0 +1,88 @@
+"""Calls under ``torch.jit.trace`` and the TorchScript-based ``torch.onnx.export``.
+
+A trace records the torch operations a call runs. A fused backend's kernel launch is not one: the
+trace would hold no attention at all. Under tracing the call therefore runs the reference
+backend's forward, whose gathers, products and softmax are torch operations, so the trace (and an
+ONNX graph made from it) computes the contract. Like every trace it is specialised to the traced
+shapes: the key indices of each query are computed in Python from them. ``torch.compile`` and
+``torch.export`` keep the fused kernels (one custom op per call) and are the way to deploy them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import warnings
+from typing import Optional, Sequence
+
+import torch
+
+from .backend import AttentionInputs
+from .dispatch import BACKEND_ENV, DISPATCHER, SlowPathWarning
+from .problem import build_problem
+
+TRACED_BACKEND = "reference"
+
+
+@contextlib.contextmanager
+def paused():
+    """Nothing in the block is recorded by an active torch.jit trace: its tensors enter the trace
+    as constants. For values computed once from a problem's sizes and cached across calls (a
+    cached tensor recorded by one trace would be an unknown value to the next)."""
+    state = torch._C._get_tracing_state()
+    if state is None:
+        yield
+        return
+    torch._C._set_tracing_state(None)
+    try:
+        yield
+    finally:
+        torch._C._set_tracing_state(state)
+
+
+def untraced(fn):
+    """``fn`` run outside any active trace (see :func:`paused`)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with paused():
+            return fn(*args, **kwargs)
+    return run
+
+
+def _stand_in(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A meta tensor of ``t``'s shape and dtype: the traced sizes become the ints they were traced
+    with (the trace is specialised to them anyway)."""
+    if t is None:
+        return None
+    return torch.empty(tuple(int(s) for s in t.shape), dtype=t.dtype, device="meta")
+
+
+def attention(tensors: Sequence[Optional[torch.Tensor]], options: dict, backend: Optional[str]):
+    """(out, lse) of a traced call, through the reference backend's torch operations."""
+    import os
+
+    forced = backend or os.environ.get(BACKEND_ENV)
+    if forced and TRACED_BACKEND not in [n.strip() for n in forced.split(",")]:
+        raise ValueError(
+            f"haloattn.attention: backend {forced!r} cannot be traced by torch.jit.trace / torch.onnx.export: "
+            f"a trace records torch operations, and its kernel launches are none; traced calls run backend "
+            f"'{TRACED_BACKEND}' (torch.compile and torch.export keep the fused kernels)")
+    query = tensors[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # sizes to ints: the trace is shape-specialised
+        stand_ins = [_stand_in(t) for t in tensors]
+    with paused():  # the problem's sizes are Python ints, not traced values
+        q, k, v, rpb, kq_conv, additional_keys, additional_values = stand_ins
+        problem = build_problem(q, k, v, rpb=rpb, kq_conv=kq_conv, additional_keys=additional_keys,
+                                additional_values=additional_values, **options)
+    problem = dataclasses.replace(problem, device=query.device)
+    if query.device.type != "cpu":
+        warnings.warn(
+            f"haloattn: {problem.describe()} is traced (torch.jit.trace / torch.onnx.export) through the "
+            f"pure-PyTorch reference backend on {query.device}: a trace records torch operations, which a fused "
+            "kernel launch is not. torch.compile and torch.export keep the fused kernels.",
+            SlowPathWarning, stacklevel=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return DISPATCHER.get(TRACED_BACKEND).forward_for_trace(problem, AttentionInputs(*tensors))
