@@ -79,6 +79,15 @@ CASES = [
     ("scale_nan", TypeError, lambda: dict(args=qkv() + (3,), kw=dict(scale=float("nan"))), ["scale", "nan"]),
     ("softcap_neg", ValueError, lambda: dict(args=qkv() + (3,), kw=dict(softcap=-1.0)), ["softcap", "-1.0", "> 0"]),
     ("mask_mod", TypeError, lambda: dict(args=qkv() + (3,), kw=dict(mask_mod="causal")), ["mask_mod", "callable", "str"]),
+    ("score_mod_int", TypeError, lambda: dict(args=qkv() + (3,), kw=dict(score_mod=lambda s, b, h, q, k: (s > 0).int())),
+     ["score_mod", "dtype torch.int32", "floating tensor"]),
+    ("score_mod_reduction", ValueError, lambda: dict(args=qkv() + (3,), kw=dict(score_mod=lambda s, b, h, q, k: s.sum())),
+     ["score_mod", "shape ()", "elementwise"]),
+    ("score_mod_unindexed_heads", ValueError, lambda: dict(args=qkv() + (3,), kw=dict(score_mod=lambda s, b, h, q, k: s + torch.ones(2))),
+     ["score_mod", "(1, 1, 2, 2)", "indexed by h"]),
+    ("score_mod_trainable", ValueError, lambda: dict(
+        args=qkv() + (3,), kw=dict(score_mod=(lambda w: lambda s, b, h, q, k: s + w[h])(torch.ones(2, requires_grad=True)))),
+     ["score_mod", "requires grad", "rpb="]),
     ("return_lse", TypeError, lambda: dict(args=qkv() + (3,), kw=dict(return_lse=1)), ["return_lse", "bool"]),
     # backend names
     ("backend_unknown", ValueError, lambda: dict(args=qkv() + (3,), kw=dict(backend="nonexistent")), ["backend", "'nonexistent'", "does not exist", "reference"]),

@@ -314,7 +314,7 @@ def build_problem(
     for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-    _reject_trainable_score_mod(score_mod, heads, query.device)
+    _check_score_mod(score_mod, heads, query.device)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
 
@@ -340,17 +340,30 @@ def build_problem(
     )
 
 
-def _reject_trainable_score_mod(score_mod, heads: int, device) -> None:
-    # Backends treat score_mod as a function of its arguments and constants: a captured tensor
-    # that requires grad would silently get no gradient. One probe call on a single score tells
-    # exactly whether the result depends on such a tensor. (mask_mod returns booleans: no gradient
-    # can flow through it.)
-    if score_mod is None or not torch.is_grad_enabled():
+def _check_score_mod(score_mod, heads: int, device) -> None:
+    """One probe call on a single score per head: the result must be floating scores of the
+    probe's shape (the function acts elementwise, as FlexAttention applies it to one score at a
+    time: a result reduced over the scores, or a captured [H] tensor added without indexing it by
+    ``h``, changes the shape here, and would silently mean something else on a block), and must
+    not depend on a tensor that requires grad: backends treat captured tensors as constants, so
+    such a tensor would silently get no gradient. (mask_mod returns booleans: no gradient can
+    flow through it.)"""
+    if score_mod is None:
         return
     index = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
     heads_index = torch.arange(heads, device=device).view(1, 1, heads, 1)
-    probe = score_mod(torch.zeros(1, 1, heads, 1, device=device), index, heads_index, index, index)
-    if torch.is_tensor(probe) and probe.requires_grad:
+    scores = torch.zeros(1, 1, heads, 1, device=device)
+    probe = score_mod(scores, index, heads_index, index, index)
+    if not torch.is_tensor(probe) or not probe.is_floating_point():
+        got = f"dtype {probe.dtype}" if torch.is_tensor(probe) else f"a {type(probe).__name__}"
+        raise TypeError(f"score_mod returned {got}; it must return the modified scores, a floating tensor "
+                        "shaped like its first argument")
+    if probe.shape != scores.shape:
+        raise ValueError(
+            f"score_mod returned shape {tuple(probe.shape)} for scores of shape {tuple(scores.shape)} (one score "
+            "per head); it must act elementwise, as FlexAttention applies it to one score at a time: no reductions "
+            "over the scores, and captured per-head tensors indexed by h (e.g. bias[h]), not added whole")
+    if torch.is_grad_enabled() and probe.requires_grad:
         raise ValueError(
             "score_mod reads a tensor that requires grad; haloattn treats captured tensors as constants "
             "and would give it no gradient. Pass a learned relative bias as rpb= (it gets a gradient), "
