@@ -1,0 +1,64 @@
+"""The core's eager paths on a GPU (pytest -m gpu): gradients taken with create_graph=True through
+the fused triton backend, torch.autocast on CUDA, and torch.jit.trace of a CUDA call. Each is
+checked against the same call made the plain way, or against the float64 oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import haloattn
+from haloattn.dispatch import SlowPathWarning
+
+import oracle
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def randn(seed, *shape, dtype=torch.bfloat16):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", generator=gen).to(dtype).requires_grad_()
+
+
+def test_triton_gradients_under_create_graph_are_exact_and_refuse_a_second_derivative():
+    q, k, v = (randn(s, 2, 24, 20, 4, 64) for s in range(3))
+    assert haloattn.explain(q, k, v, (5, 7), verbose=False).chosen == "triton"
+    grad = randn(3, 2, 24, 20, 4, 64).detach()
+    plain = torch.autograd.grad(haloattn.attention(q, k, v, (5, 7)), (q, k, v), grad)
+    graphed = torch.autograd.grad(haloattn.attention(q, k, v, (5, 7)), (q, k, v), grad, create_graph=True)
+    assert all(g.requires_grad and torch.equal(g, p) for g, p in zip(graphed, plain))
+    with pytest.raises(RuntimeError, match="backend 'triton'.*backend='reference'"):
+        torch.autograd.grad(graphed[0].float().pow(2).sum(), (q, k, v))
+
+
+def test_reference_second_derivatives_on_cuda_match_the_oracle():
+    q, k, v = (randn(s, 1, 9, 8, 2, 8, dtype=torch.float64) for s in range(3))
+
+    def hvp(attend):
+        out = attend(q, k, v)
+        grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v), create_graph=True)
+        return grads, torch.autograd.grad(sum(g.sin().sum() for g in grads), (q, k, v))
+
+    got = hvp(lambda q, k, v: haloattn.attention(q, k, v, 3, dilation=(1, 2), backend="reference"))
+    ref = hvp(lambda q, k, v: oracle.attention(q, k, v, 3, dilation=(1, 2))[0])
+    for a, b in zip((*got[0], *got[1]), (*ref[0], *ref[1])):
+        assert oracle.rel_error(a, b) <= oracle.TOLERANCE[torch.float64]
+
+
+def test_cuda_autocast_runs_a_float32_query_in_bfloat16_on_triton():
+    q = randn(4, 2, 16, 16, 4, 64, dtype=torch.float32)
+    k, v = randn(5, 2, 16, 16, 4, 64), randn(6, 2, 16, 16, 4, 64)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = haloattn.attention(q, k, v, 7)
+    explicit = haloattn.attention(q.detach().bfloat16(), k, v, 7)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, explicit)
+    assert haloattn.explain(q.detach().bfloat16(), k, v, 7, verbose=False).chosen == "triton"
+
+
+def test_trace_of_a_cuda_call_warns_and_computes_the_contract():
+    q, k, v = (randn(7 + s, 1, 12, 10, 2, 32, dtype=torch.float32).detach() for s in range(3))
+    with pytest.warns(SlowPathWarning, match="traced"):
+        traced = torch.jit.trace(lambda q, k, v: haloattn.attention(q, k, v, (3, 5), causal=(True, False)), (q, k, v))
+    fresh = [randn(20 + s, 1, 12, 10, 2, 32, dtype=torch.float32).detach() for s in range(3)]
+    ref, _ = oracle.attention(*fresh, (3, 5), causal=(True, False))
+    assert oracle.rel_error(traced(*fresh), ref) <= oracle.TOLERANCE[torch.float32]
