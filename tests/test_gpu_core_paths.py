@@ -32,16 +32,16 @@ def test_triton_gradients_under_create_graph_are_exact_and_refuse_a_second_deriv
 
 
 def test_reference_second_derivatives_on_cuda_match_the_oracle():
-    q, k, v = (randn(s, 1, 9, 8, 2, 8, dtype=torch.float64) for s in range(3))
+    cuda = [randn(s, 1, 9, 8, 2, 8, dtype=torch.float64) for s in range(3)]
+    cpu = [t.detach().cpu().requires_grad_() for t in cuda]  # the oracle builds its masks on the CPU
 
-    def hvp(attend):
-        out = attend(q, k, v)
-        grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v), create_graph=True)
-        return grads, torch.autograd.grad(sum(g.sin().sum() for g in grads), (q, k, v))
+    def hvp(attend, inputs):
+        grads = torch.autograd.grad(attend(*inputs).pow(2).sum(), inputs, create_graph=True)
+        return [g.cpu() for g in (*grads, *torch.autograd.grad(sum(g.sin().sum() for g in grads), inputs))]
 
-    got = hvp(lambda q, k, v: haloattn.attention(q, k, v, 3, dilation=(1, 2), backend="reference"))
-    ref = hvp(lambda q, k, v: oracle.attention(q, k, v, 3, dilation=(1, 2))[0])
-    for a, b in zip((*got[0], *got[1]), (*ref[0], *ref[1])):
+    got = hvp(lambda q, k, v: haloattn.attention(q, k, v, 3, dilation=(1, 2), backend="reference"), cuda)
+    ref = hvp(lambda q, k, v: oracle.attention(q, k, v, 3, dilation=(1, 2))[0], cpu)
+    for a, b in zip(got, ref):
         assert oracle.rel_error(a, b) <= oracle.TOLERANCE[torch.float64]
 
 
