@@ -60,5 +60,5 @@ def test_trace_of_a_cuda_call_warns_and_computes_the_contract():
     with pytest.warns(SlowPathWarning, match="traced"):
         traced = torch.jit.trace(lambda q, k, v: haloattn.attention(q, k, v, (3, 5), causal=(True, False)), (q, k, v))
     fresh = [randn(20 + s, 1, 12, 10, 2, 32, dtype=torch.float32).detach() for s in range(3)]
-    ref, _ = oracle.attention(*fresh, (3, 5), causal=(True, False))
-    assert oracle.rel_error(traced(*fresh), ref) <= oracle.TOLERANCE[torch.float32]
+    ref, _ = oracle.attention(*(t.cpu() for t in fresh), (3, 5), causal=(True, False))
+    assert oracle.rel_error(traced(*fresh).cpu(), ref) <= oracle.TOLERANCE[torch.float32]
