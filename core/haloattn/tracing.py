@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import warnings
 from typing import Optional, Sequence
 
@@ -60,10 +61,8 @@ def _stand_in(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 def attention(tensors: Sequence[Optional[torch.Tensor]], options: dict, backend: Optional[str]):
     """(out, lse) of a traced call, through the reference backend's torch operations."""
-    import os
-
     forced = backend or os.environ.get(BACKEND_ENV)
-    if forced and TRACED_BACKEND not in [n.strip() for n in forced.split(",")]:
+    if isinstance(forced, str) and forced.strip() and TRACED_BACKEND not in [n.strip() for n in forced.split(",")]:
         raise ValueError(
             f"haloattn.attention: backend {forced!r} cannot be traced by torch.jit.trace / torch.onnx.export: "
             f"a trace records torch operations, and its kernel launches are none; traced calls run backend "
