@@ -30,7 +30,7 @@ from .blocks import GatheredRows
 GRAPH_FACTOR = 4
 
 
-def _row_blocks(problem: Problem, device):
+def row_blocks(problem: Problem, device):
     """Blocks of query rows, each with its own keys gathered (GatheredRows, or ConvRows with the
     rows before it that the key-query convolution reads)."""
     per_row = GRAPH_FACTOR * _bytes_per_row(problem, problem.window_tokens, 1)
@@ -61,7 +61,7 @@ def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs,
     t_out = torch.zeros(B, N, H, problem.value_dim, dtype=problem.dtype, device=device)
     t_lse = torch.zeros(B, N, H, dtype=lse_dtype(problem), device=device)
     if followed:
-        for block in _row_blocks(problem, device):
+        for block in row_blocks(problem, device):
             t_o, t_l = _block_tangents(problem, work, directions, followed, block)
             t_out.index_copy_(1, block.rows, t_o.to(t_out.dtype))
             t_lse.index_copy_(1, block.rows, t_l.to(t_lse.dtype))

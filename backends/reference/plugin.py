@@ -23,7 +23,7 @@ class ReferenceBackend(Backend):
     def forward_for_trace(self, problem, inputs):
         """The forward as torch.jit.trace and torch.onnx.export should record it (haloattn.tracing):
         out-of-place, blocks of consecutive rows."""
-        return attend.forward_out_of_place(problem, inputs, jvp._row_blocks(problem, problem.device))
+        return attend.forward_out_of_place(problem, inputs, jvp.row_blocks(problem, problem.device))
 
     def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
         return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad, out=out, lse=lse)

@@ -17,7 +17,7 @@ from haloattn.backend import AttentionInputs, recording_autograd
 from haloattn.problem import Problem
 
 from .attend import _no_autocast, block_outputs_and_seeds, compute_dtype, flatten
-from .jvp import _row_blocks
+from .jvp import row_blocks
 
 
 def differentiable_backward(problem: Problem, inputs: AttentionInputs, grad_out: torch.Tensor, grad_lse,
@@ -35,7 +35,7 @@ def differentiable_backward(problem: Problem, inputs: AttentionInputs, grad_out:
         work = flatten(problem, roles, compute_dtype(problem.dtype))
         go = grad_out.reshape(B, N, H, -1)
         gl = grad_lse.reshape(B, N, H) if grad_lse is not None else None
-        for block in _row_blocks(problem, problem.device):
+        for block in row_blocks(problem, problem.device):
             outputs, seeds = block_outputs_and_seeds(problem, work, block, go, gl)
             partial = torch.autograd.grad(outputs, [roles[i] for i in targets], seeds, create_graph=True,
                                           allow_unused=True)
