@@ -11,16 +11,14 @@ shapes: the key indices of each query are computed in Python from them. ``torch.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-import os
 import warnings
 from typing import Optional, Sequence
 
 import torch
 
 from .backend import AttentionInputs
-from .dispatch import BACKEND_ENV, DISPATCHER, SlowPathWarning
+from .dispatch import DISPATCHER, SlowPathWarning
 from .problem import build_problem
 
 TRACED_BACKEND = "reference"
@@ -51,31 +49,21 @@ def untraced(fn):
     return run
 
 
-def _stand_in(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """A meta tensor of ``t``'s shape and dtype: the traced sizes become the ints they were traced
-    with (the trace is specialised to them anyway)."""
-    if t is None:
-        return None
-    return torch.empty(tuple(int(s) for s in t.shape), dtype=t.dtype, device="meta")
-
-
 def attention(tensors: Sequence[Optional[torch.Tensor]], options: dict, backend: Optional[str]):
     """(out, lse) of a traced call, through the reference backend's torch operations."""
-    forced = backend or os.environ.get(BACKEND_ENV)
-    if isinstance(forced, str) and forced.strip() and TRACED_BACKEND not in [n.strip() for n in forced.split(",")]:
+    force = DISPATCHER._forced(backend)  # validates the names as an untraced call would
+    if force is not None and TRACED_BACKEND not in force[1]:
+        source, names = force
         raise ValueError(
-            f"haloattn.attention: backend {forced!r} cannot be traced by torch.jit.trace / torch.onnx.export: "
-            f"a trace records torch operations, and its kernel launches are none; traced calls run backend "
-            f"'{TRACED_BACKEND}' (torch.compile and torch.export keep the fused kernels)")
+            f"haloattn.attention: backend {','.join(names)!r} cannot be traced by torch.jit.trace / "
+            f"torch.onnx.export (forced by {source}): a trace records torch operations, and a fused backend's kernel "
+            f"launches are none; traced calls run backend '{TRACED_BACKEND}' (torch.compile and torch.export keep "
+            "the fused kernels)")
     query = tensors[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # sizes to ints: the trace is shape-specialised
-        stand_ins = [_stand_in(t) for t in tensors]
-    with paused():  # the problem's sizes are Python ints, not traced values
-        q, k, v, rpb, kq_conv, additional_keys, additional_values = stand_ins
+    with paused():  # sizes read as Python ints, not traced values: the trace is shape-specialised anyway
+        q, k, v, rpb, kq_conv, additional_keys, additional_values = tensors
         problem = build_problem(q, k, v, rpb=rpb, kq_conv=kq_conv, additional_keys=additional_keys,
                                 additional_values=additional_values, **options)
-    problem = dataclasses.replace(problem, device=query.device)
     if query.device.type != "cpu":
         warnings.warn(
             f"haloattn: {problem.describe()} is traced (torch.jit.trace / torch.onnx.export) through the "
