@@ -172,6 +172,67 @@ def test_packed_forward_programs(spatial, window, batch, heads, kv_heads, pack, 
     assert (lse.double() - ref_lse).abs().max() <= oracle.LSE_TOLERANCE[torch.float32]
 
 
+@pytest.mark.parametrize("dim,split", [(16, (16, 0)), (20, (32, 0)), (40, (32, 16)), (48, (32, 16)),
+                                       (64, (64, 0)), (72, (64, 16)), (80, (64, 16)), (96, (64, 32)),
+                                       (112, (128, 0)), (160, (128, 32)), (192, (128, 64)), (200, (256, 0)),
+                                       (256, (256, 0))])
+def test_head_split_widths(dim, split):
+    """A block and a tail only where they are narrower together than one padded block."""
+    assert tiles.head_split(dim) == split
+    block, tail = split
+    assert block + tail >= dim and block & (block - 1) == 0 and (tail == 0 or tail >= 16)
+
+
+@pytest.mark.parametrize(
+    "spatial,window,head_dim,value_dim,dtype,options",
+    [
+        ((11,), 5, 40, 40, torch.float32, dict(causal=True, stride=2)),
+        ((7, 9), (3, 5), 80, 160, torch.bfloat16, dict(dilation=(2, 1), rpb=True, softcap=3.0)),
+        ((7, 9), (5, 3), 96, 64, torch.float16, dict(causal=(False, True), kv_heads=1)),
+        ((3, 4, 5), (3, 3, 3), 160, 96, torch.bfloat16, dict(stride=(1, 2, 1))),
+    ],
+    ids=["1d-fp32-40", "2d-80-160-rpb-softcap", "2d-96-64-gqa", "3d-160-96"],
+)
+@pytest.mark.parametrize("variant", ["pointer", "descriptors", "packed"])
+def test_split_heads_forward(spatial, window, head_dim, value_dim, dtype, options, variant):
+    """The forward on head and value dims split into a power-of-two block and a tail
+    (tiles.head_split) against the oracle, by pointer loads, through tensor descriptors, and in
+    packed programs; and it gives what one padded block gives up to the order of the sums."""
+    gen = torch.Generator().manual_seed(head_dim + value_dim)
+    kwargs = dict(options)
+    heads, kv_heads = 2, kwargs.pop("kv_heads", 2)
+    q = torch.randn(2, *spatial, heads, head_dim, generator=gen).to(dtype)
+    k = torch.randn(2, *spatial, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(2, *spatial, kv_heads, value_dim, generator=gen).to(dtype)
+    if kwargs.pop("rpb", False):
+        kwargs["rpb"] = torch.randn(heads, *(2 * w - 1 for w in window), generator=gen).to(dtype)
+    problem = build_problem(q, k, v, window, **kwargs)
+    assert tiles.forward_head_blocks(problem)[1] or tiles.forward_head_blocks(problem)[3]
+    config = tiles.default_config(problem)
+    fwd = dict(config["fwd"], tma=variant == "descriptors", pack=4 if variant == "packed" else 1)
+    if variant == "descriptors":
+        assert launch.use_descriptors(True, False, k, v) == (dtype != torch.float32)
+    inputs = AttentionInputs(q, k, v, rpb=kwargs.get("rpb"))
+    split = launch.forward(problem, inputs, dict(config, fwd=fwd))
+    padded = launch.forward(problem, inputs, dict(config, fwd=dict(fwd, split_heads=False)))
+    ref, ref_lse = oracle.attention(q.double(), k.double(), v.double(), window,
+                                    **{n: (t.double() if torch.is_tensor(t) else t) for n, t in kwargs.items()})
+    assert oracle.rel_error(split[0], ref) <= oracle.TOLERANCE[dtype]
+    assert (split[1].double() - ref_lse).abs().max() <= oracle.LSE_TOLERANCE[dtype]
+    assert oracle.rel_error(split[0], padded[0]) <= oracle.TOLERANCE[dtype]
+    assert (split[1] - padded[1]).abs().max() <= oracle.LSE_TOLERANCE[dtype]
+
+
+def test_split_heads_not_with_additional_tokens():
+    """The additional-token loop multiplies one padded block: problems with such tokens keep it."""
+    q = torch.randn(1, 10, 2, 80)
+    extra = torch.randn(1, 3, 2, 80)
+    problem = build_problem(q, q, q, 3, additional_keys=extra, additional_values=extra)
+    assert tiles.forward_head_blocks(problem) == (128, 0, 128, 0)
+    assert tiles.forward_head_blocks(build_problem(q, q, q, 3)) == (64, 16, 64, 16)
+    assert tiles.forward_head_blocks(build_problem(q, q, q, 3), split=False) == (128, 0, 128, 0)
+
+
 def test_packing_only_for_walks_of_one_key_tile():
     """The default packs pairs where a query tile's walk is one key tile (a dilated 7x7 window whose
     dilation group fits in one tile), never on longer walks, with additional tokens, or more pairs

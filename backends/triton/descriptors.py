@@ -92,3 +92,18 @@ def kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2
     else:
         k_desc, v_desc = k_base, v_base
     return k_desc, v_desc
+
+
+@triton.jit
+def tail_descriptor(base, g0, g1, g2, s0, s1, s2, sh, Lg0, Lg1, Lg2, D0, D1, D2, DIM, TMA: tl.constexpr,
+                    RANK: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """The descriptor of a head's channel tail (``base`` already past the head's first block, ``DIM``
+    channels left; forward_kernel's TAIL_D / TAIL_DV), for ``load_token_tile``; without TMA the
+    base stands in for it, unused."""
+    if TMA:
+        desc = group_descriptor(base + g0 * s0 + g1 * s1 + g2 * s2, 1, sh, Lg0, Lg1, Lg2, D0 * s0, D1 * s1, D2 * s2,
+                                DIM, RANK, T0, T1, T2, BLOCK)
+    else:
+        desc = base
+    return desc

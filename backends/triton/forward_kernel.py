@@ -18,7 +18,7 @@ them; on longer walks the packed loop's dearer steps cost more than that saves (
 import triton
 import triton.language as tl
 
-from .descriptors import kv_descriptors, load_token_tile
+from .descriptors import kv_descriptors, load_token_tile, tail_descriptor
 from .index_math import crosses, group_length, key_range, key_walk, next3, split3
 from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
 
@@ -69,27 +69,29 @@ def finite(m):
 
 
 @triton.jit
-def online_softmax_rescale(s, m_i, l_i, acc, unit, LAZY: tl.constexpr):
+def online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY: tl.constexpr, TAIL: tl.constexpr):
     """Move the running maxima ``m_i`` for score tile ``s`` and rescale the running sums ``l_i``
-    and accumulator ``acc`` to them: always (exact online softmax), or with ``LAZY`` only when
-    some row's maximum grew by more than RESCALE_SLACK (see above). Scores and maxima are in
-    units whose product with ``unit`` (> 0) is log2-domain: 1, or the folded scale (see
-    FOLD_SCALE in forward_kernel)."""
+    and accumulator ``acc`` (and with ``TAIL`` the value tail's ``acc_tail``, see forward_kernel)
+    to them: always (exact online softmax), or with ``LAZY`` only when some row's maximum grew by
+    more than RESCALE_SLACK (see above). Scores and maxima are in units whose product with
+    ``unit`` (> 0) is log2-domain: 1, or the folded scale (see FOLD_SCALE in forward_kernel)."""
     m_tile = tl.max(s, 1)
     if LAZY:
         if tl.max((m_tile * unit > m_i * unit + RESCALE_SLACK).to(tl.int32), 0) > 0:
-            m_i, l_i, acc = _raise_maxima(m_i, m_tile, l_i, acc, unit)
+            m_i, l_i, acc, acc_tail = _raise_maxima(m_i, m_tile, l_i, acc, acc_tail, unit, TAIL)
     else:
-        m_i, l_i, acc = _raise_maxima(m_i, m_tile, l_i, acc, unit)
-    return m_i, l_i, acc
+        m_i, l_i, acc, acc_tail = _raise_maxima(m_i, m_tile, l_i, acc, acc_tail, unit, TAIL)
+    return m_i, l_i, acc, acc_tail
 
 
 @triton.jit
-def _raise_maxima(m_i, m_tile, l_i, acc, unit):
-    """Running maxima raised to the tile's, sums and accumulator rescaled to match."""
+def _raise_maxima(m_i, m_tile, l_i, acc, acc_tail, unit, TAIL: tl.constexpr):
+    """Running maxima raised to the tile's, sums and accumulators rescaled to match."""
     m_new = tl.maximum(m_i, m_tile)
     alpha = tl.math.exp2((m_i - finite(m_new)) * unit)
-    return m_new, l_i * alpha, acc * alpha[:, None]
+    if TAIL:
+        acc_tail = acc_tail * alpha[:, None]
+    return m_new, l_i * alpha, acc * alpha[:, None], acc_tail
 
 
 @triton.jit
@@ -126,7 +128,7 @@ def forward_kernel(
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
     TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
     TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, TAIL_D: tl.constexpr, TAIL_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
@@ -134,6 +136,11 @@ def forward_kernel(
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
+    # Head dims split in two (tiles.head_split): channels [0, BLOCK_D) and a tail
+    # [BLOCK_D, BLOCK_D + TAIL_D) of their own power-of-two width, so a 160-channel head
+    # multiplies 128 + 32 channels instead of 256 (TAIL_D = 0: one block, padded). The scores are
+    # one accumulator (the tail's product adds into the head's); the output is two.
+    TAIL_W: tl.constexpr = TAIL_DV if TAIL_DV > 0 else 16  # a placeholder accumulator's width
     if PACK == 1:
         tile_id = tl.program_id(0)
         h = tl.program_id(1)
@@ -157,6 +164,11 @@ def forward_kernel(
     q_cells = (i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :]
     q_mask = q_ok[:, None] & (d[None, :] < HEAD_D)
     q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
+    if TAIL_D > 0:
+        d_tail = BLOCK_D + tl.arange(0, TAIL_D)
+        q_tail_cells = (i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d_tail[None, :]
+        q_tail_mask = q_ok[:, None] & (d_tail[None, :] < HEAD_D)
+        q_tail = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_tail_cells, mask=q_tail_mask, other=0.0)
 
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
@@ -173,6 +185,12 @@ def forward_kernel(
     k_desc, v_desc = kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh,
                                     Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1, TN2,
                                     BLOCK_D, BLOCK_DV)
+    if TAIL_D > 0:
+        k_tail_desc = tail_descriptor(k_base + BLOCK_D, g0, g1, g2, sk0, sk1, sk2, skh, Lg0, Lg1, Lg2, D0, D1, D2,
+                                      HEAD_D - BLOCK_D, TMA, RANK, TN0, TN1, TN2, TAIL_D)
+    if TAIL_DV > 0:
+        v_tail_desc = tail_descriptor(v_base + BLOCK_DV, g0, g1, g2, sv0, sv1, sv2, svh, Lg0, Lg1, Lg2, D0, D1, D2,
+                                      HEAD_DV - BLOCK_DV, TMA, RANK, TN0, TN1, TN2, TAIL_DV)
 
     # FOLD_SCALE (scale > 0, no bias, no softcap): the scores stay raw dot products through the
     # mask and the row maxima (a positive scale keeps their order), and the scale joins the
@@ -186,6 +204,7 @@ def forward_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    acc_tail = tl.zeros([BLOCK_M, TAIL_W], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     finished = tl.zeros((), tl.int1)  # packed: the last step ended the pair before (b, h)
     for _step in range(0, pairs * n_tiles):
@@ -196,11 +215,22 @@ def forward_kernel(
             k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
             v_base = V + b.to(tl.int64) * svb + kvh.to(tl.int64) * svh
             k_desc, v_desc = k_base, v_base
+            if TAIL_D > 0:
+                q_tail = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_tail_cells, mask=q_tail_mask,
+                                 other=0.0)
+                k_tail_desc = k_base + BLOCK_D
+            if TAIL_DV > 0:
+                v_tail_desc = v_base + BLOCK_DV
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
                              Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
         qk = mma(q, tl.trans(kt), None, PRECISION)
+        if TAIL_D > 0:
+            kt_tail = load_token_tile(k_tail_desc, k_base + BLOCK_D, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
+                                      g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_D - BLOCK_D, TMA, LARGE, RANK, BLOCK_N,
+                                      TAIL_D)
+            qk = mma(q_tail, tl.trans(kt_tail), qk, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
         else:
@@ -217,16 +247,22 @@ def forward_kernel(
             if finished:
                 b_out, h_out = previous_pair(b, h, HEADS)
                 store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2, dv,
-                           q_ok, acc, m_i, l_i, unit, HEAD_DV)
+                           q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV)
                 m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
                 l_i = tl.zeros([BLOCK_M], tl.float32)
                 acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-        m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, unit, LAZY_RESCALE)
+                acc_tail = tl.zeros([BLOCK_M, TAIL_W], tl.float32)
+        m_i, l_i, acc, acc_tail = online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY_RESCALE, TAIL_DV > 0)
         p = probabilities(s, m_i, unit)
         l_i += tl.sum(p, 1)
         vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
                              Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
         acc = mma(p.to(vt.dtype), vt, acc, PRECISION)
+        if TAIL_DV > 0:
+            vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
+                                      g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV - BLOCK_DV, TMA, LARGE, RANK, BLOCK_N,
+                                      TAIL_DV)
+            acc_tail = mma(p.to(vt_tail.dtype), vt_tail, acc_tail, PRECISION)
         j0, j1, j2 = next3(j0, j1, j2, nk1, nk2)
         if PACK > 1:
             # The cursor moves without a branch: the pipeliner issues later steps' loads ahead,
@@ -240,6 +276,7 @@ def forward_kernel(
             kvh = h // G
 
     if HAS_EXTRA:
+        tl.static_assert(TAIL_D == 0 and TAIL_DV == 0, "additional tokens take one padded head block")
         e_off = tl.arange(0, BLOCK_N)
         ak_base = AK + b.to(tl.int64) * sakb + kvh.to(tl.int64) * sakh
         av_base = AV + b.to(tl.int64) * savb + kvh.to(tl.int64) * savh
@@ -250,7 +287,7 @@ def forward_kernel(
             qk = mma(q, tl.trans(kt), None, PRECISION)
             s = softmax_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP, FOLD_SCALE)
             s = tl.where(e_ok[None, :], s, float("-inf"))
-            m_i, l_i, acc = online_softmax_rescale(s, m_i, l_i, acc, unit, LAZY_RESCALE)
+            m_i, l_i, acc, acc_tail = online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY_RESCALE, False)
             p = probabilities(s, m_i, unit)
             l_i += tl.sum(p, 1)
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
@@ -261,7 +298,7 @@ def forward_kernel(
     if PACK > 1:
         b_out, h_out = previous_pair(b, h, HEADS)
     store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2, dv, q_ok,
-               acc, m_i, l_i, unit, HEAD_DV)
+               acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV)
 
 
 @triton.jit
@@ -275,13 +312,20 @@ def previous_pair(b, h, HEADS):
 
 @triton.jit
 def store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b, h, i0, i1, i2, dv, q_ok,
-               acc, m_i, l_i, unit, HEAD_DV):
-    """Normalise the accumulated rows of (batch b, head h) and store them and their LSE; rows that
-    saw no key get zeros and an LSE of -inf."""
+               acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV: tl.constexpr, TAIL_DV: tl.constexpr):
+    """Normalise the accumulated rows of (batch b, head h) (channels ``dv``, and with TAIL_DV the
+    tail's after them) and store them and their LSE; rows that saw no key get zeros and an LSE of
+    -inf."""
     empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    denominator = tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i * unit + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     o_rows = b.to(tl.int64) * sob + h.to(tl.int64) * soh + i0 * so0 + i1 * so1 + i2 * so2
+    out = acc / denominator
     tl.store(O + o_rows[:, None] + dv[None, :], out.to(O.dtype.element_ty), mask=q_ok[:, None] & (dv[None, :] < HEAD_DV))
+    if TAIL_DV > 0:
+        dv_tail = BLOCK_DV + tl.arange(0, TAIL_DV)
+        out_tail = acc_tail / denominator
+        tl.store(O + o_rows[:, None] + dv_tail[None, :], out_tail.to(O.dtype.element_ty),
+                 mask=q_ok[:, None] & (dv_tail[None, :] < HEAD_DV))
     l_rows = b.to(tl.int64) * slb + h.to(tl.int64) * slh + i0 * sl0 + i1 * sl1 + i2 * sl2
     tl.store(LSE + l_rows, lse, mask=q_ok)

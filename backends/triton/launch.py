@@ -272,7 +272,8 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         problem.scale, problem.softcap or 1.0,
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
-        BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem),
+        **dict(zip(("BLOCK_D", "TAIL_D", "BLOCK_DV", "TAIL_DV"),
+                   tiles.forward_head_blocks(problem, cfg.get("split_heads", tiles.SPLIT_HEADS)))),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
         TMA=pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v),

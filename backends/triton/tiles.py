@@ -80,6 +80,10 @@ MASKED_AXIS_COST = 0.2
 # (forward_kernel.online_softmax_rescale), skipping most accumulator rescales.
 LAZY_RESCALE = False
 
+# Whether the forward multiplies heads whose dim is not a power of two in two power-of-two
+# blocks (head_split) instead of one padded block.
+SPLIT_HEADS = True
+
 
 # The dK/dV kernel on narrow heads: with 2 warps instead of 4 on its 64-token tiles the backward
 # ran 1.05-1.27x faster on eight 16-bit problems with heads of 16-32 channels on the H100
@@ -153,6 +157,30 @@ def value_block(problem: Problem) -> int:
     """BLOCK_DV, the value tile width of every kernel for this problem."""
     block = max(16, pow2_ceil(problem.value_dim))
     return max(block, EXTRA_MIN_VALUE_BLOCK) if problem.extra_tokens else block
+
+
+def head_split(dim: int) -> Tuple[int, int]:
+    """``(block, tail)``: the widths the forward multiplies a head of ``dim`` channels in. Triton's
+    tiles are powers of two, so one block pads the head to the next one (tail 0); where a block of
+    the largest power of two below ``dim`` and a tail of its own power-of-two width (at least 16,
+    tl.dot's least) together are narrower than that, the forward takes those two: 160 channels as
+    128 + 32 instead of 256, 96 as 64 + 32, 80 as 64 + 16, 192 as 128 + 64 (forward_kernel's
+    TAIL_D / TAIL_DV). Padding is products on zeros: 1.6x the work at 80 or 160 channels."""
+    padded = max(MIN_TILE, pow2_ceil(dim))
+    block = padded // 2
+    tail = max(MIN_TILE, pow2_ceil(dim - block)) if dim > block else 0
+    if tail == 0 or block + tail >= padded:
+        return padded, 0
+    return block, tail
+
+
+def forward_head_blocks(problem: Problem, split: bool = True) -> Tuple[int, int, int, int]:
+    """``(BLOCK_D, TAIL_D, BLOCK_DV, TAIL_DV)`` of the forward: head and value dims split by
+    head_split, unless ``split`` is off (the config's ``split_heads``) or the problem has
+    additional tokens (their loop takes one padded block, value_block)."""
+    if not split or problem.extra_tokens:
+        return max(MIN_TILE, pow2_ceil(problem.head_dim)), 0, value_block(problem), 0
+    return (*head_split(problem.head_dim), *head_split(problem.value_dim))
 
 
 def group_extents(problem: Problem) -> List[int]:
@@ -387,7 +415,7 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
-           "pack": packed_pairs(problem, q, kv, descriptors)}
+           "pack": packed_pairs(problem, q, kv, descriptors), "split_heads": SPLIT_HEADS}
     # The backward streams 64-token tiles past a resident tile of the forward's query-tile shape.
     # 64 resident tokens with 4 warps were fastest or within 2 % on all ten benchmark problems
     # (H100 sweep of 2026-11-23: 1.04-1.64x faster than 128 with 8 warps, fewer wasted pairs on
