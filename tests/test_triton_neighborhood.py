@@ -172,26 +172,27 @@ def test_packed_forward_programs(spatial, window, batch, heads, kv_heads, pack, 
     assert (lse.double() - ref_lse).abs().max() <= oracle.LSE_TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("dim,split", [(16, (16, 0)), (20, (32, 0)), (40, (32, 16)), (48, (32, 16)),
-                                       (64, (64, 0)), (72, (64, 16)), (80, (64, 16)), (96, (64, 32)),
-                                       (112, (128, 0)), (160, (128, 32)), (192, (128, 64)), (200, (256, 0)),
-                                       (256, (256, 0))])
+@pytest.mark.parametrize("dim,split", [(16, (16, 0)), (20, (32, 0)), (40, (64, 0)), (48, (64, 0)),
+                                       (64, (64, 0)), (72, (64, 16)), (80, (64, 16)), (96, (128, 0)),
+                                       (112, (128, 0)), (144, (128, 16)), (160, (128, 32)), (192, (256, 0)),
+                                       (200, (256, 0)), (256, (256, 0))])
 def test_head_split_widths(dim, split):
-    """A block and a tail only where they are narrower together than one padded block."""
+    """A block and a tail only where the tail is at most a quarter of the block (where the split
+    measured faster than one padded block)."""
     assert tiles.head_split(dim) == split
     block, tail = split
-    assert block + tail >= dim and block & (block - 1) == 0 and (tail == 0 or tail >= 16)
+    assert block + tail >= dim and block & (block - 1) == 0 and (tail == 0 or 16 <= tail <= block // 4)
 
 
 @pytest.mark.parametrize(
     "spatial,window,head_dim,value_dim,dtype,options",
     [
-        ((11,), 5, 40, 40, torch.float32, dict(causal=True, stride=2)),
+        ((11,), 5, 72, 72, torch.float32, dict(causal=True, stride=2)),
         ((7, 9), (3, 5), 80, 160, torch.bfloat16, dict(dilation=(2, 1), rpb=True, softcap=3.0)),
-        ((7, 9), (5, 3), 96, 64, torch.float16, dict(causal=(False, True), kv_heads=1)),
-        ((3, 4, 5), (3, 3, 3), 160, 96, torch.bfloat16, dict(stride=(1, 2, 1))),
+        ((7, 9), (5, 3), 96, 80, torch.float16, dict(causal=(False, True), kv_heads=1)),
+        ((3, 4, 5), (3, 3, 3), 144, 96, torch.bfloat16, dict(stride=(1, 2, 1))),
     ],
-    ids=["1d-fp32-40", "2d-80-160-rpb-softcap", "2d-96-64-gqa", "3d-160-96"],
+    ids=["1d-fp32-72", "2d-80-160-rpb-softcap", "2d-96-80-gqa", "3d-144-96"],
 )
 @pytest.mark.parametrize("variant", ["pointer", "descriptors", "packed"])
 def test_split_heads_forward(spatial, window, head_dim, value_dim, dtype, options, variant):
@@ -400,11 +401,12 @@ def test_heuristic_tiles_fit_the_grid():
 
 
 def test_exact_float32_backward_takes_small_tiles(monkeypatch):
-    """Float32 without tf32 multiplies on CUDA cores, where the backward's 64-token tiles spill:
-    its default keeps 16-token resident and 32-token streamed tiles (and so does the
-    additional-token kernel), and the backward with them is still exact. Under the interpreter
-    the launcher's precision is "interpret", so the test hands that config over itself and checks
-    separately that the launcher asks for it exactly when its precision is "ieee"."""
+    """Float32 without tf32 multiplies as three TF32 products or on CUDA cores, where the
+    backward's 64-token tiles spill: its default keeps 16-token resident and 32-token streamed
+    tiles (and so does the additional-token kernel), and the backward with them is still exact.
+    Under the interpreter the launcher's precision is "interpret", so the test hands that config
+    over itself and checks separately that the launcher asks for it exactly when its precision is
+    "ieee" or "tf32x3"."""
     gen = torch.Generator().manual_seed(8)
     q, k, v, grad = (torch.randn(1, 11, 15, 2, 16, generator=gen) for _ in range(4))
     ak, av = (torch.randn(1, 3, 2, 16, generator=gen) for _ in range(2))
@@ -435,11 +437,34 @@ def test_exact_float32_backward_takes_small_tiles(monkeypatch):
         raise Asked(kwargs)
 
     monkeypatch.setattr(tiles, "default_config", record)
-    for precision, expected in (("ieee", {"exact_float32": True}), ("tf32", {"exact_float32": False})):
+    for precision, expected in (("ieee", {"exact_float32": True}), ("tf32x3", {"exact_float32": True}),
+                                ("tf32", {"exact_float32": False})):
         monkeypatch.setattr(launch, "_precision", lambda dtype, precision=precision: precision)
         with pytest.raises(Asked) as asked:
             launch.backward(problem, inputs, out, lse, grad, None, needs)
         assert asked.value.args[0] == expected
+
+
+def test_float32_products_follow_the_tf32_switch(monkeypatch):
+    """float32 without TF32 allowed: three TF32 products (float32's accuracy) unless the variable
+    asks for CUDA-core IEEE products; a bad value is named; TF32 allowed: one TF32 product."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.delenv(launch.FLOAT32_PRODUCTS_ENV, raising=False)
+    matmul = torch.backends.cuda.matmul
+    allowed = matmul.allow_tf32  # a property of torch's module object: monkeypatch cannot undo it
+    try:
+        matmul.allow_tf32 = False
+        assert launch._precision(torch.float32) == "tf32x3"
+        assert launch._precision(torch.bfloat16) == "tf32"  # 16-bit products are exact either way
+        monkeypatch.setenv(launch.FLOAT32_PRODUCTS_ENV, "ieee")
+        assert launch._precision(torch.float32) == "ieee"
+        monkeypatch.setenv(launch.FLOAT32_PRODUCTS_ENV, "fp64")
+        with pytest.raises(ValueError, match="HALOATTN_TRITON_FLOAT32='fp64'.*'tf32x3'.*'ieee'"):
+            launch._precision(torch.float32)
+        matmul.allow_tf32 = True
+        assert launch._precision(torch.float32) == "tf32"
+    finally:
+        matmul.allow_tf32 = allowed
 
 
 @pytest.mark.parametrize(

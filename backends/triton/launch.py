@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -59,12 +60,30 @@ def needs_int64(*tensors) -> bool:
     return max(_span(t) for t in tensors) > INT32_LIMIT
 
 
+# float32 products where TF32 is not allowed: "tf32x3" (each operand split into a TF32 high and
+# low part, three tensor-core products, float32 accumulation: error ~1e-6, inside SEMANTICS.md's
+# float32 tolerance of 1e-5, as triton_window multiplies) or "ieee" (CUDA-core FMAs, 10-30x
+# slower: RESULTS.md, "float32 on the tensor cores").
+FLOAT32_PRODUCTS_ENV = "HALOATTN_TRITON_FLOAT32"
+
+
 def _precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision for inputs of ``dtype`` (16-bit products are exact either way)."""
     if interpreting():
         return "interpret"
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
+        choice = os.environ.get(FLOAT32_PRODUCTS_ENV, "tf32x3")
+        if choice not in ("tf32x3", "ieee"):
+            raise ValueError(f"{FLOAT32_PRODUCTS_ENV}={choice!r}: expected 'tf32x3' (the default) or 'ieee'")
+        return choice
     return "tf32"
+
+
+def exact_float32(precision: str) -> bool:
+    """Whether products of this precision carry float32's accuracy from float32 operands (CUDA
+    cores, or three TF32 products): their register-heavy tiles take tiles.default_config's
+    small backward tiles (EXACT_FLOAT32_RESIDENT)."""
+    return precision in ("ieee", "tf32x3")
 
 
 def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -358,7 +377,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     need_ak = need_ak and ak is not None
     need_av = need_av and av is not None
     precision = _precision(q.dtype)
-    config = config or tiles.default_config(problem, exact_float32=precision == "ieee")
+    config = config or tiles.default_config(problem, exact_float32=exact_float32(precision))
     # Opt-in only: the config asks for it (a tuned one, say) and non-determinism is allowed.
     atomic = bool(config.get("dkdv", {}).get("atomic_dq")) and tiles.atomic_dq_allowed() and (need_q or need_rpb)
     flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic, grad_lse is not None)
@@ -461,7 +480,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
         names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum")
-        block_m, block_e, stages = tiles.extra_kernel_blocks(problem, feature["PRECISION"] == "ieee")
+        block_m, block_e, stages = tiles.extra_kernel_blocks(problem, exact_float32(feature["PRECISION"]))
         launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, block_e), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
@@ -471,7 +490,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
         ], dict(
             BLOCK_M=block_m, BLOCK_E=block_e, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
             PRECISION=feature["PRECISION"], BLOCK_D=feature["BLOCK_D"], BLOCK_DV=feature["BLOCK_DV"],
-            ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, feature["PRECISION"] == "ieee"),
+            ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, exact_float32(feature["PRECISION"])),
             num_stages=stages,
         )), names))
     return launches

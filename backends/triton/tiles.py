@@ -161,15 +161,17 @@ def value_block(problem: Problem) -> int:
 
 def head_split(dim: int) -> Tuple[int, int]:
     """``(block, tail)``: the widths the forward multiplies a head of ``dim`` channels in. Triton's
-    tiles are powers of two, so one block pads the head to the next one (tail 0); where a block of
-    the largest power of two below ``dim`` and a tail of its own power-of-two width (at least 16,
-    tl.dot's least) together are narrower than that, the forward takes those two: 160 channels as
-    128 + 32 instead of 256, 96 as 64 + 32, 80 as 64 + 16, 192 as 128 + 64 (forward_kernel's
-    TAIL_D / TAIL_DV). Padding is products on zeros: 1.6x the work at 80 or 160 channels."""
+    tiles are powers of two, so one block pads the head to the next one (tail 0). Where ``dim``
+    is at most a quarter past the largest power of two below it, that block and a tail of its own
+    power-of-two width (at least 16, tl.dot's least) are taken instead: 160 channels as 128 + 32,
+    not 256; 80 as 64 + 16, not 128 (forward_kernel's TAIL_D / TAIL_DV). Measured on an H200
+    (RESULTS.md, "Head dims split"): 1.64-1.84x faster forwards at 160, 1.05-1.17x at 80; a tail of
+    half the block was no faster than the padding (96 = 64 + 32: 0.81-0.98x, 192 = 128 + 64:
+    0.93-1.03x), so those keep one block."""
     padded = max(MIN_TILE, pow2_ceil(dim))
     block = padded // 2
     tail = max(MIN_TILE, pow2_ceil(dim - block)) if dim > block else 0
-    if tail == 0 or block + tail >= padded:
+    if tail == 0 or 4 * tail > block:
         return padded, 0
     return block, tail
 
