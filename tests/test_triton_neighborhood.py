@@ -194,11 +194,12 @@ def test_head_split_widths(dim, split):
     ],
     ids=["1d-fp32-72", "2d-80-160-rpb-softcap", "2d-96-80-gqa", "3d-144-96"],
 )
-@pytest.mark.parametrize("variant", ["pointer", "descriptors", "packed"])
-def test_split_heads_forward(spatial, window, head_dim, value_dim, dtype, options, variant):
-    """The forward on head and value dims split into a power-of-two block and a tail
-    (tiles.head_split) against the oracle, by pointer loads, through tensor descriptors, and in
-    packed programs; and it gives what one padded block gives up to the order of the sums."""
+@pytest.mark.parametrize("variant", ["pointer", "descriptors", "packed-forward", "atomic-dq"])
+def test_split_heads(spatial, window, head_dim, value_dim, dtype, options, variant, monkeypatch):
+    """Forward and backward on head and value dims split into a power-of-two block and a tail
+    (tiles.head_split) against the oracle: by pointer loads, through tensor descriptors, in packed
+    forward programs, with the opt-in atomic dQ (whose dK/dV kernel keeps one padded block); and
+    they give what one padded block gives up to the order of the sums."""
     gen = torch.Generator().manual_seed(head_dim + value_dim)
     kwargs = dict(options)
     heads, kv_heads = 2, kwargs.pop("kv_heads", 2)
@@ -207,20 +208,39 @@ def test_split_heads_forward(spatial, window, head_dim, value_dim, dtype, option
     v = torch.randn(2, *spatial, kv_heads, value_dim, generator=gen).to(dtype)
     if kwargs.pop("rpb", False):
         kwargs["rpb"] = torch.randn(heads, *(2 * w - 1 for w in window), generator=gen).to(dtype)
+    grad = torch.randn(*q.shape[:-1], value_dim, generator=gen).to(dtype)
     problem = build_problem(q, k, v, window, **kwargs)
-    assert tiles.forward_head_blocks(problem)[1] or tiles.forward_head_blocks(problem)[3]
+    assert tiles.head_blocks(problem)[1] or tiles.head_blocks(problem)[3]
     config = tiles.default_config(problem)
-    fwd = dict(config["fwd"], tma=variant == "descriptors", pack=4 if variant == "packed" else 1)
-    if variant == "descriptors":
+    tma = variant == "descriptors"
+    config = dict(config, fwd=dict(config["fwd"], tma=tma, pack=4 if variant == "packed-forward" else 1),
+                  dq=dict(config["dq"], tma=tma), dkdv=dict(config["dkdv"], tma=tma, atomic_dq=variant == "atomic-dq"))
+    if tma:
         assert launch.use_descriptors(True, False, k, v) == (dtype != torch.float32)
+    if variant == "atomic-dq":
+        monkeypatch.setenv(tiles.DETERMINISTIC_ENV, "0")
+    padded_config = {part: dict(cfg, split_heads=False) for part, cfg in config.items()}
     inputs = AttentionInputs(q, k, v, rpb=kwargs.get("rpb"))
-    split = launch.forward(problem, inputs, dict(config, fwd=fwd))
-    padded = launch.forward(problem, inputs, dict(config, fwd=dict(fwd, split_heads=False)))
-    ref, ref_lse = oracle.attention(q.double(), k.double(), v.double(), window,
-                                    **{n: (t.double() if torch.is_tensor(t) else t) for n, t in kwargs.items()})
-    assert oracle.rel_error(split[0], ref) <= oracle.TOLERANCE[dtype]
+    needs = (True, True, True, "rpb" in kwargs, False, False, False)
+
+    def run(cfg):
+        out, lse = launch.forward(problem, inputs, cfg)
+        return (out, lse) + tuple(g for g in launch.backward(problem, inputs, out, lse, grad, None, needs, cfg)
+                                  if g is not None)
+
+    split, padded = run(config), run(padded_config)
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref_kwargs = {n: (t.double().requires_grad_(True) if torch.is_tensor(t) else t) for n, t in kwargs.items()}
+    ref_out, ref_lse = oracle.attention(*leaves, window, **ref_kwargs)
+    wrt = leaves + ([ref_kwargs["rpb"]] if "rpb" in kwargs else [])
+    ref_grads = torch.autograd.grad((ref_out * grad.double()).sum(), wrt)
+    assert oracle.rel_error(split[0], ref_out) <= oracle.TOLERANCE[dtype]
     assert (split[1].double() - ref_lse).abs().max() <= oracle.LSE_TOLERANCE[dtype]
-    assert oracle.rel_error(split[0], padded[0]) <= oracle.TOLERANCE[dtype]
+    for got, want in zip(split[2:], ref_grads):
+        assert oracle.rel_error(got, want) <= oracle.TOLERANCE[dtype]
+    assert len(split) == len(padded) == 2 + len(ref_grads)
+    for a, b in zip(split[2:], padded[2:]):
+        assert oracle.rel_error(a, b) <= oracle.TOLERANCE[dtype]
     assert (split[1] - padded[1]).abs().max() <= oracle.LSE_TOLERANCE[dtype]
 
 
@@ -229,9 +249,9 @@ def test_split_heads_not_with_additional_tokens():
     q = torch.randn(1, 10, 2, 80)
     extra = torch.randn(1, 3, 2, 80)
     problem = build_problem(q, q, q, 3, additional_keys=extra, additional_values=extra)
-    assert tiles.forward_head_blocks(problem) == (128, 0, 128, 0)
-    assert tiles.forward_head_blocks(build_problem(q, q, q, 3)) == (64, 16, 64, 16)
-    assert tiles.forward_head_blocks(build_problem(q, q, q, 3), split=False) == (128, 0, 128, 0)
+    assert tiles.head_blocks(problem) == (128, 0, 128, 0)
+    assert tiles.head_blocks(build_problem(q, q, q, 3)) == (64, 16, 64, 16)
+    assert tiles.head_blocks(build_problem(q, q, q, 3), split=False) == (128, 0, 128, 0)
 
 
 def test_packing_only_for_walks_of_one_key_tile():

@@ -19,7 +19,7 @@ one KV-major pass that also adds dQ in float32 with atomics (``ATOMIC_DQ``).
 import triton
 import triton.language as tl
 
-from .descriptors import add_to_box, group_descriptor, kv_descriptors, load_box, load_token_tile
+from .descriptors import add_to_box, group_descriptor, kv_descriptors, load_box, load_token_tile, tail_descriptor
 from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, next3, query_range, query_walk, split3
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
@@ -43,12 +43,18 @@ def store_stats(STATS, rows, lse2, delta, ok):
 
 
 @triton.jit
-def own_row_stats(O, LSE, DLSE, STATS, o_rows, l_rows, stat_rows, do, ok, dv, HEAD_DV, HAS_DLSE: tl.constexpr):
-    """(lse * log2 e, delta) of query rows whose dO is already loaded, worked out from O and the
-    LSE (as row_stats_kernel does) and also stored in the statistics buffer for the kernels that
-    run after; rows outside the grid get lse = +inf, as in row_stats."""
+def own_row_stats(O, LSE, DLSE, STATS, o_rows, l_rows, stat_rows, do, do_tail, ok, dv, dv_tail, HEAD_DV,
+                  HAS_DLSE: tl.constexpr, TAIL_DV: tl.constexpr):
+    """(lse * log2 e, delta) of query rows whose dO is already loaded (channels ``dv``, and with
+    TAIL_DV the tail ``dv_tail`` in ``do_tail``), worked out from O and the LSE (as
+    row_stats_kernel does) and also stored in the statistics buffer for the kernels that run
+    after; rows outside the grid get lse = +inf, as in row_stats."""
     o = tl.load(O + o_rows[:, None] + dv[None, :], mask=ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if TAIL_DV > 0:
+        o_tail = tl.load(O + o_rows[:, None] + dv_tail[None, :], mask=ok[:, None] & (dv_tail[None, :] < HEAD_DV),
+                         other=0.0)
+        delta += tl.sum(o_tail.to(tl.float32) * do_tail.to(tl.float32), 1)
     if HAS_DLSE:
         delta -= tl.load(DLSE + l_rows, mask=ok, other=0.0)
     lse2 = tl.load(LSE + l_rows, mask=ok, other=0.0) * LOG2E
@@ -95,13 +101,19 @@ def dq_kernel(
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
     TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
     TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, TAIL_D: tl.constexpr, TAIL_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, RPB_GRAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
-    ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, HAS_DLSE: tl.constexpr,
+    ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, HAS_DLSE: tl.constexpr, WAIT_DQ: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
+    # Head and value dims in a block and a tail where TAIL_D / TAIL_DV > 0 (tiles.head_split, as
+    # in forward_kernel): the scores and dP sum the tail's product into the block's, dQ keeps an
+    # accumulator of each.
+    tl.static_assert(not HAS_EXTRA or (TAIL_D == 0 and TAIL_DV == 0), "additional tokens take one padded block")
+    TAIL_DW: tl.constexpr = TAIL_D if TAIL_D > 0 else 16  # placeholder widths where there is no tail
+    TAIL_DVW: tl.constexpr = TAIL_DV if TAIL_DV > 0 else 16
     h = tl.program_id(1)
     b = tl.program_id(2)
     kvh = h // G
@@ -114,14 +126,23 @@ def dq_kernel(
                 mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
     do = tl.load(DO + (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
                  mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    d_tail = BLOCK_D + tl.arange(0, TAIL_DW)
+    dv_tail = BLOCK_DV + tl.arange(0, TAIL_DVW)
+    if TAIL_D > 0:
+        q_tail = tl.load(Q + (bh[0] * sqb + bh[1] * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d_tail[None, :],
+                         mask=q_ok[:, None] & (d_tail[None, :] < HEAD_D), other=0.0)
+    do_tail = do
+    if TAIL_DV > 0:
+        do_tail = tl.load(DO + (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None]
+                          + dv_tail[None, :], mask=q_ok[:, None] & (dv_tail[None, :] < HEAD_DV), other=0.0)
     # The program owns its query rows and holds their dO: it works out their statistics itself
     # (what row_stats_kernel does, without that kernel's second pass over dO: 2-10 % of a
     # backward) and leaves them for the dK/dV kernels, which run after it.
     lse2, delta = own_row_stats(O, LSE, DLSE, STATS,
                                 bh[0] * sob + bh[1] * soh + i0 * so0 + i1 * so1 + i2 * so2,
                                 bh[0] * slsb + bh[1] * slsh + i0 * sls0 + i1 * sls1 + i2 * sls2,
-                                bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, do, q_ok, dv, HEAD_DV,
-                                HAS_DLSE)
+                                bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, do, do_tail, q_ok, dv,
+                                dv_tail, HEAD_DV, HAS_DLSE, TAIL_DV)
 
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
@@ -137,10 +158,17 @@ def dq_kernel(
     k_desc, v_desc = kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh,
                                     Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1, TN2,
                                     BLOCK_D, BLOCK_DV)
+    if TAIL_D > 0:
+        k_tail_desc = tail_descriptor(k_base + BLOCK_D, g0, g1, g2, sk0, sk1, sk2, skh, Lg0, Lg1, Lg2, D0, D1, D2,
+                                      HEAD_D - BLOCK_D, TMA, RANK, TN0, TN1, TN2, TAIL_D)
+    if TAIL_DV > 0:
+        v_tail_desc = tail_descriptor(v_base + BLOCK_DV, g0, g1, g2, sv0, sv1, sv2, svh, Lg0, Lg1, Lg2, D0, D1, D2,
+                                      HEAD_DV - BLOCK_DV, TMA, RANK, TN0, TN1, TN2, TAIL_DV)
     if RPB_GRAD:
         # Row of the dS buffer: ((b * H + h) * N + flat query) * prod(K).
         ds_rows = ((bh[0] * H + bh[1]) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq_tail = tl.zeros([BLOCK_M, TAIL_DW], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for _tile in range(0, n_tiles):
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
@@ -150,6 +178,11 @@ def dq_kernel(
         vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
                              Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
         qk = mma(q, tl.trans(kt), None, PRECISION)
+        if TAIL_D > 0:
+            kt_tail = load_token_tile(k_tail_desc, k_base + BLOCK_D, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
+                                      g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_D - BLOCK_D, TMA, LARGE, RANK, BLOCK_N,
+                                      TAIL_D)
+            qk = mma(q_tail, tl.trans(kt_tail), qk, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
         else:
@@ -160,8 +193,22 @@ def dq_kernel(
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
         dp = mma(do, tl.trans(vt), None, PRECISION)
+        if TAIL_DV > 0:
+            vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
+                                      g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV - BLOCK_DV, TMA, LARGE, RANK, BLOCK_N,
+                                      TAIL_DV)
+            dp = mma(do_tail, tl.trans(vt_tail), dp, PRECISION)
         ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
         dq = mma(ds.to(kt.dtype), kt, dq, PRECISION)
+        if TAIL_D > 0:
+            dq_tail = mma(ds.to(kt_tail.dtype), kt_tail, dq_tail, PRECISION)
+        if WAIT_DQ:
+            # Waits for the dQ products within the step, as WAIT_DK in dkdv_kernel (where ptxas
+            # would otherwise serialise every wgmma of the loop: its 8-warp tiles above head dim
+            # 128, tiles.waits_for_dq).
+            dq = dq + 0.0
+            if TAIL_D > 0:
+                dq_tail = dq_tail + 0.0
         if RPB_GRAD:
             slot = ((y0[None, :] - lo0[:, None]) * K1 + (y1[None, :] - lo1[:, None])) * K2 + (y2[None, :] - lo2[:, None])
             seen = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK) & q_ok[:, None]
@@ -187,6 +234,9 @@ def dq_kernel(
     dq_rows = bh[0] * sdqb + bh[1] * sdqh + i0 * sdq0 + i1 * sdq1 + i2 * sdq2
     tl.store(DQ + dq_rows[:, None] + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=q_ok[:, None] & (d[None, :] < HEAD_D))
+    if TAIL_D > 0:
+        tl.store(DQ + dq_rows[:, None] + d_tail[None, :], (dq_tail * scale).to(DQ.dtype.element_ty),
+                 mask=q_ok[:, None] & (d_tail[None, :] < HEAD_D))
 
 
 @triton.jit
@@ -207,7 +257,7 @@ def dkdv_kernel(
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
     TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
     TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, TAIL_D: tl.constexpr, TAIL_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr, TMA_DQ: tl.constexpr,
@@ -215,6 +265,11 @@ def dkdv_kernel(
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
+    # Head and value dims in a block and a tail where TAIL_D / TAIL_DV > 0 (as in dq_kernel): dK
+    # and dV keep an accumulator of each.
+    tl.static_assert(not ATOMIC_DQ or (TAIL_D == 0 and TAIL_DV == 0), "the atomic dQ takes one padded block")
+    TAIL_DW: tl.constexpr = TAIL_D if TAIL_D > 0 else 16  # placeholder widths where there is no tail
+    TAIL_DVW: tl.constexpr = TAIL_DV if TAIL_DV > 0 else 16
     kvh = tl.program_id(1)
     b = tl.program_id(2)
     # The key tile: TN0 x TN1 x TN2 group coordinates in one dilation group per axis.
@@ -227,6 +282,14 @@ def dkdv_kernel(
                  mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
     vt = tl.load(V + (b64 * svb + kvh64 * svh + k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
                  mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    d_tail = BLOCK_D + tl.arange(0, TAIL_DW)
+    dv_tail = BLOCK_DV + tl.arange(0, TAIL_DVW)
+    if TAIL_D > 0:
+        kt_tail = tl.load(K + (b64 * skb + kvh64 * skh + k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d_tail[None, :],
+                          mask=k_ok[:, None] & (d_tail[None, :] < HEAD_D), other=0.0)
+    if TAIL_DV > 0:
+        vt_tail = tl.load(V + (b64 * svb + kvh64 * svh + k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv_tail[None, :],
+                          mask=k_ok[:, None] & (dv_tail[None, :] < HEAD_DV), other=0.0)
 
     # The walk over the query tiles that see any key of the tile (inverse rule, monotone: first
     # and last key suffice), anchored where the queries that see all of them begin.
@@ -254,6 +317,14 @@ def dkdv_kernel(
                                    BLOCK_DV)
         stats_desc = group_descriptor(STATS + b64 * slb + heads0 * slh + g0 * sl0 + g1 * sl1 + g2 * sl2, G, slh,
                                       Lg0, Lg1, Lg2, D0 * sl0, D1 * sl1, D2 * sl2, 4, RANK, TM0, TM1, TM2, 4)
+        if TAIL_D > 0:
+            q_tail_desc = group_descriptor(Q + BLOCK_D + b64 * sqb + heads0 * sqh + g0 * sq0 + g1 * sq1 + g2 * sq2, G,
+                                           sqh, Lg0, Lg1, Lg2, D0 * sq0, D1 * sq1, D2 * sq2, HEAD_D - BLOCK_D, RANK,
+                                           TM0, TM1, TM2, TAIL_D)
+        if TAIL_DV > 0:
+            do_tail_desc = group_descriptor(DO + BLOCK_DV + b64 * sdob + heads0 * sdoh + g0 * sdo0 + g1 * sdo1
+                                            + g2 * sdo2, G, sdoh, Lg0, Lg1, Lg2, D0 * sdo0, D1 * sdo1, D2 * sdo2,
+                                            HEAD_DV - BLOCK_DV, RANK, TM0, TM1, TM2, TAIL_DV)
     if TMA_DQ:
         # dQ shares go to L2 as bulk reductions of whole query tiles (one instruction each).
         dqa_desc = group_descriptor(DQA + b64 * sdqab + kvh64 * G * sdqah + g0 * sdqa0 + g1 * sdqa1 + g2 * sdqa2,
@@ -261,6 +332,8 @@ def dkdv_kernel(
                                     TM0, TM1, TM2, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dvacc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    dk_tail = tl.zeros([BLOCK_N, TAIL_DW], tl.float32)
+    dv_tail_acc = tl.zeros([BLOCK_N, TAIL_DVW], tl.float32)
     # Cursor: query head of the group, then query tile (see next3).
     group_head = tl.zeros((), tl.int32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
@@ -277,16 +350,28 @@ def dkdv_kernel(
         if TMA:
             q = load_box(q_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
             do = load_box(do_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_DV)
+            if TAIL_D > 0:
+                q_tail = load_box(q_tail_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M, TAIL_D)
+            if TAIL_DV > 0:
+                do_tail = load_box(do_tail_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M, TAIL_DV)
         else:
-            q = tl.load(Q + (b64 * sqb + h64 * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :],
-                        mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-            do = tl.load(DO + (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
-                         mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+            q_cells = (b64 * sqb + h64 * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None]
+            do_cells = (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None]
+            q = tl.load(Q + q_cells + d[None, :], mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+            do = tl.load(DO + do_cells + dv[None, :], mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+            if TAIL_D > 0:
+                q_tail = tl.load(Q + q_cells + d_tail[None, :], mask=q_ok[:, None] & (d_tail[None, :] < HEAD_D),
+                                 other=0.0)
+            if TAIL_DV > 0:
+                do_tail = tl.load(DO + do_cells + dv_tail[None, :],
+                                  mask=q_ok[:, None] & (dv_tail[None, :] < HEAD_DV), other=0.0)
         if TMA:
             lse2, delta = stats_box(stats_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M)
         else:
             lse2, delta = row_stats(STATS, b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
         qkT = mma(kt, tl.trans(q), None, PRECISION)
+        if TAIL_D > 0:
+            qkT = mma(kt_tail, tl.trans(q_tail), qkT, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, False)
         else:
@@ -310,15 +395,25 @@ def dkdv_kernel(
                         True, RANK, AXIS_MASKS)
         dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
         dpT = mma(vt, tl.trans(do), None, PRECISION)
+        if TAIL_DV > 0:
+            dv_tail_acc = mma(pT.to(do_tail.dtype), do_tail, dv_tail_acc, PRECISION)
+            dpT = mma(vt_tail, tl.trans(do_tail), dpT, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
+        if TAIL_D > 0:
+            dk_tail = mma(dsT.to(q_tail.dtype), q_tail, dk_tail, PRECISION)
         if WAIT_DK:
             # Reading dk makes Triton wait for this product within the step instead of keeping it
             # in flight across the loop's back edge, where ptxas would serialise every wgmma of
             # the loop (its C7515, "non wgmma instructions defining accumulator registers": all 24
             # of a D=128 step wait for the one before) when the step also masks pairs and streams
-            # three descriptor loads (q, dO, statistics rows). Costs one FADD per dk element.
+            # three descriptor loads (q, dO, statistics rows), or, above head dim 128, on 8 warps
+            # (tiles.waits_for_dk). Costs one FADD per dk element.
             dk = dk + 0.0
+            if TAIL_D > 0:
+                dk_tail = dk_tail + 0.0
+            if TAIL_DV > 0:
+                dv_tail_acc = dv_tail_acc + 0.0
         if ATOMIC_DQ:
             # dQ += dS K for this key tile's share, added in float32 (the order of the adds, hence
             # the rounding, varies from run to run: opt-in only).
@@ -348,6 +443,12 @@ def dkdv_kernel(
              (dk * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d[None, :] < HEAD_D))
     tl.store(DV + (b64 * sdvb + kvh64 * sdvh + k0 * sdv0 + k1 * sdv1 + k2 * sdv2)[:, None] + dv[None, :],
              dvacc.to(DV.dtype.element_ty), mask=k_ok[:, None] & (dv[None, :] < HEAD_DV))
+    if TAIL_D > 0:
+        tl.store(DK + (b64 * sdkb + kvh64 * sdkh + k0 * sdk0 + k1 * sdk1 + k2 * sdk2)[:, None] + d_tail[None, :],
+                 (dk_tail * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d_tail[None, :] < HEAD_D))
+    if TAIL_DV > 0:
+        tl.store(DV + (b64 * sdvb + kvh64 * sdvh + k0 * sdv0 + k1 * sdv1 + k2 * sdv2)[:, None] + dv_tail[None, :],
+                 dv_tail_acc.to(DV.dtype.element_ty), mask=k_ok[:, None] & (dv_tail[None, :] < HEAD_DV))
 
 
 @triton.jit
@@ -421,4 +522,4 @@ def row_stats_kernel(O, DO, LSE, DLSE, STATS, rows, so_row, sdo_row, HEAD_DV,
     ok = r < rows
     d = tl.arange(0, BLOCK_DV)
     do = tl.load(DO + r[:, None] * sdo_row + d[None, :], mask=ok[:, None] & (d[None, :] < HEAD_DV), other=0.0)
-    own_row_stats(O, LSE, DLSE, STATS, r * so_row, r, r * 4, do, ok, d, HEAD_DV, HAS_DLSE)
+    own_row_stats(O, LSE, DLSE, STATS, r * so_row, r, r * 4, do, do, ok, d, d, HEAD_DV, HAS_DLSE, 0)

@@ -291,8 +291,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         problem.scale, problem.softcap or 1.0,
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
-        **dict(zip(("BLOCK_D", "TAIL_D", "BLOCK_DV", "TAIL_DV"),
-                   tiles.forward_head_blocks(problem, cfg.get("split_heads", tiles.SPLIT_HEADS)))),
+        **head_blocks(problem, cfg),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
         TMA=pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v),
@@ -300,6 +299,14 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         FOLD_SCALE=cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None,
         PACK=pack, **_walk_constexprs(cfg), num_warps=cfg["warps"], num_stages=cfg["stages"],
     ))
+
+
+def head_blocks(problem: Problem, cfg: dict, atomic_dq: bool = False) -> dict:
+    """The head and value widths a neighbourhood kernel multiplies in (tiles.head_blocks), as its
+    BLOCK_D / TAIL_D / BLOCK_DV / TAIL_DV constexprs; the config part's ``split_heads`` turns the
+    split off, and the atomic dQ (one padded block) never takes it."""
+    split = cfg.get("split_heads", tiles.SPLIT_HEADS) and not atomic_dq
+    return dict(zip(("BLOCK_D", "TAIL_D", "BLOCK_DV", "TAIL_DV"), tiles.head_blocks(problem, split)))
 
 
 def relative_slots(axis, pattern: str, device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -437,8 +444,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     geo = geometry(problem)
     large = needs_int64(q, k, v, do, tensors["out"])
     softcap = problem.softcap or 1.0
-    feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
-                   BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem))
+    feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=_precision(q.dtype), RANK=r)
     stats_strides = token_strides(tensors["stats"], r)
     launches = []
 
@@ -453,10 +459,10 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             H, G, problem.extra_tokens, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["q"]), problem.scale, softcap,
         ], dict(
-            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
+            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature, **head_blocks(problem, cfg),
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
             TMA=use_descriptors(cfg.get("tma", False), large, k, v), **_walk_constexprs(cfg),
-            HAS_DLSE=has_dlse, num_warps=cfg["warps"], num_stages=cfg["stages"],
+            HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), num_warps=cfg["warps"], num_stages=cfg["stages"],
         )), names))
 
     dq_sum_strides = token_strides(t["dq_sum"], r)
@@ -472,9 +478,10 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
+            **head_blocks(problem, cfg, atomic_dq=atomic and need_q),
             HAS_RPB=rpb is not None, TMA=tma, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
-            WAIT_DK=tma and cfg.get("wait_dk", False), **_walk_constexprs(cfg), num_warps=cfg["warps"],
+            WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), num_warps=cfg["warps"],
             num_stages=cfg["stages"],
         )), names))
 
@@ -489,7 +496,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             problem.scale, softcap,
         ], dict(
             BLOCK_M=block_m, BLOCK_E=block_e, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
-            PRECISION=feature["PRECISION"], BLOCK_D=feature["BLOCK_D"], BLOCK_DV=feature["BLOCK_DV"],
+            PRECISION=feature["PRECISION"], BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem),
             ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, exact_float32(feature["PRECISION"])),
             num_stages=stages,
         )), names))

@@ -176,10 +176,11 @@ def head_split(dim: int) -> Tuple[int, int]:
     return block, tail
 
 
-def forward_head_blocks(problem: Problem, split: bool = True) -> Tuple[int, int, int, int]:
-    """``(BLOCK_D, TAIL_D, BLOCK_DV, TAIL_DV)`` of the forward: head and value dims split by
-    head_split, unless ``split`` is off (the config's ``split_heads``) or the problem has
-    additional tokens (their loop takes one padded block, value_block)."""
+def head_blocks(problem: Problem, split: bool = True) -> Tuple[int, int, int, int]:
+    """``(BLOCK_D, TAIL_D, BLOCK_DV, TAIL_DV)`` of the neighbourhood kernels (forward, dQ, dK/dV):
+    head and value dims split by head_split, unless ``split`` is off (a config's
+    ``split_heads``) or the problem has additional tokens (their loops take one padded block,
+    value_block)."""
     if not split or problem.extra_tokens:
         return max(MIN_TILE, pow2_ceil(problem.head_dim)), 0, value_block(problem), 0
     return (*head_split(problem.head_dim), *head_split(problem.value_dim))
@@ -314,7 +315,19 @@ def waits_for_dk(problem: Problem, descriptors: bool) -> bool:
     ptxas would otherwise serialise the loop's wgmmas, with descriptor loads at head dims above
     64. Measured on an H100 (2026-11-26): 1.04-1.12x the backward at D=128, 0.98x at D=64, where
     nothing was serialised."""
-    return descriptors and max(problem.head_dim, problem.value_dim) > 64
+    return (descriptors and max(problem.head_dim, problem.value_dim) > 64) or wide_backward(problem)
+
+
+def waits_for_dq(problem: Problem) -> bool:
+    """Whether the dQ kernel waits for its dQ products within each step (dq_kernel, WAIT_DQ):
+    where ptxas would otherwise serialise the loop's wgmmas (wide_backward)."""
+    return wide_backward(problem)
+
+
+def wide_backward(problem: Problem) -> bool:
+    """Head dims above 128: the backward's 8-warp tiles, whose loops ptxas serialises (every wgmma
+    waiting for the one before) unless each step waits for its dQ or dK products."""
+    return max(problem.head_dim, problem.value_dim) > 128
 
 
 def narrow_16bit(problem: Problem) -> bool:
@@ -435,8 +448,8 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     backward_descriptors = (backward_descriptor_loads(problem)
                             and steps_per_tile(problem, resident, stream) > BACKWARD_SHORT_WALK_STEPS)
     knobs = {"warps": backward_warps, "stages": 2, "tma": backward_descriptors,
-             "anchor": ANCHOR_TILES, "axis_masks": False}
-    dq = {"q": resident, "kv": stream, **knobs}
+             "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
+    dq = {"q": resident, "kv": stream, **knobs, "wait_dq": waits_for_dq(problem)}
     dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"])}
     if narrow_key_major(problem, exact_float32) and not narrow:
         dkdv["warps"] = NARROW_DKDV_WARPS
@@ -506,6 +519,7 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         if dq != base["dq"]:
             out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
     out.append(dict(base, dkdv=dict(base["dkdv"], wait_dk=not base["dkdv"]["wait_dk"])))
+    out.append(dict(base, dq=dict(base["dq"], wait_dq=not base["dq"]["wait_dq"])))
     # Narrow heads: the dK/dV kernel on the default tiles with the other of 2 and 4 warps.
     other_warps = {2: 4, 4: 2}.get(base["dkdv"]["warps"])
     if max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM and other_warps:
