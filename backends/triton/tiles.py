@@ -80,8 +80,8 @@ MASKED_AXIS_COST = 0.2
 # (forward_kernel.online_softmax_rescale), skipping most accumulator rescales.
 LAZY_RESCALE = False
 
-# Whether the forward multiplies heads whose dim is not a power of two in two power-of-two
-# blocks (head_split) instead of one padded block.
+# Whether the kernels multiply heads whose dim is not a power of two in two power-of-two blocks
+# (head_split) instead of one padded block.
 SPLIT_HEADS = True
 
 
@@ -160,14 +160,14 @@ def value_block(problem: Problem) -> int:
 
 
 def head_split(dim: int) -> Tuple[int, int]:
-    """``(block, tail)``: the widths the forward multiplies a head of ``dim`` channels in. Triton's
+    """``(block, tail)``: the widths the kernels multiply a head of ``dim`` channels in. Triton's
     tiles are powers of two, so one block pads the head to the next one (tail 0). Where ``dim``
     is at most a quarter past the largest power of two below it, that block and a tail of its own
     power-of-two width (at least 16, tl.dot's least) are taken instead: 160 channels as 128 + 32,
-    not 256; 80 as 64 + 16, not 128 (forward_kernel's TAIL_D / TAIL_DV). Measured on an H200
-    (RESULTS.md, "Head dims split"): 1.64-1.84x faster forwards at 160, 1.05-1.17x at 80; a tail of
-    half the block was no faster than the padding (96 = 64 + 32: 0.81-0.98x, 192 = 128 + 64:
-    0.93-1.03x), so those keep one block."""
+    not 256; 80 as 64 + 16, not 128 (the kernels' TAIL_D / TAIL_DV). Measured on an H200
+    (RESULTS.md, "Off-list shapes"): forwards 1.64-1.84x faster at 160, 1.05-1.18x at 80,
+    backwards 1.14-1.16x and 1.33x; a tail of half the block was no faster than the padding
+    (forwards at 96 = 64 + 32: 0.81-0.98x, 192 = 128 + 64: 0.93-1.03x), so those keep one block."""
     padded = max(MIN_TILE, pow2_ceil(dim))
     block = padded // 2
     tail = max(MIN_TILE, pow2_ceil(dim - block)) if dim > block else 0
