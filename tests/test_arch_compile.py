@@ -32,6 +32,7 @@ ARCH_CASES = (
     "neighbourhood_1d_causal_strided_dilated_gqa",
     "neighbourhood_3d_window_shift_extra_keys",
     "neighbourhood_2d_causal_hd192_dv64",
+    "neighbourhood_2d_split_heads_hd160_dv80",
     "neighbourhood_2d_narrow_small_tiles",
     "window_swin_shift_rpb",
     "window_12x12_long",

@@ -42,6 +42,9 @@ CASES = {
     # head_dim 192: 128-query dQ tiles against 64-key tiles (non-square pair masks).
     "neighbourhood_2d_causal_hd192_dv64": (launch, (10, 12), (5, 3), torch.bfloat16, 2, 1, 192, 64, False, 0,
                                            dict(causal=(True, False))),
+    # Head dims 160 / 80: the kernels' block and tail (tiles.head_split), the backward waiting for
+    # its products within each step above head dim 128 (tiles.wide_backward).
+    "neighbourhood_2d_split_heads_hd160_dv80": (launch, (16, 16), 5, torch.bfloat16, 2, 2, 160, 80, False, 0, {}),
     # Packed forward programs (several (batch, head) pairs a program), with a bias per head; head
     # dim 64 keeps the 64-query wgmma forward whose asynchrony the test below checks.
     "neighbourhood_2d_packed_pairs_rpb": (launch, (14, 14), 7, torch.bfloat16, 4, 2, 64, 64, True, 0, {}),
