@@ -619,8 +619,11 @@ def test_configs_fit_the_shared_memory_of_the_device(monkeypatch, forget_configs
         expect_bwd_tma = item == 2 and 64 <= head_dim <= 128 and capability >= (9, 0)
         for kernel in ("dq", "dkdv"):
             assert tiles.default_config(problem)[kernel]["tma"] == expect_bwd_tma, (capability, head_dim, kernel)
-        # dK/dV waits for its last product per step where ptxas would serialise its wgmmas.
-        assert tiles.default_config(problem)["dkdv"]["wait_dk"] == (expect_bwd_tma and head_dim > 64)
+        # dK/dV (and above head dim 128 dQ) wait for their last product per step where ptxas
+        # would serialise their wgmmas.
+        assert tiles.default_config(problem)["dkdv"]["wait_dk"] == ((expect_bwd_tma and head_dim > 64)
+                                                                    or head_dim > 128)
+        assert tiles.default_config(problem)["dq"]["wait_dq"] == (head_dim > 128)
         for config in [tiles.default_config(problem)] + tiles.candidate_configs(problem):
             for kernel, cfg in config.items():
                 size = tiles._shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"],

@@ -378,10 +378,12 @@ def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, it
 
 
 def _operand_sizes(problem: Problem) -> Tuple[int, int, int]:
-    """Bytes per element of the operand tiles, and their head and value widths (padded as the
-    kernels pad them): the problem-side arguments of ``_shared_bytes``."""
+    """Bytes per element of the operand tiles, and their head and value widths (padded, or block
+    plus tail, as the kernels take them: head_blocks): the problem-side arguments of
+    ``_shared_bytes``."""
     item = 4 if problem.dtype.itemsize == 4 else 2
-    return item, max(16, pow2_ceil(problem.head_dim)), value_block(problem)
+    block_d, tail_d, block_dv, tail_dv = head_blocks(problem, SPLIT_HEADS)
+    return item, block_d + tail_d, block_dv + tail_dv
 
 
 def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) -> Dict:
