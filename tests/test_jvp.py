@@ -556,7 +556,7 @@ def test_wide_heads_fit_the_jvp_kernels_own_shared_memory():
 
     for head_dim in (192, 256):
         problem, dq, jvp = jvp_and_dq(head_dim, torch.bfloat16)
-        item, d, dv = tiles._operand_sizes(problem)
+        item, d, dv = tiles._operand_sizes(problem, "jvp")
         assert (math.prod(jvp["q"]), math.prod(jvp["kv"])) == (32, 32), (dq, jvp)
         assert jvp["stages"] == dq["stages"] >= 2
         need = tiles._shared_bytes("jvp", math.prod(jvp["q"]), math.prod(jvp["kv"]), jvp["stages"], d, dv, item)

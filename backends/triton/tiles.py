@@ -318,6 +318,14 @@ def waits_for_dk(problem: Problem, descriptors: bool) -> bool:
     return (descriptors and max(problem.head_dim, problem.value_dim) > 64) or wide_backward(problem)
 
 
+# Streamed tokens of the backward on split heads above head dim 128 (144, 160: their 128 + 16 /
+# 32 channels let 128 resident tokens fit the shared memory, where a 256-wide padding did not):
+# 128 resident past 32 streamed ran a 3-D 5x9x9, D = 160 backward in 4.96 ms against 6.39-6.59 for
+# every 64-resident candidate (`haloattn tune --backward` on an H200, 2026-11-29, RESULTS.md
+# "Off-list shapes").
+WIDE_SPLIT_STREAM = 32
+
+
 def waits_for_dq(problem: Problem) -> bool:
     """Whether the dQ kernel waits for its dQ products within each step (dq_kernel, WAIT_DQ):
     where ptxas would otherwise serialise the loop's wgmmas (wide_backward)."""
@@ -377,12 +385,12 @@ def _shared_bytes(kernel: str, q: int, kv: int, stages: int, d: int, dv: int, it
     return item * (kv * (d + dv) + stages * q * (d + dv))
 
 
-def _operand_sizes(problem: Problem) -> Tuple[int, int, int]:
-    """Bytes per element of the operand tiles, and their head and value widths (padded, or block
-    plus tail, as the kernels take them: head_blocks): the problem-side arguments of
-    ``_shared_bytes``."""
+def _operand_sizes(problem: Problem, kernel: str) -> Tuple[int, int, int]:
+    """Bytes per element of ``kernel``'s operand tiles, and their head and value widths as it
+    takes them (forward, dQ and dK/dV: block plus tail, head_blocks; the JVP and the
+    additional-token kernels: padded): the problem-side arguments of ``_shared_bytes``."""
     item = 4 if problem.dtype.itemsize == 4 else 2
-    block_d, tail_d, block_dv, tail_dv = head_blocks(problem, SPLIT_HEADS)
+    block_d, tail_d, block_dv, tail_dv = head_blocks(problem, SPLIT_HEADS and kernel in ("fwd", "dq", "dkdv"))
     return item, block_d + tail_d, block_dv + tail_dv
 
 
@@ -391,7 +399,7 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
     the problem's device (device_limits: 200 KiB of tiles on Hopper, 72 KiB on a 99 KiB GPU), or
     in ``budget`` bytes of operand tiles where given."""
     budget = tile_shared_budget(problem.device) if budget is None else budget
-    item, d, dv = _operand_sizes(problem)
+    item, d, dv = _operand_sizes(problem, kernel)
     ext = group_extents(problem)
     cfg = dict(cfg)
     while _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item) > budget:
@@ -440,7 +448,8 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     # accumulators (two 64 x D in dK/dV) would not fit in registers.
     small = max(problem.head_dim, problem.value_dim) <= 128
     resident = fit(backward_q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
-    stream = fit(backward_kv, ext, EXACT_FLOAT32_STREAM if exact_float32 else 64)
+    stream = fit(backward_kv, ext, EXACT_FLOAT32_STREAM if exact_float32
+                 else WIDE_SPLIT_STREAM if wide_backward(problem) and any(head_blocks(problem)[1::2]) else 64)
     backward_warps = 4 if small else 8
     # Small tiles where the forward's cost chose them for their fewer pairs.
     narrow = narrow_key_major(problem, exact_float32) and math.prod(backward_q) < 64
@@ -547,7 +556,7 @@ def extra_kernel_blocks(problem: Problem, exact_float32: bool = False) -> Tuple[
     At float32 with head dim 256 the fixed 64 x 64 x 2 needed 279040 bytes, more than Hopper's
     232448."""
     budget = tile_shared_budget(problem.device)
-    item, d, dv = _operand_sizes(problem)
+    item, d, dv = _operand_sizes(problem, "extra")
     queries, tokens = (EXACT_FLOAT32_STREAM, EXACT_FLOAT32_RESIDENT) if exact_float32 else (64, 64)
     stages = 2
     while _shared_bytes("dkdv", queries, tokens, stages, d, dv, item) > budget:
@@ -575,7 +584,7 @@ def shrink_to_fit(problem: Problem, config: Dict, kernel: str, overshoot: int) -
     what the compiler adds (layout conversions, float32 operands staged for tf32 products), which
     is most of a kernel's footprint at large float32 head dims. The operand-tile budget shrinks by
     the overshoot; raises ValueError where the tiles cannot shrink further."""
-    item, d, dv = _operand_sizes(problem)
+    item, d, dv = _operand_sizes(problem, kernel)
     cfg = config[kernel]
     estimate = _shared_bytes(kernel, math.prod(cfg["q"]), math.prod(cfg["kv"]), cfg["stages"], d, dv, item)
     smaller = _fit_shared(problem, kernel, cfg, budget=estimate - overshoot)
