@@ -19,7 +19,7 @@ one KV-major pass that also adds dQ in float32 with atomics (``ATOMIC_DQ``).
 import triton
 import triton.language as tl
 
-from .descriptors import add_to_box, group_descriptor, kv_descriptors, load_box, load_token_tile, tail_descriptor
+from .descriptors import add_to_box, group_descriptor, kv_descriptors, kv_tail_descriptors, load_box, load_token_tile
 from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, next3, query_range, query_walk, split3
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
@@ -158,12 +158,9 @@ def dq_kernel(
     k_desc, v_desc = kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh,
                                     Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1, TN2,
                                     BLOCK_D, BLOCK_DV)
-    if TAIL_D > 0:
-        k_tail_desc = tail_descriptor(k_base + BLOCK_D, g0, g1, g2, sk0, sk1, sk2, skh, Lg0, Lg1, Lg2, D0, D1, D2,
-                                      HEAD_D - BLOCK_D, TMA, RANK, TN0, TN1, TN2, TAIL_D)
-    if TAIL_DV > 0:
-        v_tail_desc = tail_descriptor(v_base + BLOCK_DV, g0, g1, g2, sv0, sv1, sv2, svh, Lg0, Lg1, Lg2, D0, D1, D2,
-                                      HEAD_DV - BLOCK_DV, TMA, RANK, TN0, TN1, TN2, TAIL_DV)
+    k_tail_desc, v_tail_desc = kv_tail_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh,
+                                                   Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1,
+                                                   TN2, BLOCK_D, BLOCK_DV, TAIL_D, TAIL_DV)
     if RPB_GRAD:
         # Row of the dS buffer: ((b * H + h) * N + flat query) * prod(K).
         ds_rows = ((bh[0] * H + bh[1]) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)

@@ -95,15 +95,20 @@ def kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2
 
 
 @triton.jit
-def tail_descriptor(base, g0, g1, g2, s0, s1, s2, sh, Lg0, Lg1, Lg2, D0, D1, D2, DIM, TMA: tl.constexpr,
-                    RANK: tl.constexpr, T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr,
-                    BLOCK: tl.constexpr):
-    """The descriptor of a head's channel tail (``base`` already past the head's first block, ``DIM``
-    channels left; forward_kernel's TAIL_D / TAIL_DV), for ``load_token_tile``; without TMA the
-    base stands in for it, unused."""
+def kv_tail_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh, Lg0, Lg1, Lg2,
+                        D0, D1, D2, HEAD_D, HEAD_DV, TMA: tl.constexpr, RANK: tl.constexpr,
+                        T0: tl.constexpr, T1: tl.constexpr, T2: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_DV: tl.constexpr, TAIL_D: tl.constexpr, TAIL_DV: tl.constexpr):
+    """kv_descriptors for the channel tails of split heads (the kernels' TAIL_D / TAIL_DV: channels
+    past BLOCK_D / BLOCK_DV), for ``load_token_tile``; a head without a tail, or no TMA, gets its
+    tail's base pointer instead, unused or read by pointer."""
+    k_tail = k_base + BLOCK_D
+    v_tail = v_base + BLOCK_DV
     if TMA:
-        desc = group_descriptor(base + g0 * s0 + g1 * s1 + g2 * s2, 1, sh, Lg0, Lg1, Lg2, D0 * s0, D1 * s1, D2 * s2,
-                                DIM, RANK, T0, T1, T2, BLOCK)
-    else:
-        desc = base
-    return desc
+        if TAIL_D > 0:
+            k_tail = group_descriptor(k_tail + g0 * sk0 + g1 * sk1 + g2 * sk2, 1, skh, Lg0, Lg1, Lg2,
+                                      D0 * sk0, D1 * sk1, D2 * sk2, HEAD_D - BLOCK_D, RANK, T0, T1, T2, TAIL_D)
+        if TAIL_DV > 0:
+            v_tail = group_descriptor(v_tail + g0 * sv0 + g1 * sv1 + g2 * sv2, 1, svh, Lg0, Lg1, Lg2,
+                                      D0 * sv0, D1 * sv1, D2 * sv2, HEAD_DV - BLOCK_DV, RANK, T0, T1, T2, TAIL_DV)
+    return k_tail, v_tail

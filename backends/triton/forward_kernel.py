@@ -18,7 +18,7 @@ them; on longer walks the packed loop's dearer steps cost more than that saves (
 import triton
 import triton.language as tl
 
-from .descriptors import kv_descriptors, load_token_tile, tail_descriptor
+from .descriptors import kv_descriptors, kv_tail_descriptors, load_token_tile
 from .index_math import crosses, group_length, key_range, key_walk, next3, split3
 from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
 
@@ -185,12 +185,9 @@ def forward_kernel(
     k_desc, v_desc = kv_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh,
                                     Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1, TN2,
                                     BLOCK_D, BLOCK_DV)
-    if TAIL_D > 0:
-        k_tail_desc = tail_descriptor(k_base + BLOCK_D, g0, g1, g2, sk0, sk1, sk2, skh, Lg0, Lg1, Lg2, D0, D1, D2,
-                                      HEAD_D - BLOCK_D, TMA, RANK, TN0, TN1, TN2, TAIL_D)
-    if TAIL_DV > 0:
-        v_tail_desc = tail_descriptor(v_base + BLOCK_DV, g0, g1, g2, sv0, sv1, sv2, svh, Lg0, Lg1, Lg2, D0, D1, D2,
-                                      HEAD_DV - BLOCK_DV, TMA, RANK, TN0, TN1, TN2, TAIL_DV)
+    k_tail_desc, v_tail_desc = kv_tail_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1, sv2, svh,
+                                                   Lg0, Lg1, Lg2, D0, D1, D2, HEAD_D, HEAD_DV, TMA, RANK, TN0, TN1,
+                                                   TN2, BLOCK_D, BLOCK_DV, TAIL_D, TAIL_DV)
 
     # FOLD_SCALE (scale > 0, no bias, no softcap): the scores stay raw dot products through the
     # mask and the row maxima (a positive scale keeps their order), and the scale joins the
