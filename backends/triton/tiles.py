@@ -478,6 +478,11 @@ def jvp_tiles(problem: Problem, dq: Dict) -> Dict:
     already and compiled to 84 KiB at 128 channels, far under this estimate."""
     if problem.dtype.itemsize != 2:
         return dq
+    if wide_backward(problem):
+        # At most 32 queries (what the fit below gave the padded wide heads' 64 x 64 dQ tiles): the
+        # dQ kernel's 128 resident tokens on split wide heads (WIDE_SPLIT_STREAM) fitted to 64 x 32
+        # here, which ptxas built on 8 warps with serialised wgmmas.
+        dq = dict(dq, q=fit(dq["q"], group_extents(problem), min(32, math.prod(dq["q"]))))
     return _fit_shared(problem, "jvp", dq)
 
 
