@@ -312,9 +312,10 @@ def backward_descriptor_loads(problem: Problem) -> bool:
 
 def waits_for_dk(problem: Problem, descriptors: bool) -> bool:
     """Whether dK/dV waits for its last product within each step (dkdv_kernel, WAIT_DK): where
-    ptxas would otherwise serialise the loop's wgmmas, with descriptor loads at head dims above
-    64. Measured on an H100 (2026-11-26): 1.04-1.12x the backward at D=128, 0.98x at D=64, where
-    nothing was serialised."""
+    ptxas would otherwise serialise the loop's wgmmas: with descriptor loads at head dims above
+    64 (measured on an H100, 2026-11-26: 1.04-1.12x the backward at D=128, 0.98x at D=64, where
+    nothing was serialised), and on the 8-warp tiles above head dim 128 (wide_backward; with
+    waits_for_dq 1.06x at D=192 and 256 on an H200, 2026-11-29)."""
     return (descriptors and max(problem.head_dim, problem.value_dim) > 64) or wide_backward(problem)
 
 
