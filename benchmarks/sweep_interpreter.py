@@ -9,7 +9,10 @@ within max(1e-5, 3x what a plain float32 computation of the contract misses by o
 (1e-3 floor for rpb): the float32 floor keeps ill-conditioned problems (cancelling sums) from
 failing a correct kernel, and a wrong gradient is off by order 1 anyway.
 
-    python benchmarks/sweep_interpreter.py 6000 6150 [--backend triton]
+    python benchmarks/sweep_interpreter.py 6000 6150 [--backend triton] [--head-dims 72,80,144,160]
+
+``--head-dims`` draws head and value dims from that list instead of 8, 16, 32 (72-160: the
+kernels' block-and-tail split of head dims, tiles.head_split; slower).
 
 Prints one line per seed (``OK``, ``FAIL`` with the errors and the problem, or ``REFUSED`` with
 the backend's reason; any other error is raised) and the number of failures. Slow: a few seconds per problem.
@@ -35,7 +38,10 @@ from haloattn.dispatch import BackendUnavailableError  # noqa: E402
 GRAD_FLOOR, RPB_GRAD_FLOOR, OUT_TOLERANCE = 1e-5, 1e-3, 1e-5
 
 
-def random_spec(seed: int):
+HEAD_DIMS = (8, 16, 32)
+
+
+def random_spec(seed: int, head_dims=HEAD_DIMS):
     """A problem (in test_reference_oracle.make_inputs's format) and a loss kind."""
     r = random.Random(seed)
     rank = r.choice((1, 2, 2, 3))
@@ -59,15 +65,15 @@ def random_spec(seed: int):
     else:
         kw["stride"] = tuple(stride)
     spec = dict(spatial=tuple(spatial), batch=r.choice((1, 2)), heads=kv_heads * r.choice((1, 2)), kv_heads=kv_heads,
-                head_dim=r.choice((8, 16, 32)), value_dim=r.choice((8, 16, 32)), kw=kw, window=tuple(window),
+                head_dim=r.choice(head_dims), value_dim=r.choice(head_dims), kw=kw, window=tuple(window),
                 rpb=r.random() < 0.3, softcap=r.choice((None, None, None, 4.0)),
                 scale=r.choice((None, None, 0.3, 2.5, -0.7, 0.0)), extra=r.choice((0, 0, 2)),
                 score_mod=None, mask_mod=None, kq_conv=None, seed=seed)
     return spec, r.choice(("out", "lse", "sum"))
 
 
-def check(seed: int, backend: str) -> str:
-    spec, loss_kind = random_spec(seed)
+def check(seed: int, backend: str, head_dims=HEAD_DIMS) -> str:
+    spec, loss_kind = random_spec(seed, head_dims)
     tensors, kw = make_inputs(spec, torch.float32, requires_grad=True)
     try:
         out, lse = haloattn.attention(*tensors.values(), spec["window"], return_lse=True, backend=backend, **kw)
@@ -111,10 +117,12 @@ def main():
     parser.add_argument("first", type=int)
     parser.add_argument("end", type=int, help="one past the last seed")
     parser.add_argument("--backend", default="triton")
+    parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     args = parser.parse_args()
+    head_dims = tuple(int(d) for d in args.head_dims.split(","))
     failures = 0
     for seed in range(args.first, args.end):
-        verdict = check(seed, args.backend)
+        verdict = check(seed, args.backend, head_dims)
         failures += verdict.startswith("FAIL")
         print(seed, verdict, flush=True)
     print("failures", failures)
