@@ -244,6 +244,17 @@ def test_split_heads(spatial, window, head_dim, value_dim, dtype, options, varia
     assert (split[1] - padded[1]).abs().max() <= oracle.LSE_TOLERANCE[dtype]
 
 
+def test_tuning_weighs_the_padded_head_against_the_split():
+    """Where the default splits a head (measured on Hopper only), tuning also times it padded."""
+    def padded_candidates(head_dim):
+        q = torch.randn(1, 10, 2, head_dim)
+        configs = tiles.candidate_configs(build_problem(q, q, q, 3))
+        return [c for c in configs if not any(part.get("split_heads", True) for part in c.values())]
+
+    assert len(padded_candidates(80)) == 1
+    assert padded_candidates(64) == [] and padded_candidates(96) == []
+
+
 def test_split_heads_not_with_additional_tokens():
     """The additional-token loop multiplies one padded block: problems with such tokens keep it."""
     q = torch.randn(1, 10, 2, 80)

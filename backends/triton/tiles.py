@@ -537,6 +537,9 @@ def candidate_configs(problem: Problem) -> List[Dict]:
             out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
     out.append(dict(base, dkdv=dict(base["dkdv"], wait_dk=not base["dkdv"]["wait_dk"])))
     out.append(dict(base, dq=dict(base["dq"], wait_dq=not base["dq"]["wait_dq"])))
+    if any(head_blocks(problem)[1::2]):
+        # The padded head (the split was measured on Hopper only), on the default's tiles.
+        out.append({part: dict(cfg, split_heads=False) for part, cfg in base.items()})
     # Narrow heads: the dK/dV kernel on the default tiles with the other of 2 and 4 warps.
     other_warps = {2: 4, 4: 2}.get(base["dkdv"]["warps"])
     if max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM and other_warps:
