@@ -62,8 +62,8 @@ def needs_int64(*tensors) -> bool:
 
 # float32 products where TF32 is not allowed: "tf32x3" (each operand split into a TF32 high and
 # low part, three tensor-core products, float32 accumulation: error ~1e-6, inside SEMANTICS.md's
-# float32 tolerance of 1e-5, as triton_window multiplies) or "ieee" (CUDA-core FMAs, 10-30x
-# slower: RESULTS.md, "float32 on the tensor cores").
+# float32 tolerance of 1e-5, as triton_window multiplies) or "ieee" (CUDA-core FMAs: forwards
+# 1.5-2.5x and backwards 2.7-4.5x slower on an H200, RESULTS.md "Off-list shapes").
 FLOAT32_PRODUCTS_ENV = "HALOATTN_TRITON_FLOAT32"
 
 

@@ -415,12 +415,14 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
     return cfg
 
 
-# Exact float32 (no tf32): tl.dot multiplies on CUDA cores, keeping a product tile's operands
-# and accumulators in registers, and the backward's 64-token tiles spilled (sm_90: the dK/dV
-# kernel at 32 registers with 11-54 KB of spill stores at head dims 32-128; 8 KB of local memory
-# a thread, which a launch reserves for every resident thread). 16-token resident and 32-token
-# streamed tiles compile without spills up to head dim 256 and ran the backward 4.9-13.5x faster
-# on the H100 (RESULTS.md, "Exact float32").
+# Exact float32 (no tf32): with CUDA-core products ("ieee") tl.dot keeps a product tile's
+# operands and accumulators in registers, and the backward's 64-token tiles spilled (sm_90: the
+# dK/dV kernel at 32 registers with 11-54 KB of spill stores at head dims 32-128; 8 KB of local
+# memory a thread, which a launch reserves for every resident thread). 16-token resident and
+# 32-token streamed tiles compile without spills up to head dim 256 and ran the backward
+# 4.9-13.5x faster on the H100 (RESULTS.md, "Exact float32"). Three TF32 products ("tf32x3", the
+# default since 2026-11-29) spill on the 16-bit tiles too and keep these (1.2-2.0x faster than on
+# the 16-bit tiles, RESULTS.md "Off-list shapes").
 EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
 
 
