@@ -57,7 +57,7 @@ def variants(problem):
             cfg = {part: dict(c, split_heads=split) for part, c in base.items()}
             cfg["dq"]["wait_dq"] = waits
             cfg["dkdv"]["wait_dk"] = waits
-            if split and not any(tiles.head_blocks(problem)[1::2]):
+            if split and not tiles.splits_heads(problem):
                 continue  # nothing to split
             if waits and not tiles.wide_backward(problem):
                 continue

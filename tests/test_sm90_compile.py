@@ -168,7 +168,7 @@ def _default_config_of(kernel: str, problem):
     ones with CUDA-core float32 products where tf32 is off)."""
     if kernel == "forward_kernel":
         return tiles.default_config(problem)
-    return tiles.default_config(problem, exact_float32=launch.exact_float32(launch._precision(problem.dtype)))
+    return tiles.default_config(problem, exact_float32=launch.exact_float32_products(launch._precision(problem.dtype)))
 
 
 def fits_shared_memory(outcome: dict, limit: int) -> bool:

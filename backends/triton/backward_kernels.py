@@ -122,19 +122,18 @@ def dq_kernel(
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     bh = (b.to(tl.int64), h.to(tl.int64))
-    q = tl.load(Q + (bh[0] * sqb + bh[1] * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :],
-                mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-    do = tl.load(DO + (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
-                 mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    q_cells = (bh[0] * sqb + bh[1] * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None]
+    do_cells = (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None]
+    q = tl.load(Q + q_cells + d[None, :], mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+    do = tl.load(DO + do_cells + dv[None, :], mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     d_tail = BLOCK_D + tl.arange(0, TAIL_DW)
     dv_tail = BLOCK_DV + tl.arange(0, TAIL_DVW)
     if TAIL_D > 0:
-        q_tail = tl.load(Q + (bh[0] * sqb + bh[1] * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d_tail[None, :],
-                         mask=q_ok[:, None] & (d_tail[None, :] < HEAD_D), other=0.0)
+        q_tail = tl.load(Q + q_cells + d_tail[None, :], mask=q_ok[:, None] & (d_tail[None, :] < HEAD_D), other=0.0)
     do_tail = do
     if TAIL_DV > 0:
-        do_tail = tl.load(DO + (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None]
-                          + dv_tail[None, :], mask=q_ok[:, None] & (dv_tail[None, :] < HEAD_DV), other=0.0)
+        do_tail = tl.load(DO + do_cells + dv_tail[None, :], mask=q_ok[:, None] & (dv_tail[None, :] < HEAD_DV),
+                          other=0.0)
     # The program owns its query rows and holds their dO: it works out their statistics itself
     # (what row_stats_kernel does, without that kernel's second pass over dO: 2-10 % of a
     # backward) and leaves them for the dK/dV kernels, which run after it.
@@ -275,18 +274,16 @@ def dkdv_kernel(
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     b64, kvh64 = b.to(tl.int64), kvh.to(tl.int64)
-    kt = tl.load(K + (b64 * skb + kvh64 * skh + k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d[None, :],
-                 mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-    vt = tl.load(V + (b64 * svb + kvh64 * svh + k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv[None, :],
-                 mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    k_cells = (b64 * skb + kvh64 * skh + k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None]
+    v_cells = (b64 * svb + kvh64 * svh + k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None]
+    kt = tl.load(K + k_cells + d[None, :], mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+    vt = tl.load(V + v_cells + dv[None, :], mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     d_tail = BLOCK_D + tl.arange(0, TAIL_DW)
     dv_tail = BLOCK_DV + tl.arange(0, TAIL_DVW)
     if TAIL_D > 0:
-        kt_tail = tl.load(K + (b64 * skb + kvh64 * skh + k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None] + d_tail[None, :],
-                          mask=k_ok[:, None] & (d_tail[None, :] < HEAD_D), other=0.0)
+        kt_tail = tl.load(K + k_cells + d_tail[None, :], mask=k_ok[:, None] & (d_tail[None, :] < HEAD_D), other=0.0)
     if TAIL_DV > 0:
-        vt_tail = tl.load(V + (b64 * svb + kvh64 * svh + k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None] + dv_tail[None, :],
-                          mask=k_ok[:, None] & (dv_tail[None, :] < HEAD_DV), other=0.0)
+        vt_tail = tl.load(V + v_cells + dv_tail[None, :], mask=k_ok[:, None] & (dv_tail[None, :] < HEAD_DV), other=0.0)
 
     # The walk over the query tiles that see any key of the tile (inverse rule, monotone: first
     # and last key suffice), anchored where the queries that see all of them begin.

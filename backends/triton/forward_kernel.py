@@ -248,7 +248,8 @@ def forward_kernel(
                 m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
                 l_i = tl.zeros([BLOCK_M], tl.float32)
                 acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-                acc_tail = tl.zeros([BLOCK_M, TAIL_W], tl.float32)
+                if TAIL_DV > 0:
+                    acc_tail = tl.zeros([BLOCK_M, TAIL_W], tl.float32)
         m_i, l_i, acc, acc_tail = online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY_RESCALE, TAIL_DV > 0)
         p = probabilities(s, m_i, unit)
         l_i += tl.sum(p, 1)

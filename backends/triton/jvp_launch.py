@@ -15,7 +15,7 @@ from . import batch_slices, tiles
 from .fast_launch import Launch, config_key, plan_cache, tensor_layout
 from .jvp_kernel import jvp_kernel
 from .launch import (_block, _extra_strides, _precision, _rpb_strides, _run_fitted, _start, _tile_constexprs,
-                     _unit_last, _walk_constexprs, exact_float32, geometry, needs_int64, token_strides)
+                     _unit_last, _walk_constexprs, exact_float32_products, geometry, needs_int64, token_strides)
 
 _JVP_PLANS = plan_cache()
 
@@ -31,7 +31,7 @@ def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs, ou
     rpb, trpb = inputs.rpb, tangents.rpb if inputs.rpb is not None else None
     t_out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
     t_lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    config = config or tiles.default_config(problem, exact_float32=exact_float32(_precision(q.dtype)))
+    config = config or tiles.default_config(problem, exact_float32=exact_float32_products(_precision(q.dtype)))
     tensors = dict(q=q, k=k, v=v, tq=tq, tk=tk, tv=tv, rpb=rpb, trpb=trpb, ak=ak, av=av, tak=tak, tav=tav,
                    out=_unit_last(out), lse=lse, t_out=t_out, t_lse=t_lse)
     key = (problem, config_key(config), _precision(q.dtype), *(tensor_layout(t) for t in tensors.values()))

@@ -79,7 +79,7 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def exact_float32(precision: str) -> bool:
+def exact_float32_products(precision: str) -> bool:
     """Whether products of this precision carry float32's accuracy from float32 operands (CUDA
     cores, or three TF32 products): their register-heavy tiles take tiles.default_config's
     small backward tiles (EXACT_FLOAT32_RESIDENT)."""
@@ -291,7 +291,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         problem.scale, problem.softcap or 1.0,
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
-        **head_blocks(problem, cfg),
+        **head_block_constexprs(problem, cfg),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
         TMA=pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v),
@@ -301,7 +301,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
     ))
 
 
-def head_blocks(problem: Problem, cfg: dict, atomic_dq: bool = False) -> dict:
+def head_block_constexprs(problem: Problem, cfg: dict, atomic_dq: bool = False) -> dict:
     """The head and value widths a neighbourhood kernel multiplies in (tiles.head_blocks), as its
     BLOCK_D / TAIL_D / BLOCK_DV / TAIL_DV constexprs; the config part's ``split_heads`` turns the
     split off, and the atomic dQ (one padded block) never takes it."""
@@ -384,7 +384,7 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     need_ak = need_ak and ak is not None
     need_av = need_av and av is not None
     precision = _precision(q.dtype)
-    config = config or tiles.default_config(problem, exact_float32=exact_float32(precision))
+    config = config or tiles.default_config(problem, exact_float32=exact_float32_products(precision))
     # Opt-in only: the config asks for it (a tuned one, say) and non-determinism is allowed.
     atomic = bool(config.get("dkdv", {}).get("atomic_dq")) and tiles.atomic_dq_allowed() and (need_q or need_rpb)
     flags = (need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic, grad_lse is not None)
@@ -459,7 +459,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             H, G, problem.extra_tokens, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["q"]), problem.scale, softcap,
         ], dict(
-            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature, **head_blocks(problem, cfg),
+            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature, **head_block_constexprs(problem, cfg),
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
             TMA=use_descriptors(cfg.get("tma", False), large, k, v), **_walk_constexprs(cfg),
             HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), num_warps=cfg["warps"], num_stages=cfg["stages"],
@@ -478,7 +478,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
-            **head_blocks(problem, cfg, atomic_dq=atomic and need_q),
+            **head_block_constexprs(problem, cfg, atomic_dq=atomic and need_q),
             HAS_RPB=rpb is not None, TMA=tma, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
             WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), num_warps=cfg["warps"],
@@ -487,7 +487,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
         names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum")
-        block_m, block_e, stages = tiles.extra_kernel_blocks(problem, exact_float32(feature["PRECISION"]))
+        block_m, block_e, stages = tiles.extra_kernel_blocks(problem, exact_float32_products(feature["PRECISION"]))
         launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, block_e), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
@@ -497,7 +497,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
         ], dict(
             BLOCK_M=block_m, BLOCK_E=block_e, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
             PRECISION=feature["PRECISION"], BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem),
-            ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, exact_float32(feature["PRECISION"])),
+            ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, exact_float32_products(feature["PRECISION"])),
             num_stages=stages,
         )), names))
     return launches

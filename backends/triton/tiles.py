@@ -186,6 +186,11 @@ def head_blocks(problem: Problem, split: bool = True) -> Tuple[int, int, int, in
     return (*head_split(problem.head_dim), *head_split(problem.value_dim))
 
 
+def splits_heads(problem: Problem) -> bool:
+    """Whether the default kernels take this problem's head or value dim as a block and a tail."""
+    return any(head_blocks(problem, SPLIT_HEADS)[1::2])
+
+
 def group_extents(problem: Problem) -> List[int]:
     """Largest dilation group length per axis (group 0): ``ceil(L / Dl)``."""
     return [-(-a.length // a.dilation) for a in problem.axes]
@@ -449,10 +454,10 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     # (H100 sweep of 2026-11-23: 1.04-1.64x faster than 128 with 8 warps, fewer wasted pairs on
     # small windows). Larger head dims keep 128 tokens and 8 warps: with 4 warps the float32
     # accumulators (two 64 x D in dK/dV) would not fit in registers.
-    small = max(problem.head_dim, problem.value_dim) <= 128
+    small = not wide_backward(problem)
     resident = fit(backward_q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
     stream = fit(backward_kv, ext, EXACT_FLOAT32_STREAM if exact_float32
-                 else WIDE_SPLIT_STREAM if wide_backward(problem) and any(head_blocks(problem)[1::2]) else 64)
+                 else WIDE_SPLIT_STREAM if wide_backward(problem) and splits_heads(problem) else 64)
     backward_warps = 4 if small else 8
     # Small tiles where the forward's cost chose them for their fewer pairs.
     narrow = narrow_key_major(problem, exact_float32) and math.prod(backward_q) < 64
@@ -539,7 +544,7 @@ def candidate_configs(problem: Problem) -> List[Dict]:
             out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
     out.append(dict(base, dkdv=dict(base["dkdv"], wait_dk=not base["dkdv"]["wait_dk"])))
     out.append(dict(base, dq=dict(base["dq"], wait_dq=not base["dq"]["wait_dq"])))
-    if any(head_blocks(problem)[1::2]):
+    if splits_heads(problem):
         # The padded head (the split was measured on Hopper only), on the default's tiles.
         out.append({part: dict(cfg, split_heads=False) for part, cfg in base.items()})
     # Narrow heads: the dK/dV kernel on the default tiles with the other of 2 and 4 warps.
