@@ -9,10 +9,14 @@ within max(1e-5, 3x what a plain float32 computation of the contract misses by o
 (1e-3 floor for rpb): the float32 floor keeps ill-conditioned problems (cancelling sums) from
 failing a correct kernel, and a wrong gradient is off by order 1 anyway.
 
-    python benchmarks/sweep_interpreter.py 6000 6150 [--backend triton] [--head-dims 72,80,144,160]
+    python benchmarks/sweep_interpreter.py 6000 6150 [--backend triton] [--head-dims 72,80,144,160] [--gpu]
 
 ``--head-dims`` draws head and value dims from that list instead of 8, 16, 32 (72-160: the
 kernels' block-and-tail split of head dims, tiles.head_split; slower).
+
+``--gpu`` runs the same problems through the compiled kernels on the current CUDA device instead
+of the interpreter (the oracles then run there too, in float64 and float32); float32 products are
+then whatever the backend picks for float32 inputs (TF32 off: three TF32 products, tf32x3).
 
 Prints one line per seed (``OK``, ``FAIL`` with the errors and the problem, or ``REFUSED`` with
 the backend's reason; any other error is raised) and the number of failures. Slow: a few seconds per problem.
@@ -24,7 +28,9 @@ import pathlib
 import random
 import sys
 
-os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+ON_GPU = "--gpu" in sys.argv  # decided before Triton is imported
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
@@ -72,9 +78,18 @@ def random_spec(seed: int, head_dims=HEAD_DIMS):
     return spec, r.choice(("out", "lse", "sum"))
 
 
-def check(seed: int, backend: str, head_dims=HEAD_DIMS) -> str:
+def _on_device(t, device: str):
+    """A leaf copy of ``t`` on ``device`` that keeps its requires_grad (other values as they are)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.detach().to(device).requires_grad_(t.requires_grad)
+
+
+def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu") -> str:
     spec, loss_kind = random_spec(seed, head_dims)
     tensors, kw = make_inputs(spec, torch.float32, requires_grad=True)
+    tensors = {name: _on_device(t, device) for name, t in tensors.items()}
+    kw = {name: _on_device(value, device) for name, value in kw.items()}
     try:
         out, lse = haloattn.attention(*tensors.values(), spec["window"], return_lse=True, backend=backend, **kw)
     except BackendUnavailableError as exc:  # the backend refuses the problem and says why
@@ -92,8 +107,8 @@ def check(seed: int, backend: str, head_dims=HEAD_DIMS) -> str:
         extras = [kw.get(name) for name in ("rpb", "additional_keys", "additional_values")]
         leaves = [t for t in list(tensors.values()) + extras if t is not None]
         gen = torch.Generator().manual_seed(seed)
-        w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-        w_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
+        w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device)
+        w_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).to(device)
 
         def loss(o, l):
             if loss_kind == "sum":
@@ -118,11 +133,12 @@ def main():
     parser.add_argument("end", type=int, help="one past the last seed")
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
+    parser.add_argument("--gpu", action="store_true", help="compiled kernels on the CUDA device, not the interpreter")
     args = parser.parse_args()
     head_dims = tuple(int(d) for d in args.head_dims.split(","))
     failures = 0
     for seed in range(args.first, args.end):
-        verdict = check(seed, args.backend, head_dims)
+        verdict = check(seed, args.backend, head_dims, "cuda" if args.gpu else "cpu")
         failures += verdict.startswith("FAIL")
         print(seed, verdict, flush=True)
     print("failures", failures)

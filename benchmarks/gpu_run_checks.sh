@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call for the checks of a stop that changed no benchmark kernel: the tuning run of
+# the 3-D head-dim-160 backward (is the default within the issue's 15 % of the tuned config?),
+# bench_wide_backward_tiles.py, then, timed nothing after this point, the interpreter sweep's
+# random problems through the compiled kernels (sweep_interpreter.py --gpu, float32 against the
+# float64 oracle, in parallel processes) and the random mid-size GPU tests on new seeds.
+# Usage (GPU machine, repo root): bash benchmarks/gpu_run_checks.sh
+# Knobs: SPLIT_SEEDS / SMALL_SEEDS (start:stop of the sweeps), RANDOM_SEEDS (the pytest sweep).
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse --short HEAD; git status --short | head; date -u; } > $OUT/device.txt
+HALOATTN_CUDA=off python3 -m pip install --no-build-isolation --no-deps -e . -q > $OUT/install.log 2>&1 || { tail -20 $OUT/install.log; exit 1; }
+s=$(date +%s)
+stamp() { echo "$1 exit $2 at $(( $(date +%s) - s )) s, $(date -u +%H:%M:%S)" >> $OUT/device.txt; }
+
+HALOATTN_CACHE_DIR=$(mktemp -d) timeout 200 haloattn tune --shape 16x32x32 --window 5x9x9 --heads 8 --head-dim 160 \
+  --batch 2 --backward > $OUT/tune_3d_hd160.log 2>&1
+stamp tune $?
+python3 - >> $OUT/tune_3d_hd160.log 2>&1 <<'PY'
+import json, torch
+from haloattn.problem import build_problem
+from haloattn.backends.triton import tiles
+q = torch.empty(2, 16, 32, 32, 8, 160, device="cuda", dtype=torch.bfloat16)
+print("default:", json.dumps(tiles.default_config(build_problem(q, q, q, (5, 9, 9)))))
+PY
+timeout 100 python3 benchmarks/bench_wide_backward_tiles.py > $OUT/wide_backward_tiles.log 2>&1
+stamp wide_tiles $?
+
+# sweep "start:stop" head-dims parts log: the seeds split over `parts` processes on the one GPU.
+sweep() {
+  local start=${1%:*} stop=${1#*:} dims=$2 parts=$3 log=$4 step pids=()
+  step=$(( (stop - start + parts - 1) / parts ))
+  for ((a = start; a < stop; a += step)); do
+    b=$(( a + step < stop ? a + step : stop ))
+    timeout 240 python3 benchmarks/sweep_interpreter.py $a $b --head-dims $dims --gpu > $log.$a 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  cat $log.* > $log; rm -f $log.*
+}
+sweep ${SPLIT_SEEDS:-9000:9100} 48,72,80,144,160 5 $OUT/sweep_gpu_head_dims.log &
+sweep ${SMALL_SEEDS:-8000:8100} 8,16,32 5 $OUT/sweep_gpu_small.log &
+wait
+stamp sweeps 0
+grep -h "FAIL\|Error\|error" $OUT/sweep_gpu_*.log | head -20
+grep -c " OK" $OUT/sweep_gpu_*.log
+
+HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3300:3380} timeout 200 python3 -m pytest -m gpu -q -n 10 tests/test_large_random_gpu.py \
+  > $OUT/random_tests.log 2>&1
+stamp random_tests $?
+tail -3 $OUT/random_tests.log; cat $OUT/device.txt; tail -4 $OUT/tune_3d_hd160.log | cut -c1-300; cat $OUT/wide_backward_tiles.log
