@@ -5,7 +5,8 @@
 # random problems through the compiled kernels (sweep_interpreter.py --gpu, float32 against the
 # float64 oracle, in parallel processes) and the random mid-size GPU tests on new seeds.
 # Usage (GPU machine, repo root): bash benchmarks/gpu_run_checks.sh
-# Knobs: SPLIT_SEEDS / SMALL_SEEDS (start:stop of the sweeps), RANDOM_SEEDS (the pytest sweep).
+# Knobs: SPLIT_SEEDS / SMALL_SEEDS (start:stop of the sweeps), RANDOM_SEEDS (the pytest sweep),
+# ONLY_SWEEPS=1 (the sweeps alone).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -14,6 +15,7 @@ HALOATTN_CUDA=off python3 -m pip install --no-build-isolation --no-deps -e . -q 
 s=$(date +%s)
 stamp() { echo "$1 exit $2 at $(( $(date +%s) - s )) s, $(date -u +%H:%M:%S)" >> $OUT/device.txt; }
 
+if [ -z "$ONLY_SWEEPS" ]; then
 HALOATTN_CACHE_DIR=$(mktemp -d) timeout 200 haloattn tune --shape 16x32x32 --window 5x9x9 --heads 8 --head-dim 160 \
   --batch 2 --backward > $OUT/tune_3d_hd160.log 2>&1
 stamp tune $?
@@ -26,6 +28,7 @@ print("default:", json.dumps(tiles.default_config(build_problem(q, q, q, (5, 9, 
 PY
 timeout 100 python3 benchmarks/bench_wide_backward_tiles.py > $OUT/wide_backward_tiles.log 2>&1
 stamp wide_tiles $?
+fi
 
 # sweep "start:stop" head-dims parts log: the seeds split over `parts` processes on the one GPU.
 sweep() {
@@ -46,6 +49,7 @@ stamp sweeps 0
 grep -h "FAIL\|Error\|error" $OUT/sweep_gpu_*.log | head -20
 grep -c " OK" $OUT/sweep_gpu_*.log
 
+[ -n "$ONLY_SWEEPS" ] && { cat $OUT/device.txt; exit 0; }
 HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3300:3380} timeout 200 python3 -m pytest -m gpu -q -n 10 tests/test_large_random_gpu.py \
   > $OUT/random_tests.log 2>&1
 stamp random_tests $?

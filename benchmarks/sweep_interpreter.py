@@ -15,7 +15,7 @@ failing a correct kernel, and a wrong gradient is off by order 1 anyway.
 kernels' block-and-tail split of head dims, tiles.head_split; slower).
 
 ``--gpu`` runs the same problems through the compiled kernels on the current CUDA device instead
-of the interpreter (the oracles then run there too, in float64 and float32); float32 products are
+of the interpreter (the oracles stay on the CPU); float32 products are
 then whatever the backend picks for float32 inputs (TF32 off: three TF32 products, tf32x3).
 
 Prints one line per seed (``OK``, ``FAIL`` with the errors and the problem, or ``REFUSED`` with
@@ -85,37 +85,45 @@ def _on_device(t, device: str):
     return t.detach().to(device).requires_grad_(t.requires_grad)
 
 
+def _leaves(tensors: dict, kw: dict) -> list:
+    extras = [kw.get(name) for name in ("rpb", "additional_keys", "additional_values")]
+    return [t for t in list(tensors.values()) + extras if t is not None]
+
+
 def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu") -> str:
+    """The backend on ``device`` against the oracles, which run on the CPU (leaves of their own with
+    the same values); errors are measured there."""
     spec, loss_kind = random_spec(seed, head_dims)
     tensors, kw = make_inputs(spec, torch.float32, requires_grad=True)
-    tensors = {name: _on_device(t, device) for name, t in tensors.items()}
-    kw = {name: _on_device(value, device) for name, value in kw.items()}
+    run_tensors = {name: _on_device(t, device) for name, t in tensors.items()}
+    run_kw = {name: _on_device(value, device) for name, value in kw.items()}
     try:
-        out, lse = haloattn.attention(*tensors.values(), spec["window"], return_lse=True, backend=backend, **kw)
+        out, lse = haloattn.attention(*run_tensors.values(), spec["window"], return_lse=True, backend=backend,
+                                      **run_kw)
     except BackendUnavailableError as exc:  # the backend refuses the problem and says why
         return f"REFUSED {str(exc)[:200]}"
+    out_cpu, lse_cpu = out.cpu(), lse.cpu()  # differentiable copies: gradients reach the run's leaves
     ref_out, ref_lse = oracle.attention(*tensors.values(), spec["window"], **kw)
     errors = []
     finite = torch.isfinite(ref_lse)
-    if oracle.rel_error(out, ref_out) > OUT_TOLERANCE:
-        errors.append(f"out {oracle.rel_error(out, ref_out):.2e}")
+    if oracle.rel_error(out_cpu, ref_out) > OUT_TOLERANCE:
+        errors.append(f"out {oracle.rel_error(out_cpu, ref_out):.2e}")
     if finite.any():
-        lse_error = (lse.double() - ref_lse)[finite].abs().max().item()
+        lse_error = (lse_cpu.double() - ref_lse)[finite].abs().max().item()
         if lse_error > 1e-4 * max(1.0, ref_lse[finite].abs().max().item()):
             errors.append(f"lse {lse_error:.2e}")
     if finite.all():  # rows that see nothing have no gradient to compare
-        extras = [kw.get(name) for name in ("rpb", "additional_keys", "additional_values")]
-        leaves = [t for t in list(tensors.values()) + extras if t is not None]
+        leaves = _leaves(tensors, kw)
         gen = torch.Generator().manual_seed(seed)
-        w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device)
-        w_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).to(device)
+        w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+        w_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
 
         def loss(o, l):
             if loss_kind == "sum":
                 return o.double().sum() + l.double().sum()
             return (o.double() * w_out).sum() + ((l.double() * w_lse).sum() if loss_kind == "lse" else 0.0)
 
-        got = torch.autograd.grad(loss(out, lse), leaves)
+        got = [g.cpu() for g in torch.autograd.grad(loss(out_cpu, lse_cpu), _leaves(run_tensors, run_kw))]
         want = torch.autograd.grad(loss(ref_out, ref_lse), leaves)
         f32_out, f32_lse = oracle.attention(*tensors.values(), spec["window"], compute_dtype=torch.float32, **kw)
         floor32 = torch.autograd.grad(loss(f32_out, f32_lse), leaves)
