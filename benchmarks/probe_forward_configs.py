@@ -1,0 +1,93 @@
+"""The triton forward under forced configs, each in its own process (an illegal address ends a
+process's CUDA context), against the reference backend in float64 on the same device. Written
+to pin down which config factor breaks a forward (2026-11-29: 64-query tiles with 8 warps at
+split head dims in float32 failed on an H200).
+
+    python benchmarks/probe_forward_configs.py            # every variant below
+    python benchmarks/probe_forward_configs.py --one '{"dtype": "float32", ...}'   # one variant
+
+A variant: dtype, head_dim, value_dim, grid, window, stride, precision (tl.dot's float32
+products: "tf32x3", "ieee" or "tf32"), and ``fwd``: config keys that override the default's
+forward (``q``/``kv`` tiles, ``warps``, ``split_heads``, ``tma``...).
+"""
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+GRID, WINDOW, STRIDE = (16, 16), (5, 5), (1, 1)
+
+
+def variants():
+    base = dict(grid=GRID, window=WINDOW, stride=STRIDE, fwd={"q": [8, 8], "kv": [8, 8]})
+    for dtype, (d, dv), warps, split, precision in itertools.product(
+            ("float32", "bfloat16"), ((80, 48), (72, 64), (144, 64), (64, 64), (128, 128)), (4, 8), (True, False),
+            ("tf32x3",)):
+        if (d, dv) in ((64, 64), (128, 128)) and split:
+            continue
+        yield dict(base, dtype=dtype, head_dim=d, value_dim=dv, precision=precision,
+                   fwd=dict(base["fwd"], warps=warps, split_heads=split))
+    for precision, warps in itertools.product(("ieee", "tf32"), (4, 8)):
+        yield dict(base, dtype="float32", head_dim=80, value_dim=48, precision=precision,
+                   fwd=dict(base["fwd"], warps=warps, split_heads=True))
+
+
+def run_one(variant: dict) -> str:
+    import torch
+
+    import haloattn
+    from haloattn.backend import AttentionInputs
+    from haloattn.backends.triton import launch, tiles
+    from haloattn.problem import build_problem
+
+    torch.backends.cuda.matmul.allow_tf32 = variant["precision"] == "tf32"
+    if variant["precision"] != "tf32":
+        os.environ["HALOATTN_TRITON_FLOAT32"] = variant["precision"]
+    dtype = getattr(torch, variant["dtype"])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shape = (1, *variant["grid"], 2)
+    q = torch.randn(*shape, variant["head_dim"], device="cuda", generator=g, dtype=dtype)
+    k = torch.randn(*shape, variant["head_dim"], device="cuda", generator=g, dtype=dtype)
+    v = torch.randn(*shape, variant["value_dim"], device="cuda", generator=g, dtype=dtype)
+    options = dict(stride=tuple(variant["stride"]))
+    problem = build_problem(q, k, v, tuple(variant["window"]), **options)
+    base = tiles.default_config(problem)
+    cfg = dict(base, fwd=dict(base["fwd"], **variant["fwd"]))
+    out, lse = launch.forward(problem, AttentionInputs(q, k, v), cfg)
+    torch.cuda.synchronize()
+    ref, ref_lse = haloattn.attention(q.double(), k.double(), v.double(), tuple(variant["window"]),
+                                      backend="reference", return_lse=True, **options)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    lse_err = (lse.double() - ref_lse).abs().max().item()
+    return f"out {err:.2e} lse {lse_err:.2e}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--one", help="one variant (JSON), in this process")
+    parser.add_argument("--processes", type=int, default=8, help="variants run at once")
+    args = parser.parse_args()
+    if args.one:
+        print(run_one(json.loads(args.one)))
+        return
+    def launch(variant):
+        return subprocess.run([sys.executable, __file__, "--one", json.dumps(variant)], capture_output=True, text=True,
+                              timeout=300)
+
+    todo = list(variants())
+    with ThreadPoolExecutor(args.processes) as pool:
+        runs = list(pool.map(launch, todo))
+    for variant, done in zip(todo, runs):
+        last = (done.stdout.strip().splitlines() or ["-"])[-1]
+        verdict = last if done.returncode == 0 else f"FAILED ({(done.stderr.strip().splitlines() or ['?'])[-1][:120]})"
+        label = (f"{variant['dtype']:9s} D {variant['head_dim']:3d}/{variant['value_dim']:3d} {variant['precision']:6s} "
+                 f"warps {variant['fwd']['warps']} split {str(variant['fwd']['split_heads']):5s}")
+        print(f"{label}  {verdict}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
