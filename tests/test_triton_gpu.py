@@ -289,6 +289,44 @@ def test_head_dims(head_dim, value_dim):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("head_dim,value_dim", [(72, 64), (80, 48), (144, 64), (80, 160)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_head_dims_on_64_query_tiles(dtype, head_dim, value_dim, warps):
+    """Head dims that split into a block and a tail, with the forward on 64-query tiles of 4 and 8
+    warps (what shared-memory fitting makes of a 128-query tile) and the default backward, against
+    the oracle. Float32 (TF32 off: three-part products) on 8 warps read illegal addresses or came
+    out wrong while it split its heads (launch.SPLIT_HEADS_UNSAFE_PRECISIONS)."""
+    from haloattn.backend import AttentionInputs
+    from haloattn.backends.triton import launch, tiles
+    from haloattn.problem import build_problem
+
+    gen = torch.Generator().manual_seed(head_dim * warps + value_dim)
+    window, options = (5, 4), dict(stride=(1, 3))
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype).cuda().requires_grad_(True)
+
+    q, k, v = leaf(1, 16, 13, 2, head_dim), leaf(1, 16, 13, 2, head_dim), leaf(1, 16, 13, 2, value_dim)
+    grad = torch.randn(1, 16, 13, 2, value_dim, generator=gen).to(dtype).cuda()
+    problem = build_problem(q, k, v, window, **options)
+    assert tiles.splits_heads(problem)
+    config = tiles.default_config(problem)
+    config = dict(config, fwd=dict(config["fwd"], q=[8, 8], kv=[8, 8], warps=warps, stages=2, pack=1))
+    inputs = AttentionInputs(q.detach(), k.detach(), v.detach())
+    out, lse = launch.forward(problem, inputs, config)
+    grads = launch.backward(problem, inputs, out, lse, grad, None, (True, True, True, False, False, False, False))
+    leaves = [t.detach().cpu().double().requires_grad_(True) for t in (q, k, v)]  # the oracle runs on the CPU
+    ref_out, ref_lse = oracle.attention(*leaves, window, **options)
+    ref_grads = torch.autograd.grad((ref_out * grad.cpu().double()).sum(), leaves)
+    assert oracle.rel_error(out.cpu(), ref_out) <= oracle.TOLERANCE[dtype]
+    assert (lse.cpu().double() - ref_lse).abs().max() <= oracle.LSE_TOLERANCE[dtype]
+    for got, want in zip(grads, ref_grads):
+        assert oracle.rel_error(got.cpu(), want) <= oracle.TOLERANCE[dtype]
+
+
+@gpu
+@needs_cuda
 def test_backward_is_bitwise_repeatable():
     gen = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (torch.randn(2, 24, 20, 4, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))

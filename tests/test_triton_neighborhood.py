@@ -265,6 +265,20 @@ def test_split_heads_not_with_additional_tokens():
     assert tiles.head_blocks(build_problem(q, q, q, 3), split=False) == (128, 0, 128, 0)
 
 
+def test_split_heads_not_with_float32_products_in_three_parts():
+    """Float32 products in three TF32 parts take one padded block in every kernel (the split's tail
+    product miscompiled there, launch.SPLIT_HEADS_UNSAFE_PRECISIONS); the other precisions, the
+    interpreter's included, keep the split."""
+    q = torch.randn(1, 10, 2, 80)
+    problem = build_problem(q, q, q, 3)
+    for part, cfg in tiles.default_config(problem).items():
+        assert launch.head_block_constexprs(problem, cfg, "tf32x3") == dict(BLOCK_D=128, TAIL_D=0, BLOCK_DV=128,
+                                                                            TAIL_DV=0), part
+        for precision in ("tf32", "ieee", "interpret"):
+            assert launch.head_block_constexprs(problem, cfg, precision) == dict(BLOCK_D=64, TAIL_D=16, BLOCK_DV=64,
+                                                                                 TAIL_DV=16), (part, precision)
+
+
 def test_packing_only_for_walks_of_one_key_tile():
     """The default packs pairs where a query tile's walk is one key tile (a dilated 7x7 window whose
     dilation group fits in one tile), never on longer walks, with additional tokens, or more pairs

@@ -291,7 +291,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         problem.scale, problem.softcap or 1.0,
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
-        **head_block_constexprs(problem, cfg),
+        **head_block_constexprs(problem, cfg, _precision(q.dtype)),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
         TMA=pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v),
@@ -301,11 +301,22 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
     ))
 
 
-def head_block_constexprs(problem: Problem, cfg: dict, atomic_dq: bool = False) -> dict:
+# Triton 3.6 miscompiles the split head's tail product in three TF32 parts ("tf32x3") on sm_90:
+# float32 forwards of 64 queries on 8 warps at head dims 72, 80 and 144 read illegal addresses or
+# came out wrong (errors 4e-5 to 6e-5, float32's tolerance being 1e-5), while the same tiles on 4
+# warps, with one padded block, with "ieee" or "tf32" products, and every 16-bit case, were right
+# (H200, 2026-11-29, benchmarks/probe_forward_configs.py; RESULTS.md "Split heads in float32").
+# So float32 products in three parts always take one padded block, in every kernel and config.
+SPLIT_HEADS_UNSAFE_PRECISIONS = ("tf32x3",)
+
+
+def head_block_constexprs(problem: Problem, cfg: dict, precision: str, atomic_dq: bool = False) -> dict:
     """The head and value widths a neighbourhood kernel multiplies in (tiles.head_blocks), as its
     BLOCK_D / TAIL_D / BLOCK_DV / TAIL_DV constexprs; the config part's ``split_heads`` turns the
-    split off, and the atomic dQ (one padded block) never takes it."""
-    split = cfg.get("split_heads", tiles.SPLIT_HEADS) and not atomic_dq
+    split off, and the atomic dQ (one padded block) and products of SPLIT_HEADS_UNSAFE_PRECISIONS
+    never take it."""
+    split = (cfg.get("split_heads", tiles.SPLIT_HEADS) and not atomic_dq
+             and precision not in SPLIT_HEADS_UNSAFE_PRECISIONS)
     return dict(zip(("BLOCK_D", "TAIL_D", "BLOCK_DV", "TAIL_DV"), tiles.head_blocks(problem, split)))
 
 
@@ -459,7 +470,8 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             H, G, problem.extra_tokens, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["q"]), problem.scale, softcap,
         ], dict(
-            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature, **head_block_constexprs(problem, cfg),
+            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
+            **head_block_constexprs(problem, cfg, feature["PRECISION"]),
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
             TMA=use_descriptors(cfg.get("tma", False), large, k, v), **_walk_constexprs(cfg),
             HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), num_warps=cfg["warps"], num_stages=cfg["stages"],
@@ -478,7 +490,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
-            **head_block_constexprs(problem, cfg, atomic_dq=atomic and need_q),
+            **head_block_constexprs(problem, cfg, feature["PRECISION"], atomic_dq=atomic and need_q),
             HAS_RPB=rpb is not None, TMA=tma, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
             WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), num_warps=cfg["warps"],
