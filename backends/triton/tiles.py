@@ -328,7 +328,9 @@ def waits_for_dk(problem: Problem, descriptors: bool) -> bool:
 # 32 channels let 128 resident tokens fit the shared memory, where a 256-wide padding did not):
 # 128 resident past 32 streamed ran a 3-D 5x9x9, D = 160 backward in 4.96 ms against 6.39-6.59 for
 # every 64-resident candidate (`haloattn tune --backward` on an H200, 2026-11-29, RESULTS.md
-# "Off-list shapes").
+# "Off-list shapes"); as the default, 4.05 ms against 5.66 ms for 64 / 64 (bench_wide_backward_tiles.py),
+# and forward+backward within 1.05x of the best of 30 tuning candidates ("Random problems through
+# the compiled kernels").
 WIDE_SPLIT_STREAM = 32
 
 
