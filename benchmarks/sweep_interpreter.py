@@ -7,9 +7,12 @@ positive, negative, zero), additional tokens, and a loss: on the output, on outp
 random weights, or ``out.sum() + lse.sum()`` (gradients that arrive expanded). A gradient passes
 within max(1e-5, 3x what a plain float32 computation of the contract misses by on the same inputs)
 (1e-3 floor for rpb): the float32 floor keeps ill-conditioned problems (cancelling sums) from
-failing a correct kernel, and a wrong gradient is off by order 1 anyway.
+failing a correct kernel, and a wrong gradient is off by order 1 anyway. ``--dtype float16`` or
+``bfloat16`` draws the inputs in that dtype and holds them to its SEMANTICS.md tolerance, the
+gradients' floor then being 3x what the contract computed plainly in that dtype misses by.
 
     python benchmarks/sweep_interpreter.py 6000 6150 [--backend triton] [--head-dims 72,80,144,160] [--gpu]
+        [--dtype bfloat16]
 
 ``--head-dims`` draws head and value dims from that list instead of 8, 16, 32 (72-160: the
 kernels' block-and-tail split of head dims, tiles.head_split; slower).
@@ -42,6 +45,7 @@ import haloattn  # noqa: E402
 from haloattn.dispatch import BackendUnavailableError  # noqa: E402
 
 GRAD_FLOOR, RPB_GRAD_FLOOR, OUT_TOLERANCE = 1e-5, 1e-3, 1e-5
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 HEAD_DIMS = (8, 16, 32)
@@ -90,11 +94,15 @@ def _leaves(tensors: dict, kw: dict) -> list:
     return [t for t in list(tensors.values()) + extras if t is not None]
 
 
-def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu") -> str:
+def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu", dtype=torch.float32) -> str:
     """The backend on ``device`` against the oracles, which run on the CPU (leaves of their own with
-    the same values); errors are measured there."""
+    the same values); errors are measured there. 16-bit inputs are held to SEMANTICS.md's
+    tolerances of their dtype (oracle.TOLERANCE), the gradients' floor computed in that dtype."""
     spec, loss_kind = random_spec(seed, head_dims)
-    tensors, kw = make_inputs(spec, torch.float32, requires_grad=True)
+    tensors, kw = make_inputs(spec, dtype, requires_grad=True)
+    exact = dtype == torch.float32
+    out_tolerance = OUT_TOLERANCE if exact else oracle.TOLERANCE[dtype]
+    lse_tolerance = 1e-4 if exact else oracle.LSE_TOLERANCE[dtype]
     run_tensors = {name: _on_device(t, device) for name, t in tensors.items()}
     run_kw = {name: _on_device(value, device) for name, value in kw.items()}
     try:
@@ -106,11 +114,11 @@ def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu") -> 
     ref_out, ref_lse = oracle.attention(*tensors.values(), spec["window"], **kw)
     errors = []
     finite = torch.isfinite(ref_lse)
-    if oracle.rel_error(out_cpu, ref_out) > OUT_TOLERANCE:
+    if oracle.rel_error(out_cpu, ref_out) > out_tolerance:
         errors.append(f"out {oracle.rel_error(out_cpu, ref_out):.2e}")
     if finite.any():
         lse_error = (lse_cpu.double() - ref_lse)[finite].abs().max().item()
-        if lse_error > 1e-4 * max(1.0, ref_lse[finite].abs().max().item()):
+        if lse_error > lse_tolerance * max(1.0, ref_lse[finite].abs().max().item()):
             errors.append(f"lse {lse_error:.2e}")
     if finite.all():  # rows that see nothing have no gradient to compare
         leaves = _leaves(tensors, kw)
@@ -125,10 +133,14 @@ def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu") -> 
 
         got = [g.cpu() for g in torch.autograd.grad(loss(out_cpu, lse_cpu), _leaves(run_tensors, run_kw))]
         want = torch.autograd.grad(loss(ref_out, ref_lse), leaves)
-        f32_out, f32_lse = oracle.attention(*tensors.values(), spec["window"], compute_dtype=torch.float32, **kw)
-        floor32 = torch.autograd.grad(loss(f32_out, f32_lse), leaves)
-        for leaf, a, b, f in zip(leaves, got, want, floor32):
-            floor = RPB_GRAD_FLOOR if leaf is kw.get("rpb") else GRAD_FLOOR
+        # The rounding floor: the contract computed plainly in the inputs' dtype (float32 for float32).
+        plain_out, plain_lse = oracle.attention(*tensors.values(), spec["window"], compute_dtype=dtype, **kw)
+        plain = torch.autograd.grad(loss(plain_out, plain_lse), leaves)
+        for leaf, a, b, f in zip(leaves, got, want, plain):
+            if exact:
+                floor = RPB_GRAD_FLOOR if leaf is kw.get("rpb") else GRAD_FLOOR
+            else:
+                floor = oracle.TOLERANCE[dtype]
             tolerance = max(floor, 3 * oracle.rel_error(f, b))
             if oracle.rel_error(a, b) > tolerance:
                 errors.append(f"grad {tuple(a.shape)} {oracle.rel_error(a, b):.2e} (tolerance {tolerance:.1e})")
@@ -142,11 +154,12 @@ def main():
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)))
     parser.add_argument("--gpu", action="store_true", help="compiled kernels on the CUDA device, not the interpreter")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="the inputs' dtype")
     args = parser.parse_args()
     head_dims = tuple(int(d) for d in args.head_dims.split(","))
     failures = 0
     for seed in range(args.first, args.end):
-        verdict = check(seed, args.backend, head_dims, "cuda" if args.gpu else "cpu")
+        verdict = check(seed, args.backend, head_dims, "cuda" if args.gpu else "cpu", DTYPES[args.dtype])
         failures += verdict.startswith("FAIL")
         print(seed, verdict, flush=True)
     print("failures", failures)
