@@ -164,14 +164,17 @@ def head_split(dim: int) -> Tuple[int, int]:
     tiles are powers of two, so one block pads the head to the next one (tail 0). Where ``dim``
     is at most a quarter past the largest power of two below it, that block and a tail of its own
     power-of-two width (at least 16, tl.dot's least) are taken instead: 160 channels as 128 + 32,
-    not 256; 80 as 64 + 16, not 128 (the kernels' TAIL_D / TAIL_DV). Measured on an H200
+    not 256; 80 as 64 + 16, not 128 (the kernels' TAIL_D / TAIL_DV). Only tails the head fills
+    (80, 144, 160): a value dim of 72 (64 + 16 with 8 channels masked) came out wrong in
+    bfloat16 on 64-query tiles on an H200 (errors 0.2-0.4; RESULTS.md "Random problems through
+    the compiled kernels"), so such dims keep one padded block. Measured on an H200
     (RESULTS.md, "Off-list shapes"): forwards 1.64-1.84x faster at 160, 1.05-1.18x at 80,
     backwards 1.14-1.16x and 1.33x; a tail of half the block was no faster than the padding
     (forwards at 96 = 64 + 32: 0.81-0.98x, 192 = 128 + 64: 0.93-1.03x), so those keep one block."""
     padded = max(MIN_TILE, pow2_ceil(dim))
     block = padded // 2
     tail = max(MIN_TILE, pow2_ceil(dim - block)) if dim > block else 0
-    if tail == 0 or 4 * tail > block:
+    if tail == 0 or 4 * tail > block or block + tail != dim:
         return padded, 0
     return block, tail
 
