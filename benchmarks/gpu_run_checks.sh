@@ -3,7 +3,8 @@
 # the 3-D head-dim-160 backward (is the default within the 15 % of the tuned config?),
 # bench_wide_backward_tiles.py, then, timed nothing after this point, the interpreter sweep's
 # random problems through the compiled kernels (sweep_interpreter.py --gpu, float32 against the
-# float64 oracle, in parallel processes) and the random mid-size GPU tests on new seeds.
+# float64 oracle, in parallel processes; float32, then bfloat16 at split head dims) and the random
+# mid-size GPU tests on new seeds.
 # Usage (GPU machine, repo root): bash benchmarks/gpu_run_checks.sh
 # Knobs: SPLIT_SEEDS / SMALL_SEEDS (start:stop of the sweeps), RANDOM_SEEDS (the pytest sweep),
 # ONLY_SWEEPS=1 (the sweeps alone).
@@ -36,7 +37,7 @@ sweep() {
   step=$(( (stop - start + parts - 1) / parts ))
   for ((a = start; a < stop; a += step)); do
     b=$(( a + step < stop ? a + step : stop ))
-    timeout 240 python3 benchmarks/sweep_interpreter.py $a $b --head-dims $dims --gpu > $log.$a 2>&1 &
+    timeout 240 python3 benchmarks/sweep_interpreter.py $a $b --head-dims $dims --gpu $SWEEP_ARGS > $log.$a 2>&1 &
     pids+=($!)
   done
   wait "${pids[@]}"
@@ -45,6 +46,7 @@ sweep() {
 sweep ${SPLIT_SEEDS:-9000:9100} 48,72,80,144,160 5 $OUT/sweep_gpu_head_dims.log &
 sweep ${SMALL_SEEDS:-8000:8100} 8,16,32 5 $OUT/sweep_gpu_small.log &
 wait
+SWEEP_ARGS="--dtype bfloat16" sweep ${SPLIT_SEEDS:-9000:9100} 48,72,80,144,160 5 $OUT/sweep_gpu_bf16_head_dims.log
 stamp sweeps 0
 grep -h "FAIL\|Error\|error" $OUT/sweep_gpu_*.log | head -20
 grep -c " OK" $OUT/sweep_gpu_*.log

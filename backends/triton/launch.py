@@ -304,9 +304,10 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
 # Triton 3.6 miscompiles the split head's tail product in three TF32 parts ("tf32x3") on sm_90:
 # float32 forwards of 64 queries on 8 warps at head dims 72, 80 and 144 read illegal addresses or
 # came out wrong (errors 4e-5 to 6e-5, float32's tolerance being 1e-5), while the same tiles on 4
-# warps, with one padded block, with "ieee" or "tf32" products, and every 16-bit case, were right
-# (H200, 2026-11-29, benchmarks/probe_forward_configs.py; RESULTS.md "Split heads in float32").
-# So float32 products in three parts always take one padded block, in every kernel and config.
+# warps, with one padded block, with "ieee" or "tf32" products, and the probe's bfloat16 cases were
+# right (H200, 2026-11-29, benchmarks/probe_forward_configs.py; RESULTS.md "Random problems
+# through the compiled kernels"). So float32 products in three parts always take one padded
+# block, in every kernel and config.
 SPLIT_HEADS_UNSAFE_PRECISIONS = ("tf32x3",)
 
 
