@@ -1,150 +1,32 @@
-"""Random tiny problems through a Triton backend under the Triton interpreter (CPU, no GPU),
-against the float64 oracle: forward, LSE and every gradient, one seed per problem.
-
-Each seed draws a rank (1-3), a pattern (neighbourhood, or window with shift), per-axis lengths,
-windows, strides, dilations and causality, GQA, head dims, rpb, softcap, scales (default,
-positive, negative, zero), additional tokens, and a loss: on the output, on output and LSE with
-random weights, or ``out.sum() + lse.sum()`` (gradients that arrive expanded). A gradient passes
-within max(1e-5, 3x what a plain float32 computation of the contract misses by on the same inputs)
-(1e-3 floor for rpb): the float32 floor keeps ill-conditioned problems (cancelling sums) from
-failing a correct kernel, and a wrong gradient is off by order 1 anyway. ``--dtype float16`` or
-``bfloat16`` draws the inputs in that dtype and holds them to its SEMANTICS.md tolerance, the
-gradients' floor then being 3x what the contract computed plainly in that dtype misses by.
+"""Tiny random problems (tests/tiny_random.py: every feature, drawn per seed) through a Triton
+backend against the float64 oracle, under Triton's interpreter (CPU, no GPU) or, with ``--gpu``,
+compiled on the current CUDA device (the oracles stay on the CPU; float32 products are then what
+the backend picks: TF32 off, three TF32 products). Forward, LSE and every gradient, one seed per
+problem; tolerances in tiny_random's docstring.
 
     python benchmarks/sweep_interpreter.py 6000 6150 [--backend triton] [--head-dims 72,80,144,160] [--gpu]
         [--dtype bfloat16]
 
-``--head-dims`` draws head and value dims from that list instead of 8, 16, 32 (72-160: the
-kernels' block-and-tail split of head dims, tiles.head_split; slower).
-
-``--gpu`` runs the same problems through the compiled kernels on the current CUDA device instead
-of the interpreter (the oracles stay on the CPU); float32 products are
-then whatever the backend picks for float32 inputs (TF32 off: three TF32 products, tf32x3).
+``--head-dims`` draws head and value dims from that list instead of 8, 16, 32 (72-160: around the
+kernels' block-and-tail split of head dims, tiles.head_split; slower). ``--dtype`` draws the
+inputs in float16 or bfloat16 instead of float32.
 
 Prints one line per seed (``OK``, ``FAIL`` with the errors and the problem, or ``REFUSED`` with
-the backend's reason; any other error is raised) and the number of failures. Slow: a few seconds per problem.
+the backend's reason; any other error is raised) and the number of failures. Slow: a few seconds
+per problem.
 """
 
 import argparse
 import os
 import pathlib
-import random
 import sys
 
 ON_GPU = "--gpu" in sys.argv  # decided before Triton is imported
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
-import oracle  # noqa: E402
-from test_reference_oracle import make_inputs  # noqa: E402
-
-import haloattn  # noqa: E402
-from haloattn.dispatch import BackendUnavailableError  # noqa: E402
-
-GRAD_FLOOR, RPB_GRAD_FLOOR, OUT_TOLERANCE = 1e-5, 1e-3, 1e-5
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-HEAD_DIMS = (8, 16, 32)
-
-
-def random_spec(seed: int, head_dims=HEAD_DIMS):
-    """A problem (in test_reference_oracle.make_inputs's format) and a loss kind."""
-    r = random.Random(seed)
-    rank = r.choice((1, 2, 2, 3))
-    pattern = "neighborhood" if r.random() < 0.8 else "window"
-    max_length = {1: 40, 2: 11, 3: 6}[rank]
-    spatial, window, stride, dilation, causal, shift = [], [], [], [], [], []
-    for _ in range(rank):
-        length = r.randint(2, max_length)
-        dil = r.choice((1, 1, 2)) if length >= 4 else 1
-        k = r.randint(1 if pattern == "window" else 2, max(2, length // dil)) if length // dil >= 2 else 1
-        spatial.append(length)
-        window.append(k)
-        dilation.append(dil)
-        causal.append(r.random() < 0.3)
-        stride.append(r.randint(1, k) if pattern == "neighborhood" and r.random() < 0.3 else 1)
-        shift.append(r.randint(0, k - 1) if pattern == "window" else 0)
-    kv_heads = r.choice((1, 2))
-    kw = dict(dilation=tuple(dilation), causal=tuple(causal), pattern=pattern)
-    if pattern == "window":
-        kw["shift"] = tuple(shift)
-    else:
-        kw["stride"] = tuple(stride)
-    spec = dict(spatial=tuple(spatial), batch=r.choice((1, 2)), heads=kv_heads * r.choice((1, 2)), kv_heads=kv_heads,
-                head_dim=r.choice(head_dims), value_dim=r.choice(head_dims), kw=kw, window=tuple(window),
-                rpb=r.random() < 0.3, softcap=r.choice((None, None, None, 4.0)),
-                scale=r.choice((None, None, 0.3, 2.5, -0.7, 0.0)), extra=r.choice((0, 0, 2)),
-                score_mod=None, mask_mod=None, kq_conv=None, seed=seed)
-    return spec, r.choice(("out", "lse", "sum"))
-
-
-def _on_device(t, device: str):
-    """A leaf copy of ``t`` on ``device`` that keeps its requires_grad (other values as they are)."""
-    if not isinstance(t, torch.Tensor):
-        return t
-    return t.detach().to(device).requires_grad_(t.requires_grad)
-
-
-def _leaves(tensors: dict, kw: dict) -> list:
-    extras = [kw.get(name) for name in ("rpb", "additional_keys", "additional_values")]
-    return [t for t in list(tensors.values()) + extras if t is not None]
-
-
-def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu", dtype=torch.float32) -> str:
-    """The backend on ``device`` against the oracles, which run on the CPU (leaves of their own with
-    the same values); errors are measured there. 16-bit inputs are held to SEMANTICS.md's
-    tolerances of their dtype (oracle.TOLERANCE), the gradients' floor computed in that dtype."""
-    spec, loss_kind = random_spec(seed, head_dims)
-    tensors, kw = make_inputs(spec, dtype, requires_grad=True)
-    exact = dtype == torch.float32
-    out_tolerance = OUT_TOLERANCE if exact else oracle.TOLERANCE[dtype]
-    lse_tolerance = 1e-4 if exact else oracle.LSE_TOLERANCE[dtype]
-    run_tensors = {name: _on_device(t, device) for name, t in tensors.items()}
-    run_kw = {name: _on_device(value, device) for name, value in kw.items()}
-    try:
-        out, lse = haloattn.attention(*run_tensors.values(), spec["window"], return_lse=True, backend=backend,
-                                      **run_kw)
-    except BackendUnavailableError as exc:  # the backend refuses the problem and says why
-        return f"REFUSED {str(exc)[:200]}"
-    out_cpu, lse_cpu = out.cpu(), lse.cpu()  # differentiable copies: gradients reach the run's leaves
-    ref_out, ref_lse = oracle.attention(*tensors.values(), spec["window"], **kw)
-    errors = []
-    finite = torch.isfinite(ref_lse)
-    if oracle.rel_error(out_cpu, ref_out) > out_tolerance:
-        errors.append(f"out {oracle.rel_error(out_cpu, ref_out):.2e}")
-    if finite.any():
-        lse_error = (lse_cpu.double() - ref_lse)[finite].abs().max().item()
-        if lse_error > lse_tolerance * max(1.0, ref_lse[finite].abs().max().item()):
-            errors.append(f"lse {lse_error:.2e}")
-    if finite.all():  # rows that see nothing have no gradient to compare
-        leaves = _leaves(tensors, kw)
-        gen = torch.Generator().manual_seed(seed)
-        w_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-        w_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
-
-        def loss(o, l):
-            if loss_kind == "sum":
-                return o.double().sum() + l.double().sum()
-            return (o.double() * w_out).sum() + ((l.double() * w_lse).sum() if loss_kind == "lse" else 0.0)
-
-        got = [g.cpu() for g in torch.autograd.grad(loss(out_cpu, lse_cpu), _leaves(run_tensors, run_kw))]
-        want = torch.autograd.grad(loss(ref_out, ref_lse), leaves)
-        # The rounding floor: the contract computed plainly in the inputs' dtype (float32 for float32).
-        plain_out, plain_lse = oracle.attention(*tensors.values(), spec["window"], compute_dtype=dtype, **kw)
-        plain = torch.autograd.grad(loss(plain_out, plain_lse), leaves)
-        for leaf, a, b, f in zip(leaves, got, want, plain):
-            if exact:
-                floor = RPB_GRAD_FLOOR if leaf is kw.get("rpb") else GRAD_FLOOR
-            else:
-                floor = oracle.TOLERANCE[dtype]
-            tolerance = max(floor, 3 * oracle.rel_error(f, b))
-            if oracle.rel_error(a, b) > tolerance:
-                errors.append(f"grad {tuple(a.shape)} {oracle.rel_error(a, b):.2e} (tolerance {tolerance:.1e})")
-    return "OK" if not errors else f"FAIL {'; '.join(errors)} {spec}"
+from tiny_random import DTYPES, HEAD_DIMS, check  # noqa: E402
 
 
 def main():

@@ -1,0 +1,33 @@
+"""The tiny random problems of tests/tiny_random.py, compiled, through backend ``triton`` on a
+CUDA GPU against the float64 oracle, in each dtype, with head and value dims around the kernels'
+block-and-tail split (tiles.head_split). The CPU tests run such problems under Triton's
+interpreter; compiled, the same seeds found two miscompiles the interpreter cannot show (float32's
+three-part products on a split head, bfloat16 with a value tail the head does not fill; RESULTS.md
+"Random problems through the compiled kernels"). Run with ``pytest -m gpu``;
+``HALOATTN_TINY_SEEDS="start:stop"`` runs other seeds.
+"""
+
+import os
+
+import pytest
+import torch
+
+from tiny_random import DTYPES, check
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+HEAD_DIMS = (48, 72, 80, 144, 160)
+SEEDS_ENV = "HALOATTN_TINY_SEEDS"
+
+
+def seeds():
+    start, _, stop = os.environ.get(SEEDS_ENV, "9000:9100").partition(":")
+    return range(int(start), int(stop))
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("seed", seeds())
+def test_tiny_random_problem_compiled(dtype, seed):
+    verdict = check(seed, "triton", HEAD_DIMS, "cuda", DTYPES[dtype])
+    assert verdict == "OK" or verdict.startswith("REFUSED"), verdict
