@@ -3,11 +3,12 @@
 # the 3-D head-dim-160 backward (is the default within the 15 % of the tuned config?),
 # bench_wide_backward_tiles.py, then, timed nothing after this point, the interpreter sweep's
 # random problems through the compiled kernels (sweep_interpreter.py --gpu, float32 against the
-# float64 oracle, in parallel processes; float32, then bfloat16 at split head dims) and the random
-# mid-size GPU tests on new seeds.
+# float64 oracle, in parallel processes; float32, then bfloat16 at split head dims), then the
+# random mid-size GPU tests on new seeds, the tiny random problems compiled in every dtype
+# (test_tiny_random_gpu.py) and the split-head test on 64-query tiles.
 # Usage (GPU machine, repo root): bash benchmarks/gpu_run_checks.sh
 # Knobs: SPLIT_SEEDS / SMALL_SEEDS (start:stop of the sweeps), RANDOM_SEEDS (the pytest sweep),
-# ONLY_SWEEPS=1 (the sweeps alone).
+# SKIP_TIMING=1 (no tuning run or tile timing), ONLY_SWEEPS=1 (the sweeps alone).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,7 +17,7 @@ HALOATTN_CUDA=off python3 -m pip install --no-build-isolation --no-deps -e . -q 
 s=$(date +%s)
 stamp() { echo "$1 exit $2 at $(( $(date +%s) - s )) s, $(date -u +%H:%M:%S)" >> $OUT/device.txt; }
 
-if [ -z "$ONLY_SWEEPS" ]; then
+if [ -z "$ONLY_SWEEPS$SKIP_TIMING" ]; then
 HALOATTN_CACHE_DIR=$(mktemp -d) timeout 200 haloattn tune --shape 16x32x32 --window 5x9x9 --heads 8 --head-dim 160 \
   --batch 2 --backward > $OUT/tune_3d_hd160.log 2>&1
 stamp tune $?
@@ -52,7 +53,8 @@ grep -h "FAIL\|Error\|error" $OUT/sweep_gpu_*.log | head -20
 grep -c " OK" $OUT/sweep_gpu_*.log
 
 [ -n "$ONLY_SWEEPS" ] && { cat $OUT/device.txt; exit 0; }
-HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3300:3380} timeout 200 python3 -m pytest -m gpu -q -n 10 tests/test_large_random_gpu.py \
+HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3300:3380} timeout 300 python3 -m pytest -m gpu -q -n 10 tests/test_large_random_gpu.py \
+  tests/test_tiny_random_gpu.py tests/test_triton_gpu.py::test_split_head_dims_on_64_query_tiles \
   > $OUT/random_tests.log 2>&1
 stamp random_tests $?
 tail -3 $OUT/random_tests.log; cat $OUT/device.txt; tail -4 $OUT/tune_3d_hd160.log | cut -c1-300; cat $OUT/wide_backward_tiles.log
