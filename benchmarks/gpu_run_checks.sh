@@ -9,12 +9,7 @@
 # Usage (GPU machine, repo root): bash benchmarks/gpu_run_checks.sh
 # Knobs: SPLIT_SEEDS / SMALL_SEEDS (start:stop of the sweeps), RANDOM_SEEDS (the pytest sweep),
 # SKIP_TIMING=1 (no tuning run or tile timing), ONLY_SWEEPS=1 (the sweeps alone).
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse --short HEAD; git status --short | head; date -u; } > $OUT/device.txt
-HALOATTN_CUDA=off python3 -m pip install --no-build-isolation --no-deps -e . -q > $OUT/install.log 2>&1 || { tail -20 $OUT/install.log; exit 1; }
-s=$(date +%s)
+source "$(dirname "$0")/gpu_preamble.sh"
 stamp() { echo "$1 exit $2 at $(( $(date +%s) - s )) s, $(date -u +%H:%M:%S)" >> $OUT/device.txt; }
 
 if [ -z "$ONLY_SWEEPS$SKIP_TIMING" ]; then

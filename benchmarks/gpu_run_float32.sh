@@ -2,12 +2,7 @@
 # One device call: float32 products, CUDA cores against three TF32 products
 # (bench_float32_products.py), then the triton GPU tests' random problems (new seeds: SEEDS),
 # results under $OUT. Usage: bash benchmarks/gpu_run_float32.sh
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git status --short | head; date -u; } > $OUT/device.txt
-HALOATTN_CUDA=off python3 -m pip install --no-build-isolation --no-deps -e . -q > $OUT/install.log 2>&1 || { tail -20 $OUT/install.log; exit 1; }
-s=$(date +%s)
+source "$(dirname "$0")/gpu_preamble.sh"
 HALOATTN_RANDOM_SEEDS=${SEEDS:-3150:3200} timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m gpu -q -n 10 \
   tests/test_large_random_gpu.py tests/test_triton_gpu.py tests/test_jvp.py -k "random or float32 or exact" > $OUT/gpu_tests.log 2>&1
 echo "tests exit $? at $(( $(date +%s) - s )) s" >> $OUT/device.txt

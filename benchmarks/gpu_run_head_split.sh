@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the head-split forward against one padded block (bench_head_split.py), then
 # the random GPU tests (new seeds: SEEDS), results under $OUT. Usage: bash benchmarks/gpu_run_head_split.sh
-set -o pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse --short HEAD; git status --short | head; date -u; } > $OUT/device.txt
-HALOATTN_CUDA=off python3 -m pip install --no-build-isolation --no-deps -e . -q > $OUT/install.log 2>&1 || { tail -20 $OUT/install.log; exit 1; }
-s=$(date +%s)
+source "$(dirname "$0")/gpu_preamble.sh"
 for d in ${DIMS:-80 160 192 256}; do python3 benchmarks/bench_head_split.py --compile-only --dims $d > /dev/null 2>$OUT/compile_$d.err & done; wait
 echo "compile $(( $(date +%s) - s )) s" >> $OUT/device.txt
 timeout 200 python3 benchmarks/bench_head_split.py --rounds 3 --json $OUT/head_split.json --markdown $OUT/head_split.md > $OUT/head_split.log 2>&1
