@@ -174,8 +174,8 @@ def test_packed_forward_programs(spatial, window, batch, heads, kv_heads, pack, 
 
 @pytest.mark.parametrize("dim,split", [(16, (16, 0)), (20, (32, 0)), (40, (64, 0)), (48, (64, 0)),
                                        (64, (64, 0)), (72, (128, 0)), (80, (64, 16)), (96, (128, 0)),
-                                       (112, (128, 0)), (136, (256, 0)), (144, (128, 16)), (152, (256, 0)), (160, (128, 32)), (192, (256, 0)),
-                                       (200, (256, 0)), (256, (256, 0))])
+                                       (112, (128, 0)), (136, (256, 0)), (144, (128, 16)), (152, (256, 0)),
+                                       (160, (128, 32)), (192, (256, 0)), (200, (256, 0)), (256, (256, 0))])
 def test_head_split_widths(dim, split):
     """A block and a tail only where the tail is at most a quarter of the block (where the split
     measured faster than one padded block) and the head fills it (partial tails miscompiled)."""
