@@ -278,6 +278,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
     H, B, r = problem.heads, problem.batch, problem.rank
     geo = geometry(problem)
     large = needs_int64(q, k, v, out)
+    precision = _precision(q.dtype)
     pack = cfg.get("pack", 1)
     grid0 = geo.grid0(cfg["q"])
     # Packed programs run `pack` (batch, head) pairs of one query tile each, on a flat grid.
@@ -291,9 +292,9 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         problem.scale, problem.softcap or 1.0,
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
-        **head_block_constexprs(problem, cfg, _precision(q.dtype)),
+        **head_block_constexprs(problem, cfg, precision),
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
-        LARGE=large, PRECISION=_precision(q.dtype), RANK=r,
+        LARGE=large, PRECISION=precision, RANK=r,
         TMA=pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v),
         LAZY_RESCALE=cfg.get("lazy_rescale", False),
         FOLD_SCALE=cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None,
@@ -500,7 +501,8 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
         names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum")
-        block_m, block_e, stages = tiles.extra_kernel_blocks(problem, exact_float32_products(feature["PRECISION"]))
+        exact = exact_float32_products(feature["PRECISION"])
+        block_m, block_e, stages = tiles.extra_kernel_blocks(problem, exact)
         launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, block_e), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *_extra_strides(ak), *_extra_strides(av), *token_strides(do, r),
@@ -510,7 +512,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
         ], dict(
             BLOCK_M=block_m, BLOCK_E=block_e, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
             PRECISION=feature["PRECISION"], BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem),
-            ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, exact_float32_products(feature["PRECISION"])),
+            ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, exact),
             num_stages=stages,
         )), names))
     return launches
