@@ -48,8 +48,8 @@ grep -h "FAIL\|Error\|error" $OUT/sweep_gpu_*.log | head -20
 grep -c " OK" $OUT/sweep_gpu_*.log
 
 [ -n "$ONLY_SWEEPS" ] && { cat $OUT/device.txt; exit 0; }
-HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3300:3380} timeout 300 python3 -m pytest -m gpu -q -n 10 tests/test_large_random_gpu.py \
+HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3300:3380} timeout 300 python3 -m pytest -m gpu -q -n 14 tests/test_large_random_gpu.py \
   tests/test_tiny_random_gpu.py tests/test_triton_gpu.py::test_split_head_dims_on_64_query_tiles \
-  > $OUT/random_tests.log 2>&1
+  -p no:benchmark > $OUT/random_tests.log 2>&1
 stamp random_tests $?
 tail -3 $OUT/random_tests.log; cat $OUT/device.txt; tail -4 $OUT/tune_3d_hd160.log | cut -c1-300; cat $OUT/wide_backward_tiles.log
