@@ -8,7 +8,11 @@
 # (test_tiny_random_gpu.py) and the split-head test on 64-query tiles.
 # Usage (GPU machine, repo root): bash benchmarks/gpu_run_checks.sh
 # Knobs: SPLIT_SEEDS / SMALL_SEEDS (start:stop of the sweeps), RANDOM_SEEDS (the pytest sweep),
-# SKIP_TIMING=1 (no tuning run or tile timing), ONLY_SWEEPS=1 (the sweeps alone).
+# SKIP_TIMING=1 (no tuning run or tile timing), ONLY_SWEEPS=1 (the sweeps alone), CUDA_SEEDS
+# (start:stop: instead of all the above, the cuda module built and the sweeps run through it at
+# its head dims in float16 and bfloat16, then the random mid-size tests, which include it; the
+# nvidia-cutlass wheel carried in .whl/).
+[ -n "$CUDA_SEEDS" ] && { WITH_CUDA=1; SKIP_TIMING=1; }
 source "$(dirname "$0")/gpu_preamble.sh"
 stamp() { echo "$1 exit $2 at $(( $(date +%s) - s )) s, $(date -u +%H:%M:%S)" >> $OUT/device.txt; }
 
@@ -39,17 +43,25 @@ sweep() {
   wait "${pids[@]}"
   cat $log.* > $log; rm -f $log.*
 }
+if [ -n "$CUDA_SEEDS" ]; then
+SWEEP_ARGS="--backend cuda --dtype bfloat16" sweep $CUDA_SEEDS 64,128 6 $OUT/sweep_gpu_cuda_bf16.log &
+SWEEP_ARGS="--backend cuda --dtype float16" sweep $CUDA_SEEDS 64,128 6 $OUT/sweep_gpu_cuda_fp16.log &
+wait
+else
 sweep ${SPLIT_SEEDS:-9000:9100} 48,72,80,144,160 5 $OUT/sweep_gpu_head_dims.log &
 sweep ${SMALL_SEEDS:-8000:8100} 8,16,32 5 $OUT/sweep_gpu_small.log &
 wait
 SWEEP_ARGS="--dtype bfloat16" sweep ${SPLIT_SEEDS:-9000:9100} 48,72,80,144,160 5 $OUT/sweep_gpu_bf16_head_dims.log
+fi
 stamp sweeps 0
 grep -h "FAIL\|Error\|error" $OUT/sweep_gpu_*.log | head -20
 grep -c " OK" $OUT/sweep_gpu_*.log
+grep -c " REFUSED" $OUT/sweep_gpu_*.log
 
 [ -n "$ONLY_SWEEPS" ] && { cat $OUT/device.txt; exit 0; }
-HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3300:3380} timeout 300 python3 -m pytest -m gpu -q -n 14 tests/test_large_random_gpu.py \
-  tests/test_tiny_random_gpu.py tests/test_triton_gpu.py::test_split_head_dims_on_64_query_tiles \
-  -p no:benchmark > $OUT/random_tests.log 2>&1
+tests="tests/test_tiny_random_gpu.py tests/test_triton_gpu.py::test_split_head_dims_on_64_query_tiles"
+[ -n "$CUDA_SEEDS" ] && tests=""  # cuda mode: the random mid-size tests alone (they run cuda too)
+HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3300:3380} timeout 300 python3 -m pytest -m gpu -q -n 14 -p no:benchmark \
+  tests/test_large_random_gpu.py $tests > $OUT/random_tests.log 2>&1
 stamp random_tests $?
 tail -3 $OUT/random_tests.log; cat $OUT/device.txt; tail -4 $OUT/tune_3d_hd160.log | cut -c1-300; cat $OUT/wide_backward_tiles.log
