@@ -1,4 +1,4 @@
-"""Shared fixtures."""
+"""Shared fixtures; per-worker threads and the memory watchdog."""
 
 import os
 
@@ -6,16 +6,19 @@ import pytest
 import torch
 
 import haloattn
+import memory_watchdog
 
 
 def pytest_configure(config):
     """Under pytest-xdist each worker gets its share of the cores for torch's CPU threads. Left at
     torch's default (every core), twelve workers' float64 oracles ran 192 spinning OpenMP threads
     on 16 cores, and the GPU tests with the largest oracle problems, 1.6-9.4 s each alone, did not
-    end within 100 s (2026-11-26, H100 machine)."""
+    end within 100 s (2026-11-26, H100 machine). The memory watchdog fails a test whose memory runs
+    away, instead of the OOM killer ending the whole run (tests/memory_watchdog.py)."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+    memory_watchdog.install(config)
 
 
 @pytest.fixture
