@@ -63,3 +63,29 @@ def test_compiled_call_under_autocast():
         eager = haloattn.attention(q, k, k, (3, 5))
     compiled = f(q, k)
     assert compiled.dtype == torch.bfloat16 and torch.equal(compiled, eager)
+
+
+@pytest.mark.parametrize("in_autocast", [False, True], ids=["plain", "autocast"])
+def test_compiles_where_dynamo_cannot_trace_the_autocast_query(monkeypatch, in_autocast):
+    """torch 2.11's dynamo cannot trace torch.amp.is_autocast_available, and a fullgraph compile of
+    any model calling attention() failed on it (2026-11-29, on the GPU machine's torch); a graph
+    break inside it stands in for that here: attention() must ask it outside the traced code."""
+    original = torch.amp.is_autocast_available
+
+    def untraceable(device_type):
+        torch._dynamo.graph_break()
+        return original(device_type)
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", untraceable)
+    torch._dynamo.reset()
+    q, k = tensors(6, torch.float32, torch.bfloat16)
+    q = q if in_autocast else q.detach().bfloat16()
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def f(q, k):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=in_autocast):
+            return haloattn.attention(q, k, k, (3, 5))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=in_autocast):
+        eager = haloattn.attention(q, k, k, (3, 5))
+    assert torch.equal(f(q, k), eager)

@@ -230,6 +230,14 @@ _TOKEN_TENSORS = (0, 1, 2, 5, 6)
 _AUTOCAST_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)
 
 
+@ops.assume_constant_result
+def _autocast_available(device_type: str) -> bool:
+    """torch.amp.is_autocast_available, a constant for compiled code (fixed per device type):
+    torch 2.11's dynamo cannot trace the call, and a fullgraph compile of any model calling
+    attention() failed on it (2026-11-29, H200; torch 2.13 traces it)."""
+    return torch.amp.is_autocast_available(device_type)
+
+
 def _autocast(tensors):
     """The call's tensors as torch.autocast casts F.scaled_dot_product_attention's: inside an
     autocast region for the query's device, token tensors in float32 (or the other 16-bit type)
@@ -240,7 +248,7 @@ def _autocast(tensors):
     if not isinstance(query, torch.Tensor):
         return tensors
     device_type = query.device.type
-    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+    if not (_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dtype) if i in _TOKEN_TENSORS and isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_ELIGIBLE

@@ -245,7 +245,7 @@ _SPECS: dict = {}
 _RESOLVED: dict = {}
 
 
-def _assume_constant_result(fn):
+def assume_constant_result(fn):
     """torch.compiler.assume_constant_result without its import of torch._dynamo (1.5 s, most of
     ``import haloattn``). The decorator only sets this mark, which dynamo reads when it traces;
     tests/test_compile.py fails (graph break on spec_key) if a torch release changes that."""
@@ -255,7 +255,7 @@ def _assume_constant_result(fn):
     return fn
 
 
-@_assume_constant_result
+@assume_constant_result
 def spec_key(options: tuple) -> str:
     """The spec of call options (names, values): their JSON, or a registered key with mods."""
     key = _SPECS.get(("key", options))
