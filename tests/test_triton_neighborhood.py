@@ -712,6 +712,24 @@ def test_gpu_reasons_tell_nvidia_capabilities_from_amd_ones(monkeypatch, hip, ca
         assert len(reasons) == 1 and expected in reasons[0], reasons
 
 
+@pytest.mark.parametrize("version,refused", [("3.1.0", True), ("3.5.1", True), ("3.6.0", False),
+                                              ("3.7.0+git1a2b3c", False), ("4.0.0", False)])
+def test_a_triton_older_than_the_tested_one_is_refused_by_name(monkeypatch, version, refused):
+    """Both Triton backends decline a Triton older than the one their kernels are tested with,
+    naming both versions, instead of failing inside Triton's compiler."""
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", version)
+    reasons, chosen = _reasons(monkeypatch, True)
+    window = next(v for v in haloattn.explain(*(torch.randn(1, 8, 2, 16),) * 3, 4, pattern="window").verdicts
+                  if v.name == "triton_window")
+    if refused:
+        assert len(reasons) == 1 and f"Triton {version} is older than 3.6" in reasons[0], reasons
+        assert window.reasons == reasons and chosen != "triton"
+    else:
+        assert reasons == [] and window.reasons == [] and chosen == "triton"
+
+
 def test_cpu_problems_stay_on_the_reference_without_the_interpreter(monkeypatch):
     reasons, chosen = _reasons(monkeypatch, False)
     assert any(r.startswith("device cpu: Triton runs on CUDA devices") or "no CUDA device" in r for r in reasons)

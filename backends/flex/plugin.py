@@ -10,6 +10,7 @@ reference. Below every fused haloattn kernel in priority: without mods they are 
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import List, Optional
 
 import torch
@@ -27,11 +28,16 @@ MIN_HEAD_DIM = 16
 MAX_FLOAT32_HEAD_DIM = 256
 
 
-def _flex_import_error():
+def flex_unavailable_reason() -> Optional[str]:
+    """Why this torch's FlexAttention cannot carry the backend, or None."""
     try:
         from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
     except Exception as exc:
-        return f"torch {torch.__version__} has no usable FlexAttention ({type(exc).__name__}: {exc}); it needs torch >= 2.5"
+        return f"torch {torch.__version__} has no usable FlexAttention ({type(exc).__name__}: {exc})"
+    # Block masks are built for the logical sequence lengths (masks.py); torch 2.5's Flex lacks them.
+    if "seq_lengths" not in inspect.signature(BlockMask.from_kv_blocks).parameters:
+        return (f"torch {torch.__version__}'s FlexAttention has no BlockMask.from_kv_blocks(seq_lengths=...), "
+                "which the flex backend builds its block masks with: it needs a newer torch")
     return None
 
 
@@ -62,7 +68,7 @@ class FlexBackend(Backend):
     description = "torch FlexAttention (compiled) with haloattn's pattern tables: runs score_mod/mask_mod fused on CUDA"
 
     def available(self) -> List[str]:
-        error = _flex_import_error()
+        error = flex_unavailable_reason()
         if error:
             return [error]
         if compiling() and not torch.cuda.is_available():

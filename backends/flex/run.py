@@ -28,10 +28,11 @@ PLAN_CACHE_SIZE = 64
 # Every problem shape is its own compiled Flex graph; torch's default limit (8 per function) would
 # make the ninth problem silently run Flex's unfused N x N fallback. Raise it, and fail loudly
 # beyond it rather than fall back.
+# Each setting by its current name, then by torch 2.5's (which has no switch to fail).
 RECOMPILE_LIMITS = {
-    "recompile_limit": 1024,
-    "accumulated_recompile_limit": 4096,
-    "fail_on_recompile_limit_hit": True,
+    ("recompile_limit", "cache_size_limit"): 1024,
+    ("accumulated_recompile_limit", "accumulated_cache_size_limit"): 4096,
+    ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"): True,
 }
 
 # Flex's default tiles can exceed a GPU's shared memory once a mod loads several lookup tables per
@@ -108,7 +109,12 @@ def _recompile_limits():
     import torch._dynamo
 
     config = torch._dynamo.config
-    return config.patch(**{k: v for k, v in RECOMPILE_LIMITS.items() if hasattr(config, k)})
+    settings = {}
+    for names, value in RECOMPILE_LIMITS.items():
+        present = [name for name in names if hasattr(config, name)]
+        if present:
+            settings[present[0]] = value
+    return config.patch(**settings)
 
 
 def _out_of_shared_memory(exc: Exception) -> bool:

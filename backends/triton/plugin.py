@@ -11,6 +11,7 @@ ordinary CPU users keep the reference.
 from __future__ import annotations
 
 import os
+import re
 from typing import List
 
 import torch
@@ -26,12 +27,28 @@ def interpreting() -> bool:
     return os.environ.get(INTERPRET_ENV, "") not in ("", "0")
 
 
+# The oldest Triton these kernels are built and tested with (every GPU figure and test in
+# benchmarks/RESULTS.md). Older releases are untested; 3.1 (torch 2.5's) lacks
+# tl.make_tensor_descriptor, which the kernels call (they would fail inside its compiler).
+MIN_TRITON = (3, 6)
+
+
 def _triton_import_error():
     try:
-        import triton  # noqa: F401
+        import triton
     except Exception as exc:  # ImportError, or a broken install raising something else
         return f"{type(exc).__name__}: {exc}"
+    if _release(triton.__version__) < MIN_TRITON:
+        wanted = ".".join(map(str, MIN_TRITON))
+        return (f"Triton {triton.__version__} is older than {wanted}, the oldest these kernels are tested with; "
+                f"pip install 'triton>={wanted}' (with a torch that allows it)")
     return None
+
+
+def _release(version: str) -> tuple:
+    """(major, minor) of a version string such as '3.6.0' or '3.6.0+git1234'."""
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    return (int(parts.group(1)), int(parts.group(2))) if parts else (0, 0)
 
 
 def triton_available() -> List[str]:

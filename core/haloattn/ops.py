@@ -325,7 +325,7 @@ def attention_op(
     additional_keys: Optional[torch.Tensor],
     additional_values: Optional[torch.Tensor],
     spec: str,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:  # builtin tuple: torch 2.5 reads the annotation without typing's names
     inputs = AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values)
     problem, backend, config = _resolve(spec, inputs)
     with on_device(query.device):
