@@ -12,7 +12,7 @@ TRITON_VERSION ?= 3.6.0
 PROFILE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test install clean
+.PHONY: demo test test-torch-versions install clean
 
 SYSTEM_TORCH ?= $(shell $(PYTHON) -c "import torch" >/dev/null 2>&1 && echo yes || echo no)
 
@@ -40,5 +40,9 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Not part of `make test`: downloads several GB a version (tests/other_torch_versions.sh).
+test-torch-versions:
+	bash tests/other_torch_versions.sh $(TORCH_VERSIONS)
+
 clean:
-	rm -rf $(VENV) build
+	rm -rf $(VENV) .venv-torch-* build

@@ -28,7 +28,7 @@ from test_reference_oracle import make_inputs, mask_odd_heads, mask_sparse, prob
 pytest.importorskip("torch.nn.attention.flex_attention")
 
 from haloattn.backends.flex import masks, run, token_order  # noqa: E402
-from haloattn.backends.flex.plugin import FlexBackend, flex_unavailable_reason  # noqa: E402
+from haloattn.backends.flex.plugin import FlexBackend, flex_unavailable_reason, head_dim_rule  # noqa: E402
 
 if flex_unavailable_reason():  # this torch's Flex lacks what the backend builds on (torch 2.5)
     pytest.skip(flex_unavailable_reason(), allow_module_level=True)
@@ -47,9 +47,18 @@ def unfused_flex(monkeypatch):
     run.clear_plans()
 
 
+def _flex_dim(dim: int) -> int:
+    """``dim``, or the next dim this torch's Flex takes where it takes a fixed list (torch 2.6)."""
+    supported = head_dim_rule()
+    while supported is not None and not supported(dim):
+        dim += 1
+    return dim
+
+
 def _flex_spec(spec):
     spec = dict(spec)
     spec["kq_conv"] = None  # refused by the backend (test_refusals)
+    spec["head_dim"], spec["value_dim"] = _flex_dim(spec["head_dim"]), _flex_dim(spec["value_dim"])
     return spec
 
 
@@ -247,6 +256,19 @@ def test_a_flex_without_sequence_lengths_is_refused_by_name(monkeypatch):
     assert len(reasons) == 1 and "from_kv_blocks(seq_lengths=...)" in reasons[0] and torch.__version__ in reasons[0]
 
 
+@pytest.mark.usefixtures("unfused_flex")
+def test_a_flex_of_listed_head_dims_refuses_others_by_name(monkeypatch):
+    """torch 2.6's Flex takes the head dims of a fixed list only (its _supported_head_dim): the
+    backend refuses the others, naming the dim, the torch and the list, instead of failing inside Flex."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    monkeypatch.setattr(flex_module, "_supported_head_dim", lambda n: n in (2, 4, 8, 16, 32), raising=False)
+    q, v = torch.randn(1, 9, 2, 16), torch.randn(1, 9, 2, 24)
+    assert FlexBackend().not_supported_reasons(build_problem(q, q, v, 3)) == [
+        f"value head_dim (D_v) 24: torch {torch.__version__}'s FlexAttention takes only 2, 4, 8, 16, 32"]
+    assert FlexBackend().not_supported_reasons(build_problem(q, q, q, 3)) == []
+
+
 def test_recompile_limit_is_raised_and_fails_loudly():
     """Each problem shape compiles its own Flex graph; past torch's default limit of 8 Flex would
     otherwise run unfused (N x N scores) without a word."""
@@ -375,15 +397,15 @@ def test_multi_tile_problems_match_the_reference(spatial, window, options, extra
     every pair, so which blocks are listed full is checked by test_block_classes_are_exact (and
     by the compiled kernels in tests/test_flex_gpu.py)."""
     torch.manual_seed(len(spatial) + extra)
-    B, H, Hkv, D = 2, 4, 2, 16
+    B, H, Hkv, D, Dv = 2, 4, 2, 16, _flex_dim(24)
     wins = window if isinstance(window, tuple) else (window,)
     base = dict(query=torch.randn(B, *spatial, H, D, dtype=torch.float64),
                 key=torch.randn(B, *spatial, Hkv, D, dtype=torch.float64),
-                value=torch.randn(B, *spatial, Hkv, 24, dtype=torch.float64),
+                value=torch.randn(B, *spatial, Hkv, Dv, dtype=torch.float64),
                 rpb=torch.randn(H, *(2 * w - 1 for w in wins), dtype=torch.float64))
     if extra:
         base["additional_keys"] = torch.randn(B, extra, Hkv, D, dtype=torch.float64)
-        base["additional_values"] = torch.randn(B, extra, Hkv, 24, dtype=torch.float64)
+        base["additional_values"] = torch.randn(B, extra, Hkv, Dv, dtype=torch.float64)
     kw = dict(options, softcap=6.0, score_mod=oracle_free_mod, mask_mod=mask_every_fifth if with_mask_mod else None)
     results = {}
     for backend, dtype in (("flex", torch.float32), ("reference", torch.float64)):

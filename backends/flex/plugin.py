@@ -41,6 +41,15 @@ def flex_unavailable_reason() -> Optional[str]:
     return None
 
 
+def head_dim_rule():
+    """torch 2.6's FlexAttention takes only the head dims of a fixed list (powers of two from 2 to
+    1024), which its ``_supported_head_dim`` checks; later releases dropped both. The rule (a
+    predicate), or None."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    return getattr(flex_module, "_supported_head_dim", None)
+
+
 @functools.lru_cache(maxsize=256)
 def mod_vmap_error(mod, kind: str, device: str) -> Optional[str]:
     """Why ``mod`` cannot run the way Flex calls it (vmapped over scalars), or None.
@@ -90,7 +99,13 @@ class FlexBackend(Backend):
                 f"dtype {str(problem.dtype).replace('torch.', '')}: FlexAttention's kernels take float16, "
                 "bfloat16 and float32 (the reference backend runs float64)"
             )
-        for value, what in ((problem.head_dim, "head_dim"), (problem.value_dim, "value head_dim (D_v)")):
+        dims = ((problem.head_dim, "head_dim"), (problem.value_dim, "value head_dim (D_v)"))
+        supported = head_dim_rule() if not reasons else None
+        for value, what in dims if supported is not None else ():
+            if not supported(value):
+                taken = ", ".join(str(1 << i) for i in range(11) if supported(1 << i))
+                reasons.append(f"{what} {value}: torch {torch.__version__}'s FlexAttention takes only {taken}")
+        for value, what in dims:
             if not compiling():
                 break  # limits of the compiled kernels; unfused Flex takes any size
             if value < MIN_HEAD_DIM:
