@@ -28,7 +28,7 @@ PLAN_CACHE_SIZE = 64
 # Every problem shape is its own compiled Flex graph; torch's default limit (8 per function) would
 # make the ninth problem silently run Flex's unfused N x N fallback. Raise it, and fail loudly
 # beyond it rather than fall back.
-# Each setting by its current name, then by torch 2.5's (which has no switch to fail).
+# Each setting by its current name, then by the name torch 2.5 and 2.6 know (2.5 has no switch to fail).
 RECOMPILE_LIMITS = {
     ("recompile_limit", "cache_size_limit"): 1024,
     ("accumulated_recompile_limit", "accumulated_cache_size_limit"): 4096,
