@@ -11,6 +11,7 @@ The limit: HALOATTN_TEST_MEMORY_LIMIT_GB, by default half the machine's memory (
 24 GB; the suite peaks near 1 GB). Linux only: elsewhere it does nothing.
 """
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -70,8 +71,8 @@ class MemoryWatchdog:
                 armed = True
 
     def _report(self, resident):
-        capture = self.config.pluginmanager.getplugin("capturemanager")
-        with capture.global_and_fixture_disabled():
+        capture = self.config.pluginmanager.getplugin("capturemanager")  # None under -p no:capture
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             sys.stderr.write(f"\nmemory watchdog: {self.test} at {resident / 2**30:.1f} GB resident "
                              f"(limit {self.limit / 2**30:.1f} GB); every thread's stack:\n")
             sys.stderr.flush()
