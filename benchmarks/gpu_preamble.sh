@@ -1,8 +1,8 @@
 # Sourced by the one-call GPU scripts (gpu_run_checks.sh, gpu_run_float32.sh,
 # gpu_run_head_split.sh): $OUT made, the device and tree recorded in $OUT/device.txt, haloattn
 # installed without the cuda module (Triton backends only; with WITH_CUDA=1 the cuda module is
-# built too, for HALOATTN_CUDA_ARCHS (default 90a), from the nvidia-cutlass wheel carried in .whl/), and
-# the clock `s` started.
+# built too, for HALOATTN_CUDA_ARCHS (default 90a), from the nvidia-cutlass wheel carried in
+# .whl/), and the clock `s` started.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

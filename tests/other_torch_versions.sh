@@ -4,8 +4,9 @@
 # torch 2.11, whose torch.compile traced less than 2.13's (a fullgraph compile failed there and
 # passed here, 2026-11-29). Each version gets its own virtual environment (.venv-torch-VERSION,
 # several GB: PyPI's torch wheels bring CUDA libraries) with the Triton that torch pins, haloattn
-# installed from this tree (editable, its own build folder) without the cuda module. The Triton interpreter's tests stay with the
-# main suite: they need Triton >= 3.6, which older torch releases do not pin.
+# installed from this tree (editable, its own build folder) without the cuda module. The Triton
+# interpreter's tests stay with the main suite: they need Triton >= 3.6, which older torch
+# releases do not pin.
 #   bash tests/other_torch_versions.sh [VERSION ...]       (default: 2.5.1 2.6.0 2.11.0)
 # Prints one line per version and exits non-zero if any failed; logs in .venv-torch-VERSION/tests.log.
 set -uo pipefail

@@ -30,8 +30,9 @@ pytest.importorskip("torch.nn.attention.flex_attention")
 from haloattn.backends.flex import masks, run, token_order  # noqa: E402
 from haloattn.backends.flex.plugin import FlexBackend, flex_unavailable_reason, head_dim_rule  # noqa: E402
 
-if flex_unavailable_reason():  # this torch's Flex lacks what the backend builds on (torch 2.5)
-    pytest.skip(flex_unavailable_reason(), allow_module_level=True)
+_FLEX_UNUSABLE = flex_unavailable_reason()
+if _FLEX_UNUSABLE:  # this torch's Flex lacks what the backend builds on (torch 2.5)
+    pytest.skip(_FLEX_UNUSABLE, allow_module_level=True)
 
 
 @pytest.fixture

@@ -101,10 +101,10 @@ class FlexBackend(Backend):
             )
         dims = ((problem.head_dim, "head_dim"), (problem.value_dim, "value head_dim (D_v)"))
         supported = head_dim_rule() if not reasons else None
-        for value, what in dims if supported is not None else ():
-            if not supported(value):
-                taken = ", ".join(str(1 << i) for i in range(11) if supported(1 << i))
-                reasons.append(f"{what} {value}: torch {torch.__version__}'s FlexAttention takes only {taken}")
+        if supported is not None:
+            taken = ", ".join(str(1 << i) for i in range(11) if supported(1 << i))
+            reasons += [f"{what} {value}: torch {torch.__version__}'s FlexAttention takes only {taken}"
+                        for value, what in dims if not supported(value)]
         for value, what in dims:
             if not compiling():
                 break  # limits of the compiled kernels; unfused Flex takes any size

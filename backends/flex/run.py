@@ -109,12 +109,12 @@ def _recompile_limits():
     import torch._dynamo
 
     config = torch._dynamo.config
-    settings = {}
+    present = {}
     for names, value in RECOMPILE_LIMITS.items():
-        present = [name for name in names if hasattr(config, name)]
-        if present:
-            settings[present[0]] = value
-    return config.patch(**settings)
+        name = next((n for n in names if hasattr(config, n)), None)
+        if name:  # a setting this torch does not have is left out
+            present[name] = value
+    return config.patch(**present)
 
 
 def _out_of_shared_memory(exc: Exception) -> bool:

@@ -11,10 +11,10 @@ ordinary CPU users keep the reference.
 from __future__ import annotations
 
 import os
-import re
 from typing import List
 
 import torch
+from torch.torch_version import TorchVersion  # PEP 440 comparisons, for any package's version
 
 from haloattn.backend import Backend, cuda_capability
 from haloattn.hookspecs import hookimpl
@@ -38,17 +38,11 @@ def _triton_import_error():
         import triton
     except Exception as exc:  # ImportError, or a broken install raising something else
         return f"{type(exc).__name__}: {exc}"
-    if _release(triton.__version__) < MIN_TRITON:
+    if TorchVersion(triton.__version__) < MIN_TRITON:
         wanted = ".".join(map(str, MIN_TRITON))
         return (f"Triton {triton.__version__} is older than {wanted}, the oldest these kernels are tested with; "
                 f"pip install 'triton>={wanted}' (with a torch that allows it)")
     return None
-
-
-def _release(version: str) -> tuple:
-    """(major, minor) of a version string such as '3.6.0' or '3.6.0+git1234'."""
-    parts = re.match(r"(\d+)\.(\d+)", version)
-    return (int(parts.group(1)), int(parts.group(2))) if parts else (0, 0)
 
 
 def triton_available() -> List[str]:
