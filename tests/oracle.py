@@ -115,14 +115,14 @@ def attention(
                 C = C + W[:, a, t].view(1, H, 1, 1) * shifted
         s = C
     if rpb is not None:
-        coords = list(itertools.product(*(range(L) for L in spatial)))
-        bias = torch.zeros(H, N, N, dtype=compute_dtype)
-        table = rpb.to(compute_dtype)
-        for qi, qc in enumerate(coords):
-            for ki, kc in enumerate(coords):
-                if keep[qi, ki]:
-                    idx = tuple(kc[a] // Dl[a] - qc[a] // Dl[a] + K[a] - 1 for a in range(rank))
-                    bias[:, qi, ki] = table[(slice(None),) + idx]
+        # bias[h, q, k] = rpb[h, kc // Dl - qc // Dl + K - 1] per axis, on attended pairs. One
+        # gather: assigning pair by pair made one autograd node per pair, and their backward
+        # (tens of thousands of full-size gradient copies) grew the CPU suite's process to
+        # 12-23 GB in some runs (glibc's heap fragmenting; 2026-11-29).
+        coords = torch.tensor(list(itertools.product(*(range(L) for L in spatial)))).view(N, rank)
+        idx = [(coords[None, :, a] // Dl[a] - coords[:, None, a] // Dl[a] + K[a] - 1) for a in range(rank)]
+        idx = [torch.where(keep, i, 0) for i in idx]  # pairs outside the window index a valid cell, then masked
+        bias = torch.where(keep, rpb.to(compute_dtype)[(slice(None), *idx)], torch.zeros((), dtype=compute_dtype))
         s = s + bias.unsqueeze(0)
     if score_mod is not None:
         s = score_mod(s, b_idx, h_idx, q_idx, kv_idx)
