@@ -118,7 +118,7 @@ def attention(
         # bias[h, q, k] = rpb[h, kc // Dl - qc // Dl + K - 1] per axis, on attended pairs. One
         # gather: assigning pair by pair made one autograd node per pair, and their backward
         # (tens of thousands of full-size gradient copies) grew the CPU suite's process to
-        # 12-23 GB in some runs (glibc's heap fragmenting; 2026-11-29).
+        # 12-23 GB in some runs (most likely glibc's heap fragmenting; 2026-11-29).
         coords = torch.tensor(list(itertools.product(*(range(L) for L in spatial)))).view(N, rank)
         idx = [(coords[None, :, a] // Dl[a] - coords[:, None, a] // Dl[a] + K[a] - 1) for a in range(rank)]
         idx = [torch.where(keep, i, 0) for i in idx]  # pairs outside the window index a valid cell, then masked
