@@ -6,7 +6,7 @@
 # GPU paths, CPU and GPU tests alike), then, with the machine quiet,
 # the issue's benchmark (bench_neighborhood.py: triton, Flex, dense cuDNN) and the cuda
 # backend's (bench_cuda.py: cuda beside triton and cuDNN). Files under $OUT: device.txt,
-# tests.log, neighborhood.{md,json,log}, cuda_bench.{json,log}.
+# tests.log, neighborhood.{md,json}, cuda_bench.json and the other logs in logs.tgz.
 # Usage (GPU machine, repo root, the nvidia-cutlass wheel carried in .whl/):
 #   bash benchmarks/gpu_run_issue_benchmarks.sh
 # Knobs: TESTS (pytest selection; empty string: none), SKIP_CUDA_BENCH=1, ONLY (problem indices,
@@ -44,3 +44,6 @@ if [ -z "$SKIP_CUDA_BENCH" ]; then
   tail -14 $OUT/cuda_bench.log
 fi
 cat $OUT/device.txt
+# The device tool returns at most eight files: the logs travel as one archive.
+(cd $OUT && tar czf logs.tgz install.log flex_compile.log flex_compiled.json neighborhood.log cuda_bench.log 2>/dev/null \
+  && rm -f install.log flex_compile.log flex_compiled.json neighborhood.log cuda_bench.log)
