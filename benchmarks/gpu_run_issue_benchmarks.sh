@@ -45,5 +45,5 @@ if [ -z "$SKIP_CUDA_BENCH" ]; then
 fi
 cat $OUT/device.txt
 # The device tool returns at most eight files: the logs travel as one archive.
-(cd $OUT && tar czf logs.tgz install.log flex_compile.log flex_compiled.json neighborhood.log cuda_bench.log 2>/dev/null \
-  && rm -f install.log flex_compile.log flex_compiled.json neighborhood.log cuda_bench.log)
+logs=$(cd $OUT && ls install.log flex_compile.log flex_compiled.json neighborhood.log cuda_bench.log 2>/dev/null)
+(cd $OUT && tar czf logs.tgz $logs && rm -f $logs)
