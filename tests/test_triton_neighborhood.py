@@ -491,6 +491,28 @@ def test_exact_float32_backward_takes_small_tiles(monkeypatch):
         assert asked.value.args[0] == expected
 
 
+@pytest.mark.parametrize("head_dim,value_dim,warps", [(160, 64, 4), (48, 256, 4), (128, 64, 2), (32, 32, 2)])
+def test_exact_float32_forward_takes_its_own_tiles(head_dim, value_dim, warps):
+    """Float32 without tf32: the forward takes tiles.EXACT_FLOAT32_FORWARD_TILES by pointer, on 2
+    warps up to 128 channels and 4 above (the 16-bit model's tiles spilled kilobytes a thread at
+    wide heads and ran slower at every width measured); with tf32 allowed the 16-bit model's
+    tiles stay; tuning weighs the exact default; the forward on its tiles matches the oracle."""
+    gen = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(1, 9, 13, 2, head_dim, generator=gen) for _ in range(2))
+    v = torch.randn(1, 9, 13, 2, value_dim, generator=gen)
+    problem = build_problem(q, k, v, (5, 7), causal=(False, True))
+    cfg = tiles.default_config(problem, exact_float32=True)
+    fwd = cfg["fwd"]
+    assert (math.prod(fwd["q"]), math.prod(fwd["kv"])) == tiles.EXACT_FLOAT32_FORWARD_TILES
+    assert (fwd["warps"], fwd["tma"]) == (warps, False)
+    assert tiles.default_config(problem)["fwd"] != fwd  # with tf32 allowed: the 16-bit model's tiles
+    assert any(c["fwd"] == fwd for c in tiles.candidate_configs(problem))
+    out, lse = launch.forward(problem, AttentionInputs(q, k, v), cfg)
+    ref, ref_lse = oracle.attention(q.double(), k.double(), v.double(), (5, 7), causal=(False, True))
+    assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.float32]
+    assert (lse.double() - ref_lse).abs().max().item() <= oracle.LSE_TOLERANCE[torch.float32]
+
+
 def test_float32_products_follow_the_tf32_switch(monkeypatch):
     """float32 without TF32 allowed: three TF32 products (float32's accuracy) unless the variable
     asks for CUDA-core IEEE products; a bad value is named; TF32 allowed: one TF32 product."""

@@ -434,6 +434,17 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
 # default since 2026-11-29) spill on the 16-bit tiles too and keep these (1.2-2.0x faster than on
 # the 16-bit tiles, RESULTS.md "Off-list shapes").
 EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
+# The forward's tiles of exact float32, (queries, keys), with NARROW warps at head and value dims
+# up to EXACT_FLOAT32_WIDE_HEAD_DIM and WIDE warps above. The 16-bit cost model's tiles hold each
+# operand twice as three-part products: fitted to shared memory they spilled 2-2.7 KB a thread on
+# sm_90 at head dims 160-256 (forwards at 3-7 TFLOP/s in the 2026-12-01 shape sweep). On an H200
+# (RESULTS.md, "Float32 forward tiles", ten problems at head dims 32-256) these ran the forward
+# 2.2-4.9x faster above 128 channels (4 warps; 2 warps 2.0-2.3x slower there) and 1.10-1.97x
+# faster at 32-128 (2 warps: the fastest of five configs on five of six problems, within 5 % on
+# the sixth).
+EXACT_FLOAT32_FORWARD_TILES = (16, 32)
+EXACT_FLOAT32_WIDE_HEAD_DIM = 128
+EXACT_FLOAT32_FORWARD_WARPS = {"narrow": 2, "wide": 4}
 
 
 @lru_cache(maxsize=1024)
@@ -451,6 +462,10 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if descriptors and max(problem.head_dim, problem.value_dim) <= SHORT_WALK_MAX_HEAD_DIM:
         descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
+    if exact_float32:
+        q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
+        wide = max(problem.head_dim, problem.value_dim) > EXACT_FLOAT32_WIDE_HEAD_DIM
+        warps, stages, descriptors = EXACT_FLOAT32_FORWARD_WARPS["wide" if wide else "narrow"], 2, False
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
            "pack": packed_pairs(problem, q, kv, descriptors), "split_heads": SPLIT_HEADS}
@@ -557,10 +572,9 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     if max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM and other_warps:
         out.append(dict(base, dkdv=dict(base["dkdv"], warps=other_warps)))
     if problem.dtype == torch.float32:
-        # The exact-float32 default's backward (what an untuned call without tf32 gets), so that
-        # tuning never settles on a slower one.
-        exact = default_config(problem, exact_float32=True)
-        out.append(dict(base, dq=exact["dq"], dkdv=exact["dkdv"]))
+        # The exact-float32 default (what an untuned call without tf32 gets), so that tuning
+        # never settles on a slower one.
+        out.append(default_config(problem, exact_float32=True))
     if atomic_dq_allowed():
         # The atomic-dQ backward with the default's tiles, and with 128-key resident tiles (half
         # the dQ additions per pair: 1.17x the deterministic backward on 2-D 63x63 on the H100).
