@@ -434,14 +434,14 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
 # default since 2026-11-29) spill on the 16-bit tiles too and keep these (1.2-2.0x faster than on
 # the 16-bit tiles, RESULTS.md "Off-list shapes").
 EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
-# The forward's tiles of exact float32, (queries, keys), with NARROW warps at head and value dims
-# up to EXACT_FLOAT32_WIDE_HEAD_DIM and WIDE warps above. The 16-bit cost model's tiles hold each
-# operand twice as three-part products: fitted to shared memory they spilled 2-2.7 KB a thread on
-# sm_90 at head dims 160-256 (forwards at 3-7 TFLOP/s in the 2026-12-01 shape sweep). On an H200
-# (RESULTS.md, "Float32 forward tiles", ten problems at head dims 32-256) these ran the forward
-# 2.2-4.9x faster above 128 channels (4 warps; 2 warps 2.0-2.3x slower there) and 1.10-1.97x
-# faster at 32-128 (2 warps: the fastest of five configs on five of six problems, within 5 % on
-# the sixth).
+# The forward's tiles of exact float32, (queries, keys), read by pointer on the "narrow" warps of
+# EXACT_FLOAT32_FORWARD_WARPS where head and value dims are at most EXACT_FLOAT32_WIDE_HEAD_DIM and
+# the "wide" ones above. The 16-bit cost model's tiles, whose operands three-part products hold
+# twice, spilled 2-2.7 KB a thread on sm_90 at head dims 160-256 once fitted to shared memory
+# (forwards at 3-7 TFLOP/s in the 2026-12-01 shape sweep). On an H200 (RESULTS.md, "Float32
+# forward tiles", ten problems at head dims 32-256) these ran the forward 2.2-4.9x faster above
+# 128 channels (4 warps; 2 warps 2.0-2.3x slower there) and 1.10-1.97x faster at 32-128 (2 warps:
+# the fastest of five configs on five of six problems, within 5 % on the sixth).
 EXACT_FLOAT32_FORWARD_TILES = (16, 32)
 EXACT_FLOAT32_WIDE_HEAD_DIM = 128
 EXACT_FLOAT32_FORWARD_WARPS = {"narrow": 2, "wide": 4}
