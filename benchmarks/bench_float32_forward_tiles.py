@@ -1,6 +1,6 @@
 """Backend ``triton`` on float32 without TF32 (three TF32 products, "tf32x3"): the forward's tile
-choices side by side, at head dims 32-256: the measurements behind tiles.EXACT_FLOAT32_FORWARD_TILES
-and EXACT_FLOAT32_FORWARD_WARPS.
+choices side by side, at head dims 32-256: the measurements behind tiles.EXACT_FLOAT32_WIDE_FORWARD
+(the default above 128 channels) and the 2-warp tiles measured at 32-128.
 
 The 2026-12-01 shape sweep (RESULTS.md) found float32 problems at head dim 256 forward at 0.5-1 %
 of cuDNN's bfloat16 rate, 3x below float32's own rate at head dim 128: the 16-bit cost model's

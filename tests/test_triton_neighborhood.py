@@ -491,26 +491,46 @@ def test_exact_float32_backward_takes_small_tiles(monkeypatch):
         assert asked.value.args[0] == expected
 
 
-@pytest.mark.parametrize("head_dim,value_dim,warps", [(160, 64, 4), (48, 256, 4), (128, 64, 2), (32, 32, 2)])
-def test_exact_float32_forward_takes_its_own_tiles(head_dim, value_dim, warps):
-    """Float32 without tf32: the forward takes tiles.EXACT_FLOAT32_FORWARD_TILES by pointer, on 2
-    warps up to 128 channels and 4 above (the 16-bit model's tiles spilled kilobytes a thread at
-    wide heads and ran slower at every width measured); with tf32 allowed the 16-bit model's
-    tiles stay; tuning weighs the exact default; the forward on its tiles matches the oracle."""
+@pytest.mark.parametrize("head_dim,value_dim", [(160, 64), (48, 256), (128, 64)])
+def test_exact_float32_wide_heads_take_their_own_forward_tiles(monkeypatch, head_dim, value_dim):
+    """Float32 without tf32 above 128 channels: the forward takes tiles.EXACT_FLOAT32_WIDE_FORWARD
+    (16 queries, 32 keys, 4 warps, by pointer: the 16-bit model's tiles spilled kilobytes a
+    thread there); at 128 channels, or with tf32 allowed, the 16-bit model's tiles stay; tuning
+    weighs the exact default; the forward on its tiles matches the oracle; and the launcher asks
+    for the exact default exactly when its products are exact (under the interpreter its
+    precision is "interpret", so the test hands the config over itself)."""
     gen = torch.Generator().manual_seed(11)
     q, k = (torch.randn(1, 9, 13, 2, head_dim, generator=gen) for _ in range(2))
     v = torch.randn(1, 9, 13, 2, value_dim, generator=gen)
     problem = build_problem(q, k, v, (5, 7), causal=(False, True))
     cfg = tiles.default_config(problem, exact_float32=True)
-    fwd = cfg["fwd"]
-    assert (math.prod(fwd["q"]), math.prod(fwd["kv"])) == tiles.EXACT_FLOAT32_FORWARD_TILES
-    assert (fwd["warps"], fwd["tma"]) == (warps, False)
-    assert tiles.default_config(problem)["fwd"] != fwd  # with tf32 allowed: the 16-bit model's tiles
+    fwd, plain = cfg["fwd"], tiles.default_config(problem)["fwd"]
+    if max(head_dim, value_dim) <= tiles.EXACT_FLOAT32_WIDE_HEAD_DIM:
+        assert fwd == plain
+    else:
+        queries, keys, warps = tiles.EXACT_FLOAT32_WIDE_FORWARD
+        assert (math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["warps"], fwd["tma"]) == (queries, keys, warps, False)
+        assert plain != fwd
     assert any(c["fwd"] == fwd for c in tiles.candidate_configs(problem))
-    out, lse = launch.forward(problem, AttentionInputs(q, k, v), cfg)
+    inputs = AttentionInputs(q, k, v)
+    out, lse = launch.forward(problem, inputs, cfg)
     ref, ref_lse = oracle.attention(q.double(), k.double(), v.double(), (5, 7), causal=(False, True))
     assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.float32]
     assert (lse.double() - ref_lse).abs().max().item() <= oracle.LSE_TOLERANCE[torch.float32]
+
+    class Asked(Exception):
+        pass
+
+    def record(p, **kwargs):
+        raise Asked(kwargs)
+
+    monkeypatch.setattr(tiles, "default_config", record)
+    for precision, expected in (("ieee", {"exact_float32": True}), ("tf32x3", {"exact_float32": True}),
+                                ("tf32", {"exact_float32": False})):
+        monkeypatch.setattr(launch, "_precision", lambda dtype, precision=precision: precision)
+        with pytest.raises(Asked) as asked:
+            launch.forward(problem, inputs)
+        assert asked.value.args[0] == expected
 
 
 def test_float32_products_follow_the_tf32_switch(monkeypatch):

@@ -82,7 +82,8 @@ def _precision(dtype: torch.dtype) -> str:
 def exact_float32_products(precision: str) -> bool:
     """Whether products of this precision carry float32's accuracy from float32 operands (CUDA
     cores, or three TF32 products): their register-heavy tiles take tiles.default_config's
-    small backward tiles (EXACT_FLOAT32_RESIDENT)."""
+    small backward tiles (EXACT_FLOAT32_RESIDENT) and, at wide heads, the forward's own
+    (EXACT_FLOAT32_WIDE_FORWARD)."""
     return precision in ("ieee", "tf32x3")
 
 
@@ -208,9 +209,10 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     rpb = inputs.rpb
     out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    config = config or tiles.default_config(problem)
+    precision = _precision(q.dtype)
+    config = config or tiles.default_config(problem, exact_float32=exact_float32_products(precision))
     key = (problem, config_key(config), tensor_layout(q), tensor_layout(k), tensor_layout(v),
-           tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), _precision(q.dtype))
+           tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), precision)
     tensors = (q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q)
     _run_fitted(_FORWARD_PLANS, key, problem, config,
                 lambda cfg: _forward_launch(problem, cfg, q, k, v, out, lse, rpb, ak, av),

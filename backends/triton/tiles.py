@@ -434,17 +434,15 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
 # default since 2026-11-29) spill on the 16-bit tiles too and keep these (1.2-2.0x faster than on
 # the 16-bit tiles, RESULTS.md "Off-list shapes").
 EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
-# The forward's tiles of exact float32, (queries, keys), read by pointer on the "narrow" warps of
-# EXACT_FLOAT32_FORWARD_WARPS where head and value dims are at most EXACT_FLOAT32_WIDE_HEAD_DIM and
-# the "wide" ones above. The 16-bit cost model's tiles, whose operands three-part products hold
-# twice, spilled 2-2.7 KB a thread on sm_90 at head dims 160-256 once fitted to shared memory
-# (forwards at 3-7 TFLOP/s in the 2026-12-01 shape sweep). On an H200 (RESULTS.md, "Float32
-# forward tiles", ten problems at head dims 32-256) these ran the forward 2.2-4.9x faster above
-# 128 channels (4 warps; 2 warps 2.0-2.3x slower there) and 1.10-1.97x faster at 32-128 (2 warps:
-# the fastest of five configs on five of six problems, within 5 % on the sixth).
-EXACT_FLOAT32_FORWARD_TILES = (16, 32)
+# ...and above 128 channels its forward takes (queries, keys, warps) of its own, read by pointer.
+# The 16-bit cost model's tiles, whose operands three-part products hold twice, spilled 2-2.7 KB a
+# thread on sm_90 at head dims 160-256 once fitted to shared memory (forwards at 3-7 TFLOP/s in the
+# 2026-12-01 shape sweep); these spill 60-250 bytes and ran those forwards 2.2-4.9x faster on an
+# H200, against 1.4-3.0x on 8 warps and 1.2-2.2x on 2 (RESULTS.md, "Float32 forward tiles"). At
+# 32-128 channels the same tiles on 2 warps measured 1.10-1.97x faster than the 16-bit tiles on
+# six problems, but have not yet run the GPU tests of every feature: not the default there yet.
 EXACT_FLOAT32_WIDE_HEAD_DIM = 128
-EXACT_FLOAT32_FORWARD_WARPS = {"narrow": 2, "wide": 4}
+EXACT_FLOAT32_WIDE_FORWARD = (16, 32, 4)
 
 
 @lru_cache(maxsize=1024)
@@ -462,10 +460,10 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if descriptors and max(problem.head_dim, problem.value_dim) <= SHORT_WALK_MAX_HEAD_DIM:
         descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
-    if exact_float32:
-        q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
-        wide = max(problem.head_dim, problem.value_dim) > EXACT_FLOAT32_WIDE_HEAD_DIM
-        warps, stages, descriptors = EXACT_FLOAT32_FORWARD_WARPS["wide" if wide else "narrow"], 2, False
+    if exact_float32 and max(problem.head_dim, problem.value_dim) > EXACT_FLOAT32_WIDE_HEAD_DIM:
+        queries, keys, warps = EXACT_FLOAT32_WIDE_FORWARD
+        q, kv = _cheapest_boxes(problem, queries, keys)[1:]
+        stages, descriptors = 2, False
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
            "pack": packed_pairs(problem, q, kv, descriptors), "split_heads": SPLIT_HEADS}
