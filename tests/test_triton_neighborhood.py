@@ -509,7 +509,8 @@ def test_exact_float32_wide_heads_take_their_own_forward_tiles(monkeypatch, head
         assert fwd == plain
     else:
         queries, keys, warps = tiles.EXACT_FLOAT32_WIDE_FORWARD
-        assert (math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["warps"], fwd["tma"]) == (queries, keys, warps, False)
+        assert (math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["warps"], fwd["tma"], fwd["pack"]) == (
+            queries, keys, warps, False, 1)
         assert plain != fwd
     assert any(c["fwd"] == fwd for c in tiles.candidate_configs(problem))
     inputs = AttentionInputs(q, k, v)

@@ -460,13 +460,15 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if descriptors and max(problem.head_dim, problem.value_dim) <= SHORT_WALK_MAX_HEAD_DIM:
         descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
+    pack = packed_pairs(problem, q, kv, descriptors)
     if exact_float32 and max(problem.head_dim, problem.value_dim) > EXACT_FLOAT32_WIDE_HEAD_DIM:
+        # One (batch, head) pair a program: packing was measured and GPU-tested on 16-bit inputs.
         queries, keys, warps = EXACT_FLOAT32_WIDE_FORWARD
         q, kv = _cheapest_boxes(problem, queries, keys)[1:]
-        stages, descriptors = 2, False
+        stages, descriptors, pack = 2, False, 1
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
-           "pack": packed_pairs(problem, q, kv, descriptors), "split_heads": SPLIT_HEADS}
+           "pack": pack, "split_heads": SPLIT_HEADS}
     # The backward streams 64-token tiles past a resident tile of the forward's query-tile shape.
     # 64 resident tokens with 4 warps were fastest or within 2 % on all ten benchmark problems
     # (H100 sweep of 2026-11-23: 1.04-1.64x faster than 128 with 8 warps, fewer wasted pairs on
