@@ -446,6 +446,32 @@ def test_heuristic_tiles_fit_the_grid():
             assert 16 <= shape[0] * shape[1] * shape[2]
 
 
+# What an untuned launch asks tiles.default_config for, per product precision: the exact-float32
+# default where float32 products carry float32's accuracy.
+EXACT_WHERE_PRODUCTS_ARE = {"ieee": {"exact_float32": True}, "tf32x3": {"exact_float32": True},
+                            "tf32": {"exact_float32": False}}
+
+
+def defaults_asked_for(monkeypatch, launch_call) -> dict:
+    """{precision: the keyword arguments ``launch_call()`` passes tiles.default_config}, with the
+    launcher's precision set to each of EXACT_WHERE_PRODUCTS_ARE's in turn. Under the interpreter
+    the launcher's precision is "interpret", so the tests that need another set it here."""
+    class Asked(Exception):
+        pass
+
+    def record(problem, **kwargs):
+        raise Asked(kwargs)
+
+    monkeypatch.setattr(tiles, "default_config", record)
+    asked = {}
+    for precision in EXACT_WHERE_PRODUCTS_ARE:
+        monkeypatch.setattr(launch, "_precision", lambda dtype, precision=precision: precision)
+        with pytest.raises(Asked) as raised:
+            launch_call()
+        asked[precision] = raised.value.args[0]
+    return asked
+
+
 def test_exact_float32_backward_takes_small_tiles(monkeypatch):
     """Float32 without tf32 multiplies as three TF32 products or on CUDA cores, where the
     backward's 64-token tiles spill: its default keeps 16-token resident and 32-token streamed
@@ -476,19 +502,8 @@ def test_exact_float32_backward_takes_small_tiles(monkeypatch):
         assert oracle.rel_error(g, rg) <= 1e-5
 
     # Without a config, the launcher asks for that default exactly when its products are exact.
-    class Asked(Exception):
-        pass
-
-    def record(p, **kwargs):
-        raise Asked(kwargs)
-
-    monkeypatch.setattr(tiles, "default_config", record)
-    for precision, expected in (("ieee", {"exact_float32": True}), ("tf32x3", {"exact_float32": True}),
-                                ("tf32", {"exact_float32": False})):
-        monkeypatch.setattr(launch, "_precision", lambda dtype, precision=precision: precision)
-        with pytest.raises(Asked) as asked:
-            launch.backward(problem, inputs, out, lse, grad, None, needs)
-        assert asked.value.args[0] == expected
+    assert defaults_asked_for(monkeypatch, lambda: launch.backward(problem, inputs, out, lse, grad, None, needs)) \
+        == EXACT_WHERE_PRODUCTS_ARE
 
 
 @pytest.mark.parametrize("head_dim,value_dim", [(160, 64), (48, 256), (128, 64)])
@@ -497,8 +512,7 @@ def test_exact_float32_wide_heads_take_their_own_forward_tiles(monkeypatch, head
     (16 queries, 32 keys, 4 warps, by pointer: the 16-bit model's tiles spilled kilobytes a
     thread there); at 128 channels, or with tf32 allowed, the 16-bit model's tiles stay; tuning
     weighs the exact default; the forward on its tiles matches the oracle; and the launcher asks
-    for the exact default exactly when its products are exact (under the interpreter its
-    precision is "interpret", so the test hands the config over itself)."""
+    for the exact default exactly when its products are exact."""
     gen = torch.Generator().manual_seed(11)
     q, k = (torch.randn(1, 9, 13, 2, head_dim, generator=gen) for _ in range(2))
     v = torch.randn(1, 9, 13, 2, value_dim, generator=gen)
@@ -518,20 +532,7 @@ def test_exact_float32_wide_heads_take_their_own_forward_tiles(monkeypatch, head
     ref, ref_lse = oracle.attention(q.double(), k.double(), v.double(), (5, 7), causal=(False, True))
     assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.float32]
     assert (lse.double() - ref_lse).abs().max().item() <= oracle.LSE_TOLERANCE[torch.float32]
-
-    class Asked(Exception):
-        pass
-
-    def record(p, **kwargs):
-        raise Asked(kwargs)
-
-    monkeypatch.setattr(tiles, "default_config", record)
-    for precision, expected in (("ieee", {"exact_float32": True}), ("tf32x3", {"exact_float32": True}),
-                                ("tf32", {"exact_float32": False})):
-        monkeypatch.setattr(launch, "_precision", lambda dtype, precision=precision: precision)
-        with pytest.raises(Asked) as asked:
-            launch.forward(problem, inputs)
-        assert asked.value.args[0] == expected
+    assert defaults_asked_for(monkeypatch, lambda: launch.forward(problem, inputs)) == EXACT_WHERE_PRODUCTS_ARE
 
 
 def test_float32_products_follow_the_tf32_switch(monkeypatch):
