@@ -306,6 +306,46 @@ def test_wide_float32_heads_on_their_own_forward_tiles(head_dim, value_dim, spat
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("head_dim,value_dim,spatial,window,options", [
+    (128, 128, (21, 18), (7, 9), dict(dilation=(1, 2))),
+    (64, 32, (6, 10, 12), (3, 5, 5), dict(stride=(1, 2, 1), causal=(False, False, True))),
+    (32, 64, (300,), 63, dict(causal=True)),
+])
+def test_float32_forward_on_two_warp_small_tiles(head_dim, value_dim, spatial, window, options):
+    """Float32 without TF32 at 32-128 channels: the forward on 16-query / 32-key tiles of 2 warps,
+    which measured 1.10-1.97x faster than the default's tiles there (RESULTS.md, "Float32
+    forward tiles") and become the default once this passes: with GQA, the bias, softcap and
+    additional tokens, against the oracle."""
+    from haloattn.backend import AttentionInputs
+    from haloattn.backends.triton import launch, tiles
+    from haloattn.problem import build_problem
+
+    assert not torch.backends.cuda.matmul.allow_tf32
+    gen = torch.Generator().manual_seed(head_dim + value_dim)
+
+    def tensor(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).cuda()
+
+    q, k, v = tensor(2, *spatial, 4, head_dim), tensor(2, *spatial, 2, head_dim), tensor(2, *spatial, 2, value_dim)
+    windows = window if isinstance(window, tuple) else (window,) * len(spatial)
+    rpb = tensor(4, *(2 * w - 1 for w in windows), scale=0.5)
+    ak, av = tensor(2, 3, 2, head_dim), tensor(2, 3, 2, value_dim)
+    extras = dict(rpb=rpb, additional_keys=ak, additional_values=av, softcap=20.0, **options)
+    problem = build_problem(q, k, v, window, **extras)
+    config = tiles.default_config(problem, exact_float32=True)
+    small_q, small_kv = tiles._cheapest_boxes(problem, 16, 32)[1:]
+    config = dict(config, fwd=dict(config["fwd"], q=list(small_q), kv=list(small_kv), warps=2, stages=2, tma=False,
+                                   pack=1))
+    out, lse = launch.forward(problem, AttentionInputs(q, k, v, rpb, None, ak, av), config)
+    ref_out, ref_lse = oracle.attention(*(t.cpu().double() for t in (q, k, v)), window, rpb=rpb.cpu().double(),
+                                        additional_keys=ak.cpu().double(), additional_values=av.cpu().double(),
+                                        softcap=20.0, **options)
+    assert oracle.rel_error(out.cpu(), ref_out) <= oracle.TOLERANCE[torch.float32]
+    assert (lse.cpu().double() - ref_lse).abs().max() <= oracle.LSE_TOLERANCE[torch.float32]
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("head_dim,value_dim", [(72, 72), (80, 48), (144, 64), (80, 160)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
