@@ -1,6 +1,7 @@
 """Backend ``triton`` on float32 without TF32 (three TF32 products, "tf32x3"): the forward's tile
-choices side by side, at head dims 32-256: the measurements behind tiles.EXACT_FLOAT32_WIDE_FORWARD
-(the default above 128 channels) and the 2-warp tiles measured at 32-128.
+choices side by side, at head dims 8-256: the measurements behind tiles.EXACT_FLOAT32_FORWARD_TILES
+(16 queries, 32 keys: on 4 warps above 128 channels, on 2 from 32 to 128) and behind keeping the
+16-bit tiles on narrower heads.
 
 The 2026-12-01 shape sweep (RESULTS.md) found float32 problems at head dim 256 forward at 0.5-1 %
 of cuDNN's bfloat16 rate, 3x below float32's own rate at head dim 128: the 16-bit cost model's
@@ -41,6 +42,11 @@ PROBLEMS = [  # (name, batch, spatial, window, options, head_dim, heads, kv_head
     ("1-D 4096, window 255, D=64", 2, (4096,), 255, {}, 64, 8, 8),
     ("2-D 96x96, 21x21 dil 2, D=64", 2, (96, 96), 21, {"dilation": 2}, 64, 8, 8),
     ("2-D 64x64, 13x13, D=32", 2, (64, 64), 13, {}, 32, 8, 8),
+    # Off the earlier list (2026-12-01, second run): narrow heads, and widths that split.
+    ("2-D 56x56, 7x7, D=16", 4, (56, 56), 7, {}, 16, 6, 6),
+    ("3-D 8x28x28, 3x7x7 causal time, D=8", 2, (8, 28, 28), (3, 7, 7), {"causal": (True, False, False)}, 8, 8, 8),
+    ("1-D 6000, window 333 dil 3, GQA 12/4, D=48", 1, (6000,), 333, {"dilation": 3}, 48, 12, 4),
+    ("2-D 70x90, 17x11 stride 2, D=96", 2, (70, 90), (17, 11), {"stride": 2}, 96, 6, 6),
 ]
 # (label, forward settings over the default's): query and key tile tokens, warps.
 FORWARD_CANDIDATES = [
@@ -48,6 +54,7 @@ FORWARD_CANDIDATES = [
     ("16 q / 64 kv, 4 warps", {"queries": 16, "keys": 64, "warps": 4}),
     ("32 q / 32 kv, 4 warps", {"queries": 32, "keys": 32, "warps": 4}),
     ("16 q / 32 kv, 2 warps", {"queries": 16, "keys": 32, "warps": 2}),
+    ("16 q / 32 kv, 1 warp", {"queries": 16, "keys": 32, "warps": 1}),
 ]
 NEEDS = (True, True, True, False, False, False, False)
 

@@ -51,7 +51,7 @@ CASES = {
     # Narrow heads on a small window: one-warp mma.sync forward on 16 queries, 32-token backward.
     "neighbourhood_2d_narrow_small_tiles": (launch, (28, 28), 7, torch.bfloat16, 4, 2, 32, 32, False, 0, {}),
     # float32 (TF32 off: three-part products) at head dim 256 on its own forward tiles
-    # (tiles.EXACT_FLOAT32_WIDE_FORWARD), whose spills test_float32_forward_spills_little checks.
+    # (tiles.EXACT_FLOAT32_FORWARD_TILES), whose spills test_float32_forward_spills_little checks.
     "neighbourhood_2d_float32_hd256_gqa": (launch, (12, 14), (5, 7), torch.float32, 4, 2, 256, 256, False, 0,
                                            dict(dilation=(2, 1))),
     "window_swin_shift_rpb": (window_launch, (14, 14), 7, torch.float16, 3, 3, 32, 32, True, 0, dict(shift=3)),

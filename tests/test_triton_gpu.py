@@ -296,7 +296,7 @@ def test_head_dims(head_dim, value_dim):
     (64, 160, (21, 18), (7, 9), dict(dilation=(1, 2), extra=3)),
 ])
 def test_wide_float32_heads_on_their_own_forward_tiles(head_dim, value_dim, spatial, window, options):
-    """Float32 without TF32 above 128 channels: the default forward on tiles.EXACT_FLOAT32_WIDE_FORWARD
+    """Float32 without TF32 above 128 channels: the default forward on tiles.EXACT_FLOAT32_FORWARD_TILES
     (16 queries, 32 keys, 4 warps), with GQA, the bias, softcap and additional tokens, against
     the oracle; every gradient too."""
     assert not torch.backends.cuda.matmul.allow_tf32

@@ -434,15 +434,26 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
 # default since 2026-11-29) spill on the 16-bit tiles too and keep these (1.2-2.0x faster than on
 # the 16-bit tiles, RESULTS.md "Off-list shapes").
 EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
-# ...and above 128 channels its forward takes (queries, keys, warps) of its own, read by pointer.
+# ...and from 32 channels up its forward takes 16-query / 32-key tiles of its own, read by pointer.
 # The 16-bit cost model's tiles, whose operands three-part products hold twice, spilled 2-2.7 KB a
 # thread on sm_90 at head dims 160-256 once fitted to shared memory (forwards at 3-7 TFLOP/s in the
-# 2026-12-01 shape sweep); these spill 60-250 bytes and ran those forwards 2.2-4.9x faster on an
-# H200, against 1.4-3.0x on 8 warps and 1.2-2.2x on 2 (RESULTS.md, "Float32 forward tiles"). At
-# 32-128 channels the same tiles on 2 warps measured 1.10-1.97x faster than the 16-bit tiles on
-# six problems, but have not yet run the GPU tests of every feature: not the default there yet.
+# 2026-12-01 shape sweep); 16 x 32 on 4 warps spills 60-250 bytes and ran those forwards 2.2-4.9x
+# faster on an H200 (1.4-3.0x on 8 warps, 1.2-2.2x on 2). At 32-128 channels the same tiles on 2
+# warps ran 1.10-1.97x faster than the 16-bit tiles on six problems (RESULTS.md, "Float32 forward
+# tiles"). Narrower heads keep the 16-bit tiles (measured there: see the same section).
 EXACT_FLOAT32_WIDE_HEAD_DIM = 128
-EXACT_FLOAT32_WIDE_FORWARD = (16, 32, 4)
+EXACT_FLOAT32_SMALL_TILE_MIN_HEAD_DIM = 32
+EXACT_FLOAT32_FORWARD_TILES = (16, 32)  # (queries, keys)
+EXACT_FLOAT32_FORWARD_WARPS = {"wide": 4, "mid": 2}  # above / up to EXACT_FLOAT32_WIDE_HEAD_DIM
+
+
+def exact_float32_forward_warps(problem: Problem) -> int:
+    """Warps of the exact-float32 forward's own tiles (EXACT_FLOAT32_FORWARD_TILES), or 0 where
+    the head is too narrow for them and the 16-bit tiles stay."""
+    width = max(problem.head_dim, problem.value_dim)
+    if width < EXACT_FLOAT32_SMALL_TILE_MIN_HEAD_DIM:
+        return 0
+    return EXACT_FLOAT32_FORWARD_WARPS["wide" if width > EXACT_FLOAT32_WIDE_HEAD_DIM else "mid"]
 
 
 @lru_cache(maxsize=1024)
@@ -461,10 +472,10 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
         descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
     pack = packed_pairs(problem, q, kv, descriptors)
-    if exact_float32 and max(problem.head_dim, problem.value_dim) > EXACT_FLOAT32_WIDE_HEAD_DIM:
+    if exact_float32 and exact_float32_forward_warps(problem):
         # One (batch, head) pair a program: packing was measured and GPU-tested on 16-bit inputs.
-        queries, keys, warps = EXACT_FLOAT32_WIDE_FORWARD
-        q, kv = _cheapest_boxes(problem, queries, keys)[1:]
+        warps = exact_float32_forward_warps(problem)
+        q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
         stages, descriptors, pack = 2, False, 1
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
