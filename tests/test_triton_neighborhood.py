@@ -506,28 +506,24 @@ def test_exact_float32_backward_takes_small_tiles(monkeypatch):
         == EXACT_WHERE_PRODUCTS_ARE
 
 
-@pytest.mark.parametrize("head_dim,value_dim", [(160, 64), (48, 256), (128, 64), (32, 16), (16, 24)])
-def test_exact_float32_takes_its_own_forward_tiles(monkeypatch, head_dim, value_dim):
-    """Float32 without tf32 from 32 channels up: the forward takes tiles.EXACT_FLOAT32_FORWARD_TILES
-    (16 queries, 32 keys, by pointer: the 16-bit model's tiles spilled kilobytes a thread at wide
-    heads), on 4 warps above 128 channels and 2 up to 128; narrower heads, or tf32 allowed, keep
-    the 16-bit model's tiles; tuning weighs the exact default; the forward on its tiles matches
-    the oracle; and the launcher asks for the exact default exactly when its products are exact."""
+@pytest.mark.parametrize("head_dim,value_dim,warps", [(160, 64, 4), (48, 256, 4), (128, 64, 2), (80, 96, 2),
+                                                    (64, 16, 1), (8, 24, 1)])
+def test_exact_float32_takes_its_own_forward_tiles(monkeypatch, head_dim, value_dim, warps):
+    """Float32 without tf32: the forward takes tiles.EXACT_FLOAT32_FORWARD_TILES (16 queries, 32
+    keys, by pointer: the 16-bit model's tiles spilled kilobytes a thread at wide heads), on 4
+    warps above 128 channels, 2 from 65 to 128 and 1 up to 64; with tf32 allowed the 16-bit
+    model's tiles stay; tuning weighs the exact default; the forward on its tiles matches the
+    oracle; and the launcher asks for the exact default exactly when its products are exact."""
     gen = torch.Generator().manual_seed(11)
     q, k = (torch.randn(1, 9, 13, 2, head_dim, generator=gen) for _ in range(2))
     v = torch.randn(1, 9, 13, 2, value_dim, generator=gen)
     problem = build_problem(q, k, v, (5, 7), causal=(False, True))
     cfg = tiles.default_config(problem, exact_float32=True)
     fwd, plain = cfg["fwd"], tiles.default_config(problem)["fwd"]
-    width = max(head_dim, value_dim)
-    if width < tiles.EXACT_FLOAT32_SMALL_TILE_MIN_HEAD_DIM:
-        assert fwd == plain
-    else:
-        queries, keys = tiles.EXACT_FLOAT32_FORWARD_TILES
-        warps = 4 if width > tiles.EXACT_FLOAT32_WIDE_HEAD_DIM else 2
-        assert (math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["warps"], fwd["tma"], fwd["pack"]) == (
-            queries, keys, warps, False, 1)
-        assert plain != fwd
+    queries, keys = tiles.EXACT_FLOAT32_FORWARD_TILES
+    assert (math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["warps"], fwd["tma"], fwd["pack"]) == (
+        queries, keys, warps, False, 1)
+    assert plain != fwd
     assert any(c["fwd"] == fwd for c in tiles.candidate_configs(problem))
     inputs = AttentionInputs(q, k, v)
     out, lse = launch.forward(problem, inputs, cfg)

@@ -434,26 +434,24 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
 # default since 2026-11-29) spill on the 16-bit tiles too and keep these (1.2-2.0x faster than on
 # the 16-bit tiles, RESULTS.md "Off-list shapes").
 EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
-# ...and from 32 channels up its forward takes 16-query / 32-key tiles of its own, read by pointer.
-# The 16-bit cost model's tiles, whose operands three-part products hold twice, spilled 2-2.7 KB a
-# thread on sm_90 at head dims 160-256 once fitted to shared memory (forwards at 3-7 TFLOP/s in the
-# 2026-12-01 shape sweep); 16 x 32 on 4 warps spills 60-250 bytes and ran those forwards 2.2-4.9x
-# faster on an H200 (1.4-3.0x on 8 warps, 1.2-2.2x on 2). At 32-128 channels the same tiles on 2
-# warps ran 1.10-1.97x faster than the 16-bit tiles on six problems (RESULTS.md, "Float32 forward
-# tiles"). Narrower heads keep the 16-bit tiles (measured there: see the same section).
-EXACT_FLOAT32_WIDE_HEAD_DIM = 128
-EXACT_FLOAT32_SMALL_TILE_MIN_HEAD_DIM = 32
+# ...and its forward takes 16-query / 32-key tiles of its own, read by pointer, with warps by head
+# width. The 16-bit cost model's tiles, whose operands three-part products hold twice, spilled
+# 2-2.7 KB a thread on sm_90 at head dims 160-256 once fitted to shared memory (forwards at 3-7
+# TFLOP/s in the 2026-12-01 shape sweep); 16 x 32 on 4 warps spills 60-250 bytes and ran those
+# forwards 2.2-4.9x faster on an H200 (1.4-3.0x on 8 warps, 1.2-2.2x on 2). At 96-128 channels 2
+# warps were fastest (1.43-1.98x the 16-bit tiles; one warp 0.45-0.6x of that); at 8-64 one warp
+# (mma.sync, no warpgroup to synchronise on a 16-row tile: 1.08-2.5x the 16-bit tiles on seven
+# problems, 1.08-1.13x two warps). RESULTS.md, "Float32 forward tiles".
 EXACT_FLOAT32_FORWARD_TILES = (16, 32)  # (queries, keys)
-EXACT_FLOAT32_FORWARD_WARPS = {"wide": 4, "mid": 2}  # above / up to EXACT_FLOAT32_WIDE_HEAD_DIM
+EXACT_FLOAT32_WIDE_HEAD_DIM = 128  # above it the forward's warps and extra_kernel_warps go up
+# (up to this many channels, warps), in order
+EXACT_FLOAT32_FORWARD_WARPS = ((64, 1), (EXACT_FLOAT32_WIDE_HEAD_DIM, 2), (math.inf, 4))
 
 
 def exact_float32_forward_warps(problem: Problem) -> int:
-    """Warps of the exact-float32 forward's own tiles (EXACT_FLOAT32_FORWARD_TILES), or 0 where
-    the head is too narrow for them and the 16-bit tiles stay."""
+    """Warps of the exact-float32 forward's own tiles (EXACT_FLOAT32_FORWARD_TILES)."""
     width = max(problem.head_dim, problem.value_dim)
-    if width < EXACT_FLOAT32_SMALL_TILE_MIN_HEAD_DIM:
-        return 0
-    return EXACT_FLOAT32_FORWARD_WARPS["wide" if width > EXACT_FLOAT32_WIDE_HEAD_DIM else "mid"]
+    return next(warps for channels, warps in EXACT_FLOAT32_FORWARD_WARPS if width <= channels)
 
 
 @lru_cache(maxsize=1024)
@@ -472,7 +470,7 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
         descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
     pack = packed_pairs(problem, q, kv, descriptors)
-    if exact_float32 and exact_float32_forward_warps(problem):
+    if exact_float32:
         # One (batch, head) pair a program: packing was measured and GPU-tested on 16-bit inputs.
         warps = exact_float32_forward_warps(problem)
         q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
@@ -621,7 +619,7 @@ def extra_kernel_blocks(problem: Problem, exact_float32: bool = False) -> Tuple[
 def extra_kernel_warps(problem: Problem, exact_float32: bool = False) -> int:
     """Warps of the additional-token dK/dV kernel: 4, or 8 for exact float32 above head dim 128,
     whose CUDA-core products otherwise spill (18 KB of spill stores at 256 on sm_90)."""
-    return 8 if exact_float32 and max(problem.head_dim, problem.value_dim) > 128 else 4
+    return 8 if exact_float32 and max(problem.head_dim, problem.value_dim) > EXACT_FLOAT32_WIDE_HEAD_DIM else 4
 
 
 def shrink_to_fit(problem: Problem, config: Dict, kernel: str, overshoot: int) -> Dict:
