@@ -1,0 +1,143 @@
+"""Backend ``triton`` on float32 without TF32 (three TF32 products): the backward's tiles and warps
+side by side, per kernel, at head dims 8-256.
+
+The exact-float32 backward takes 16-token resident and 32-token streamed tiles
+(tiles.EXACT_FLOAT32_RESIDENT / _STREAM) on the 16-bit rule's warps (4, and 8 above 128
+channels). On the H200 run of 2026-12-01 20:05 UTC it took 4.8-16x its forward's time where
+16-bit backwards take about 2.5-3.5x. Per problem of bench_float32_forward_tiles.PROBLEMS this times
+(CUDA-graph medians, device time) the dQ kernel alone (dQ asked for) and the dK/dV kernel alone
+(dK, dV asked for; the rows' statistics then come from a small torch step, the same for every
+variant) on the default and on each variant of VARIANTS that builds without heavy spills at that
+width (sm_90 compile reports, benchmarks/sm90_compile.py); every variant's gradients are checked
+against the default's (float32, relative 1e-5), the default's against the float64 reference.
+
+    python benchmarks/bench_float32_backward_tiles.py [--only 0,5] [--json FILE] [--compile-only]
+
+``--compile-only`` runs every kernel once, untimed, one process per problem (fills Triton's cache
+so that the timed run that follows compiles nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_float32_forward_tiles import PROBLEMS, rel  # noqa: E402
+
+import haloattn  # noqa: E402
+from haloattn.backend import AttentionInputs  # noqa: E402
+from haloattn.backends.triton import launch, tiles  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
+
+# (resident tokens, streamed tokens, warps) per head width (up to this many channels): the ones
+# whose sm_90 builds spill at most about 100 bytes a thread (more at 256, where every one spills).
+VARIANTS = {
+    32: [(16, 32, 1), (16, 32, 2), (16, 32, 4), (32, 32, 2), (32, 32, 4), (16, 16, 1)],
+    64: [(16, 32, 2), (16, 32, 4), (32, 32, 4), (16, 16, 2)],
+    128: [(16, 32, 4), (16, 32, 8), (16, 16, 4), (16, 16, 8)],
+    256: [(16, 32, 4), (16, 32, 8), (16, 16, 8), (16, 16, 4)],
+}
+DQ_ONLY = (True, False, False, False, False, False, False)
+DKDV_ONLY = (False, True, True, False, False, False, False)
+
+
+def variants_for(width):
+    return next(v for channels, v in sorted(VARIANTS.items()) if width <= channels)
+
+
+def with_backward(problem, base, resident, streamed, warps):
+    """``base`` with both backward kernels on the cheapest boxes of ``resident`` / ``streamed``
+    tokens around the forward's tile shapes, as tiles.default_config fits them."""
+    ext = tiles.group_extents(problem)
+    r, s = tiles.fit(base["fwd"]["q"], ext, resident), tiles.fit(base["fwd"]["kv"], ext, streamed)
+    return tiles.normalise(dict(base, dq=dict(base["dq"], q=r, kv=s, warps=warps),
+                                dkdv=dict(base["dkdv"], q=s, kv=r, warps=warps)), problem)
+
+
+def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, timed=True):
+    torch.manual_seed(0)
+    q = torch.randn(batch, *spatial, heads, D, device="cuda")
+    k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda") for _ in range(2))
+    go = torch.randn_like(q)
+    problem = build_problem(q, k, v, window, **options)
+    inputs = AttentionInputs(q, k, v)
+    default = tiles.default_config(problem, exact_float32=True)
+    out, lse = launch.forward(problem, inputs, default)
+    row = {"problem": name, "default dq": default["dq"], "default dkdv": default["dkdv"]}
+    ref = None
+    if timed:
+        leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        haloattn.attention(*leaves, window, backend="reference", **options).backward(go.double())
+        ref = [t.grad for t in leaves]
+    configs = [("default", default)] + [(f"{r}/{s}/{w}", with_backward(problem, default, r, s, w))
+                                        for r, s, w in variants_for(D)]
+    base_grads = None
+    for label, cfg in configs:
+        dq = launch.backward(problem, inputs, out, lse, go, None, DQ_ONLY, cfg)[0]
+        dk, dv = launch.backward(problem, inputs, out, lse, go, None, DKDV_ONLY, cfg)[1:3]
+        if not timed:
+            continue
+        grads = (dq, dk, dv)
+        if base_grads is None:
+            base_grads = grads
+            row["default error vs float64"] = max(rel(g, r) for g, r in zip(grads, ref))
+        row[f"{label} error"] = max(rel(g, b.double()) for g, b in zip(grads, base_grads))
+        for part, needs in (("dq", DQ_ONLY), ("dkdv", DKDV_ONLY)):
+            row[f"{label} {part} ms"] = do_bench_cudagraph(
+                lambda: launch.backward(problem, inputs, out, lse, go, None, needs, cfg), rep=50,
+                return_mode="median")
+    if timed:
+        row["forward ms"] = do_bench_cudagraph(lambda: launch.forward(problem, inputs, default), rep=50,
+                                               return_mode="median")
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--only", default="", help="comma list of problem indices")
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a compile-only worker
+    args = parser.parse_args()
+    assert not torch.backends.cuda.matmul.allow_tf32, "float32 products must run without TF32 (PyTorch's default)"
+    only = [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
+    if args.one is not None:
+        run_problem(*PROBLEMS[args.one], timed=False)
+        return
+    if args.compile_only:
+        workers = [subprocess.Popen([sys.executable, __file__, "--one", str(i)]) for i in only]
+        sys.exit(max(w.wait() for w in workers))
+    rows = []
+    for i in only:
+        rows.append(run_problem(*PROBLEMS[i]))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    print("| problem | forward ms | default dq / dkdv | dQ ms: default; variants | dK/dV ms: default; variants | "
+          "best backward / default |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        labels = [key[:-6] for key in r if key.endswith(" dq ms")]
+        def cells(part):
+            return "; ".join(f"{l} {r[f'{l} {part} ms']:.3f}" for l in labels)
+        best = min(r[f"{l} dq ms"] for l in labels) + min(r[f"{l} dkdv ms"] for l in labels)
+        default = r["default dq ms"] + r["default dkdv ms"]
+        tiles_cell = (f"{r['default dq']['q']}/{r['default dq']['kv']} {r['default dq']['warps']}w; "
+                      f"{r['default dkdv']['q']}/{r['default dkdv']['kv']} {r['default dkdv']['warps']}w")
+        print(f"| {r['problem']} | {r['forward ms']:.3f} | {tiles_cell} | {cells('dq')} | {cells('dkdv')} | "
+              f"{default / best:.2f}x |")
+        worst = max(v for k, v in r.items() if k.endswith(" error"))
+        print(f"|  (errors: default vs float64 {r['default error vs float64']:.1e}, worst variant vs default {worst:.1e}) |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
