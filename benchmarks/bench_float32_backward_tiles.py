@@ -1,10 +1,10 @@
 """Backend ``triton`` on float32 without TF32 (three TF32 products): the backward's tiles and warps
 side by side, per kernel, at head dims 8-256.
 
-The exact-float32 backward takes 16-token resident and 32-token streamed tiles
-(tiles.EXACT_FLOAT32_RESIDENT / _STREAM) on the 16-bit rule's warps (4, and 8 above 128
-channels). On the H200 run of 2026-12-01 20:05 UTC it took 4.8-16x its forward's time where
-16-bit backwards take about 2.5-3.5x. Per problem of bench_float32_forward_tiles.PROBLEMS this times
+Until 2026-12-01 the exact-float32 backward took 16-token resident and 32-token streamed tiles
+around the 16-bit forward's shapes, on the 16-bit rule's warps (4, and 8 above 128 channels:
+"before"); on the H200 run of 2026-12-01 20:05 UTC it took 4.8-16x its forward's time where
+16-bit backwards take about 2.5-3.5x. Since then tiles.EXACT_FLOAT32_BACKWARD ("default"). Per problem of bench_float32_forward_tiles.PROBLEMS this times
 (CUDA-graph medians, device time) the dQ kernel alone (dQ asked for) and the dK/dV kernel alone
 (dK, dV asked for; the rows' statistics then come from a small torch step, the same for every
 variant) on the default and on each variant of VARIANTS that builds without heavy spills at that
@@ -61,6 +61,19 @@ def with_backward(problem, base, resident, streamed, warps):
                                 dkdv=dict(base["dkdv"], q=s, kv=r, warps=warps)), problem)
 
 
+def before_2026_12_01(problem, base):
+    """``base`` with the exact-float32 backward of before tiles.EXACT_FLOAT32_BACKWARD: 16 resident
+    and 32 streamed tokens fitted to the 16-bit default forward's shapes, on its warps (4; 8
+    above 128 channels)."""
+    plain = tiles.default_config(problem)
+    ext = tiles.group_extents(problem)
+    resident = tiles.fit(plain["fwd"]["q"], ext, tiles.EXACT_FLOAT32_RESIDENT)
+    streamed = tiles.fit(plain["fwd"]["kv"], ext, tiles.EXACT_FLOAT32_STREAM)
+    warps = 8 if tiles.wide_backward(problem) else 4
+    return tiles.normalise(dict(base, dq=dict(base["dq"], q=resident, kv=streamed, warps=warps),
+                                dkdv=dict(base["dkdv"], q=streamed, kv=resident, warps=warps)), problem)
+
+
 def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, timed=True):
     torch.manual_seed(0)
     q = torch.randn(batch, *spatial, heads, D, device="cuda")
@@ -76,8 +89,8 @@ def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, timed
         leaves = [t.double().requires_grad_() for t in (q, k, v)]
         haloattn.attention(*leaves, window, backend="reference", **options).backward(go.double())
         ref = [t.grad for t in leaves]
-    configs = [("default", default)] + [(f"{r}/{s}/{w}", with_backward(problem, default, r, s, w))
-                                        for r, s, w in variants_for(D)]
+    configs = [("default", default), ("before", before_2026_12_01(problem, default))] + [
+        (f"{r}/{s}/{w}", with_backward(problem, default, r, s, w)) for r, s, w in variants_for(D)]
     base_grads = None
     for label, cfg in configs:
         dq = launch.backward(problem, inputs, out, lse, go, None, DQ_ONLY, cfg)[0]
@@ -120,8 +133,8 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
     print("| problem | forward ms | default dq / dkdv | dQ ms: default; variants | dK/dV ms: default; variants | "
-          "best backward / default |")
-    print("|---|---|---|---|---|---|")
+          "before / default | default / best |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         labels = [key[:-6] for key in r if key.endswith(" dq ms")]
         def cells(part):
@@ -130,8 +143,9 @@ def main():
         default = r["default dq ms"] + r["default dkdv ms"]
         tiles_cell = (f"{r['default dq']['q']}/{r['default dq']['kv']} {r['default dq']['warps']}w; "
                       f"{r['default dkdv']['q']}/{r['default dkdv']['kv']} {r['default dkdv']['warps']}w")
+        before = r["before dq ms"] + r["before dkdv ms"]
         print(f"| {r['problem']} | {r['forward ms']:.3f} | {tiles_cell} | {cells('dq')} | {cells('dkdv')} | "
-              f"{default / best:.2f}x |")
+              f"{before / default:.2f}x | {default / best:.2f} |")
         worst = max(v for k, v in r.items() if k.endswith(" error"))
         print(f"|  (errors: default vs float64 {r['default error vs float64']:.1e}, worst variant vs default {worst:.1e}) |")
     if args.json:

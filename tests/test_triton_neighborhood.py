@@ -472,20 +472,45 @@ def defaults_asked_for(monkeypatch, launch_call) -> dict:
     return asked
 
 
+def exact_backward_kernels(problem):
+    """(resident tokens, streamed tokens, warps) of the dQ and dK/dV kernels of the exact-float32
+    default, as tiles.EXACT_FLOAT32_BACKWARD names them."""
+    cfg = tiles.default_config(problem, exact_float32=True)
+    dq, dkdv = cfg["dq"], cfg["dkdv"]
+    return {"dq": (math.prod(dq["q"]), math.prod(dq["kv"]), dq["warps"]),
+            "dkdv": (math.prod(dkdv["kv"]), math.prod(dkdv["q"]), dkdv["warps"])}
+
+
+@pytest.mark.parametrize("head_dim,value_dim,expected", [
+    (16, 8, {"dq": (16, 32, 1), "dkdv": (16, 32, 1)}), (24, 32, {"dq": (16, 32, 2), "dkdv": (16, 32, 4)}),
+    (64, 48, {"dq": (16, 32, 2), "dkdv": (32, 32, 4)}), (128, 96, {"dq": (16, 32, 4), "dkdv": (16, 32, 4)}),
+    (256, 160, {"dq": (16, 32, 4), "dkdv": (16, 16, 4)})])
+def test_exact_float32_backward_tiles_by_width(head_dim, value_dim, expected):
+    """The exact-float32 backward's tiles and warps per kernel follow the head's width (the wider
+    of head and value dims), and its tiles the forward's own shapes."""
+    q = torch.empty(1, 24, 40, 2, head_dim, device="meta")
+    v = torch.empty(1, 24, 40, 2, value_dim, device="meta")
+    problem = build_problem(q, q, v, (9, 13))
+    assert exact_backward_kernels(problem) == expected
+    cfg = tiles.default_config(problem, exact_float32=True)
+    ext = tiles.group_extents(problem)
+    assert cfg["dq"]["q"] == tiles.fit(cfg["fwd"]["q"], ext, expected["dq"][0])
+    assert cfg["dkdv"]["q"] == tiles.fit(cfg["fwd"]["kv"], ext, expected["dkdv"][1])
+
+
 def test_exact_float32_backward_takes_small_tiles(monkeypatch):
     """Float32 without tf32 multiplies as three TF32 products or on CUDA cores, where the
-    backward's 64-token tiles spill: its default keeps 16-token resident and 32-token streamed
-    tiles (and so does the additional-token kernel), and the backward with them is still exact.
-    Under the interpreter the launcher's precision is "interpret", so the test hands that config
-    over itself and checks separately that the launcher asks for it exactly when its precision is
-    "ieee" or "tf32x3"."""
+    backward's 64-token tiles spill: its default takes 16-32-token tiles
+    (tiles.EXACT_FLOAT32_BACKWARD; the additional-token kernel 16-token resident and 32-token
+    streamed ones), and the backward with them is still exact. Under the interpreter the
+    launcher's precision is "interpret", so the test hands that config over itself and checks
+    separately that the launcher asks for it exactly when its precision is "ieee" or "tf32x3"."""
     gen = torch.Generator().manual_seed(8)
     q, k, v, grad = (torch.randn(1, 11, 15, 2, 16, generator=gen) for _ in range(4))
     ak, av = (torch.randn(1, 3, 2, 16, generator=gen) for _ in range(2))
     problem = build_problem(q, k, v, (5, 7), dilation=(1, 2), additional_keys=ak, additional_values=av)
     cfg = tiles.default_config(problem, exact_float32=True)
-    assert math.prod(cfg["dq"]["q"]) == math.prod(cfg["dkdv"]["kv"]) == tiles.EXACT_FLOAT32_RESIDENT
-    assert math.prod(cfg["dq"]["kv"]) == math.prod(cfg["dkdv"]["q"]) == tiles.EXACT_FLOAT32_STREAM
+    assert exact_backward_kernels(problem) == dict(tiles.EXACT_FLOAT32_BACKWARD)[16]
     assert tiles.extra_kernel_blocks(problem, exact_float32=True)[:2] == (tiles.EXACT_FLOAT32_STREAM,
                                                                            tiles.EXACT_FLOAT32_RESIDENT)
     # Tuning weighs it too, so a tuned float32 backward is never slower than the untuned one.

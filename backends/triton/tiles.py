@@ -432,8 +432,23 @@ def _fit_shared(problem: Problem, kernel: str, cfg: Dict, budget: int = None) ->
 # 32-token streamed tiles compile without spills up to head dim 256 and ran the backward
 # 4.9-13.5x faster on the H100 (RESULTS.md, "Exact float32"). Three TF32 products ("tf32x3", the
 # default since 2026-11-29) spill on the 16-bit tiles too and keep these (1.2-2.0x faster than on
-# the 16-bit tiles, RESULTS.md "Off-list shapes").
+# the 16-bit tiles, RESULTS.md "Off-list shapes"). The additional-token kernel keeps these.
 EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
+# Per kernel and head width (up to this many channels): (resident tokens, streamed tokens, warps),
+# around the shapes of the exact forward's own tiles (below). On an H200 (2026-12-01,
+# bench_float32_backward_tiles.py, fourteen problems at head dims 8-256, every gradient checked)
+# these were the fastest timed, against 16 / 32 on the 16-bit rule's warps (4; 8 above 128) fitted
+# to the 16-bit forward's shapes: narrow heads want one warp (the dQ kernel 2.2-3.5x, dK/dV
+# 2.8-4.2x faster at 8-16 channels), 33-64 channels a 2-warp dQ and 32 resident keys on 4 warps
+# (1.11-1.29x), wider heads the forward's shapes (1.02-1.21x) and at 160-256 16 streamed queries
+# in the dK/dV kernel (1.0-1.16x).
+EXACT_FLOAT32_BACKWARD = (
+    (16, {"dq": (16, 32, 1), "dkdv": (16, 32, 1)}),
+    (32, {"dq": (16, 32, 2), "dkdv": (16, 32, 4)}),
+    (64, {"dq": (16, 32, 2), "dkdv": (32, 32, 4)}),
+    (128, {"dq": (16, 32, 4), "dkdv": (16, 32, 4)}),
+    (math.inf, {"dq": (16, 32, 4), "dkdv": (16, 16, 4)}),
+)
 # ...and its forward takes 16-query / 32-key tiles of its own, read by pointer, with warps by head
 # width. The 16-bit cost model's tiles, whose operands three-part products hold twice, spilled
 # 2-2.7 KB a thread on sm_90 at head dims 160-256 once fitted to shared memory (forwards at 3-7
@@ -458,7 +473,7 @@ def exact_float32_forward_warps(problem: Problem) -> int:
 def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     """The heuristic default (see the module docstring). Cached per problem (it is on every
     launch's host path): callers copy before changing it, never change it in place.
-    ``exact_float32``: float32 products without tf32 (see EXACT_FLOAT32_RESIDENT)."""
+    ``exact_float32``: float32 products without tf32 (see EXACT_FLOAT32_BACKWARD)."""
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
@@ -469,12 +484,9 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if descriptors and max(problem.head_dim, problem.value_dim) <= SHORT_WALK_MAX_HEAD_DIM:
         descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
     axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
-    pack = packed_pairs(problem, q, kv, descriptors)
     if exact_float32:
-        # One (batch, head) pair a program: packing was measured and GPU-tested on 16-bit inputs.
-        warps = exact_float32_forward_warps(problem)
-        q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
-        stages, descriptors, pack = 2, False, 1
+        return _exact_float32_config(problem, axis_masks)
+    pack = packed_pairs(problem, q, kv, descriptors)
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
            "pack": pack, "split_heads": SPLIT_HEADS}
@@ -484,12 +496,11 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     # small windows). Larger head dims keep 128 tokens and 8 warps: with 4 warps the float32
     # accumulators (two 64 x D in dK/dV) would not fit in registers.
     small = not wide_backward(problem)
-    resident = fit(backward_q, ext, EXACT_FLOAT32_RESIDENT if exact_float32 else 64 if small else 128)
-    stream = fit(backward_kv, ext, EXACT_FLOAT32_STREAM if exact_float32
-                 else WIDE_SPLIT_STREAM if wide_backward(problem) and splits_heads(problem) else 64)
+    resident = fit(backward_q, ext, 64 if small else 128)
+    stream = fit(backward_kv, ext, WIDE_SPLIT_STREAM if wide_backward(problem) and splits_heads(problem) else 64)
     backward_warps = 4 if small else 8
     # Small tiles where the forward's cost chose them for their fewer pairs.
-    narrow = narrow_key_major(problem, exact_float32) and math.prod(backward_q) < 64
+    narrow = narrow_key_major(problem) and math.prod(backward_q) < 64
     if narrow:
         tokens, streamed, backward_warps = NARROW_BACKWARD_TILES
         resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
@@ -499,8 +510,30 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
              "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
     dq = {"q": resident, "kv": stream, **knobs, "wait_dq": waits_for_dq(problem)}
     dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"])}
-    if narrow_key_major(problem, exact_float32) and not narrow:
+    if narrow_key_major(problem) and not narrow:
         dkdv["warps"] = NARROW_DKDV_WARPS
+    return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
+
+
+def _exact_float32_config(problem: Problem, axis_masks: bool) -> Dict:
+    """default_config for exact float32: the forward on its own tiles (EXACT_FLOAT32_FORWARD_TILES,
+    by pointer, one (batch, head) pair a program: packing was measured and GPU-tested on 16-bit
+    inputs only) and the backward kernels of EXACT_FLOAT32_BACKWARD, fitted around the forward's
+    query and key tile shapes."""
+    ext = group_extents(problem)
+    width = max(problem.head_dim, problem.value_dim)
+    q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
+    fwd = {"q": list(q), "kv": list(kv), "warps": exact_float32_forward_warps(problem), "stages": 2, "tma": False,
+           "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks, "pack": 1,
+           "split_heads": SPLIT_HEADS}
+    per_kernel = next(kernels for channels, kernels in EXACT_FLOAT32_BACKWARD if width <= channels)
+    knobs = {"stages": 2, "tma": False, "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
+    resident, streamed, warps = per_kernel["dq"]
+    dq = {"q": fit(fwd["q"], ext, resident), "kv": fit(fwd["kv"], ext, streamed), **knobs, "warps": warps,
+          "wait_dq": waits_for_dq(problem)}
+    resident, streamed, warps = per_kernel["dkdv"]
+    dkdv = {"q": fit(fwd["kv"], ext, streamed), "kv": fit(fwd["q"], ext, resident), **knobs, "warps": warps,
+            "wait_dk": waits_for_dk(problem, False)}
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
 
 
@@ -523,11 +556,11 @@ def jvp_tiles(problem: Problem, dq: Dict) -> Dict:
     return _fit_shared(problem, "jvp", dq)
 
 
-def narrow_key_major(problem: Problem, exact_float32: bool = False) -> bool:
+def narrow_key_major(problem: Problem) -> bool:
     """Whether the backward takes the narrow-head rules (NARROW_DKDV_WARPS on 64-token dK/dV
     tiles, NARROW_BACKWARD_TILES where the forward took small ones): 16-bit products on heads of
-    at most NARROW_HEAD_DIM channels."""
-    return not exact_float32 and narrow_16bit(problem)
+    at most NARROW_HEAD_DIM channels (exact float32 has EXACT_FLOAT32_BACKWARD)."""
+    return narrow_16bit(problem)
 
 
 def candidate_configs(problem: Problem) -> List[Dict]:
