@@ -10,7 +10,7 @@ query and key boxes ``tiles.forward_cost`` finds cheapest for those sizes; then 
 backward and backwards whose resident tiles have 16 or 32 tokens. Each output and gradient is
 checked against the default's.
 
-    python benchmarks/bench_small_query_tiles.py [--only 0,2] [--json FILE] [--markdown FILE]
+    python benchmarks/bench_small_query_tiles.py [--only 0,2] [--small-windows] [--json FILE] [--markdown FILE]
 
 ``--compile-only`` runs each config once without timing: several such processes side by side
 fill Triton's cache, so that the timed run after them compiles nothing.
@@ -77,6 +77,25 @@ RULE_PROBLEMS = [
 ]
 
 
+# Small windows at head dims of 64 and more, where 64-query tiles compute 4-12 pairs per attended
+# one (2026-12-01 shape sweep, #49 and #54) and the small tiles were never timed: ``--small-windows``
+# times these with SMALL_WINDOW_VARIANTS / SMALL_WINDOW_BACKWARD_VARIANTS.
+SMALL_WINDOW_PROBLEMS = [
+    ("2-D 117x114, 5x3, 12x80, batch 3 (sweep #54)", 3, (117, 114), 12, 80, (5, 3), {}),
+    ("2-D 64x64, 3x3, 8x128, batch 8", 8, (64, 64), 8, 128, 3, {}),
+    ("3-D 8x24x24, 3x3x3, 8x64, batch 4", 4, (8, 24, 24), 8, 64, 3, {}),
+    ("1-D 8192, window 15, 8x128, batch 4", 4, (8192,), 8, 128, 15, {}),
+    ("2-D 105x146, 7x7 dil 2x1 stride 2, 6x256, batch 4 (sweep #49)", 4, (105, 146), 6, 256, 7,
+     {"dilation": (2, 1), "stride": 2}),
+    ("2-D 56x56, 7x7, 8x64, batch 16", 16, (56, 56), 8, 64, 7, {}),
+    ("2-D 32x32, 5x5, 4x256, batch 8", 8, (32, 32), 4, 256, 5, {}),
+    ("3-D 16x16x16, 3x5x5, 8x128, batch 2", 2, (16, 16, 16), 8, 128, (3, 5, 5), {}),
+]
+SMALL_WINDOW_VARIANTS = [(16, 32, 1, 3), (16, 32, 2, 3), (16, 64, 2, 3), (32, 32, 2, 3), (32, 64, 2, 3),
+                         (32, 64, 4, 3)]
+SMALL_WINDOW_BACKWARD_VARIANTS = [(16, 32, 2), (32, 32, 2), (32, 64, 2), (32, 64, 4)]
+
+
 def wide_default(problem):
     """The default config as it was before the narrow-head small tiles (tiles.NARROW_*): no small
     forward blocks, no small backward tiles, and packable walks on the wide forward's own block
@@ -122,7 +141,8 @@ def largest_difference(a, b) -> float:
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b) if x is not None)
 
 
-def time_problem(name, batch, spatial, heads, dim, window, options, compile_only=False):
+def time_problem(name, batch, spatial, heads, dim, window, options, compile_only=False, variants=None,
+                 backward_variants=None):
     q, k, v = (torch.randn(batch, *spatial, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     problem = build_problem(q, k, v, window, **options)
     inputs = AttentionInputs(q, k, v)
@@ -131,7 +151,7 @@ def time_problem(name, batch, spatial, heads, dim, window, options, compile_only
     measure = (lambda r, key, fn: fn()) if compile_only else bench_graph
     measure(row, "fwd_default", lambda: launch.forward(problem, inputs, default))
     out, lse = launch.forward(problem, inputs, default)
-    for queries, keys, warps, stages in VARIANTS:
+    for queries, keys, warps, stages in variants or VARIANTS:
         key = f"fwd_{queries}x{keys}_w{warps}_s{stages}"
         config = forward_variant(problem, default, queries, keys, warps, stages)
         row[key + "_tiles"] = [config["fwd"]["q"], config["fwd"]["kv"], config["fwd"]["pack"]]
@@ -145,7 +165,7 @@ def time_problem(name, batch, spatial, heads, dim, window, options, compile_only
 
     measure(row, "bwd_default", lambda: backward(default))
     grads = backward(default)
-    for resident, streamed, warps in BACKWARD_VARIANTS:
+    for resident, streamed, warps in backward_variants or BACKWARD_VARIANTS:
         key = f"bwd_{resident}x{streamed}_w{warps}"
         config = backward_variant(problem, default, resident, streamed, warps)
         row[key + "_tiles"] = [config["dq"]["q"], config["dq"]["kv"]]
@@ -172,9 +192,13 @@ def main() -> None:
     parser.add_argument("--markdown")
     args = parser.parse_args()
     torch.manual_seed(0)
-    problems = PROBLEMS + RULE_PROBLEMS if args.rule else PROBLEMS
+    problems = PROBLEMS + RULE_PROBLEMS if args.rule else SMALL_WINDOW_PROBLEMS if args.small_windows else PROBLEMS
     indices = [int(i) for i in args.only.split(",")] if args.only else range(len(problems))
     timer = time_rule if args.rule else time_problem
+    if args.small_windows:
+        def timer(*spec, compile_only=False):
+            return time_problem(*spec, compile_only=compile_only, variants=SMALL_WINDOW_VARIANTS,
+                                backward_variants=SMALL_WINDOW_BACKWARD_VARIANTS)
     rows = [timer(*problems[i], compile_only=args.compile_only) for i in indices]
     if args.compile_only:
         return
