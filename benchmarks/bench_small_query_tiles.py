@@ -188,6 +188,8 @@ def main() -> None:
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--rule", action="store_true",
                         help="the default against the default before the narrow-head rule, on PROBLEMS + RULE_PROBLEMS")
+    parser.add_argument("--small-windows", action="store_true",
+                        help="SMALL_WINDOW_PROBLEMS (head dims 64-256) with their own variants")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
