@@ -349,6 +349,30 @@ def test_float32_forward_on_its_own_small_tiles(head_dim, value_dim, spatial, wi
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,value_dim,spatial,window,options", [
+    (80, 80, (41, 38), (5, 3), {}),
+    (128, 64, (300,), 15, dict(causal=True)),
+    (256, 256, (21, 30), 7, dict(dilation=(2, 1), stride=2)),
+    (64, 96, (6, 12, 12), 3, dict(causal=(True, False, False))),
+])
+def test_small_windows_on_wider_heads(dtype, head_dim, value_dim, spatial, window, options):
+    """16-bit small windows above 32 channels, whose backward takes tiles.SMALL_WINDOW_BACKWARD_TILES
+    (16 / 32 tokens on 2 warps): every gradient, the bias's too, against the oracle."""
+    from haloattn.backends.triton import tiles
+    from haloattn.problem import build_problem
+
+    q = torch.empty(2, *spatial, 4, head_dim, device="cuda", dtype=dtype)
+    v = torch.empty(2, *spatial, 2, value_dim, device="cuda", dtype=dtype)
+    k = torch.empty(2, *spatial, 2, head_dim, device="cuda", dtype=dtype)
+    cfg = tiles.default_config(build_problem(q, k, v, window, **options))
+    assert cfg["dq"]["warps"] == tiles.SMALL_WINDOW_BACKWARD_TILES[2] and not cfg["dq"]["tma"], cfg["dq"]
+    check_against_oracle(spatial, window, dtype=dtype, device="cuda", head_dim=head_dim, value_dim=value_dim,
+                         batch=2, heads=4, kv_heads=2, rpb=True, **options)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("head_dim,value_dim", [(72, 72), (80, 48), (144, 64), (80, 160)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

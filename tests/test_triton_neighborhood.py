@@ -402,6 +402,52 @@ def test_narrow_heads_take_small_tiles_on_small_windows():
         assert wide["fwd"]["warps"] >= 4, (head_dim, dtype)
 
 
+@pytest.mark.parametrize("spatial,window,head_dim,small", [
+    ((117, 114), (5, 3), 80, True), ((64, 64), 3, 128, True), ((8192,), 15, 128, True),
+    ((32, 32), 5, 256, True), ((56, 56), 7, 64, False), ((16, 16, 16), (3, 5, 5), 128, False),
+    ((128, 128), 31, 128, False), ((16, 48, 48), (7, 15, 15), 128, False), ((56, 56), 7, 32, False)])
+def test_small_windows_on_wider_heads_take_small_backward_tiles(spatial, window, head_dim, small):
+    """16-bit heads wider than 32 channels on small windows: the backward takes
+    tiles.SMALL_WINDOW_BACKWARD_TILES (16 resident / 32 streamed tokens, 2 warps, by pointer)
+    where the default's tiles cost SMALL_WINDOW_BACKWARD_RATIO times theirs, as on the measured
+    winners; the measured losers, the benchmark's large windows and narrow heads (their own rule)
+    keep theirs; the forward keeps its tiles either way."""
+    q = torch.empty(2, *spatial, 4, head_dim, dtype=torch.bfloat16, device="meta")
+    problem = build_problem(q, q, q, window)
+    cfg = tiles.default_config(problem)
+    tokens, streamed, warps = tiles.SMALL_WINDOW_BACKWARD_TILES
+    taken = [(math.prod(cfg[k]["kv" if k == "dkdv" else "q"]), math.prod(cfg[k]["q" if k == "dkdv" else "kv"]),
+              cfg[k]["warps"], cfg[k]["tma"]) for k in ("dq", "dkdv")]
+    if small:
+        assert taken == [(tokens, streamed, warps, False)] * 2
+        assert not cfg["dkdv"]["wait_dk"]
+    else:
+        assert all(t[2] != warps or t[0] != tokens for t in taken) or head_dim <= tiles.NARROW_HEAD_DIM
+    assert math.prod(cfg["fwd"]["q"]) >= 16
+
+
+def test_small_window_backward_tiles_are_exact():
+    """The backward on tiles.SMALL_WINDOW_BACKWARD_TILES (a 3x3 window at 64 channels takes them)
+    against the oracle, with GQA and the bias's gradient."""
+    gen = torch.Generator().manual_seed(21)
+    q = torch.randn(1, 12, 14, 4, 64, generator=gen)
+    k, v = (torch.randn(1, 12, 14, 2, 64, generator=gen) for _ in range(2))
+    rpb, grad = torch.randn(4, 5, 5, generator=gen), torch.randn(1, 12, 14, 4, 64, generator=gen)
+    problem = build_problem(q.bfloat16(), k.bfloat16(), v.bfloat16(), 3, rpb=rpb)
+    cfg = tiles.default_config(problem)
+    assert cfg["dq"]["warps"] == tiles.SMALL_WINDOW_BACKWARD_TILES[2], cfg["dq"]
+    problem = build_problem(q, k, v, 3, rpb=rpb)  # float32 data on the 16-bit problem's tiles
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v, rpb)]
+    ref, _ = oracle.attention(*leaves[:3], 3, rpb=leaves[3])
+    ref_grads = torch.autograd.grad(ref, leaves, grad.double())
+    inputs = AttentionInputs(q, k, v, rpb)
+    out, lse = launch.forward(problem, inputs, cfg)
+    needs = (True, True, True, True, False, False, False)
+    grads = [g for g in launch.backward(problem, inputs, out, lse, grad, None, needs, cfg) if g is not None]
+    for g, rg in zip(grads, ref_grads):
+        assert oracle.rel_error(g, rg) <= 1e-5
+
+
 def test_every_tuning_candidate_runs_forward_correctly():
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 9, 10, 2, 16, generator=gen) for _ in range(3))
