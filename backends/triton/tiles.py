@@ -465,9 +465,9 @@ EXACT_FLOAT32_BACKWARD = (
 # 2-2.7 KB a thread on sm_90 at head dims 160-256 once fitted to shared memory (forwards at 3-7
 # TFLOP/s in the 2026-12-01 shape sweep); 16 x 32 on 4 warps spills 60-250 bytes and ran those
 # forwards 2.2-4.9x faster on an H200 (1.4-3.0x on 8 warps, 1.2-2.2x on 2). At 96-128 channels 2
-# warps were fastest (1.43-1.98x the 16-bit tiles; one warp 0.45-0.6x of that); at 8-64 one warp
-# (mma.sync, no warpgroup to synchronise on a 16-row tile: 1.08-2.5x the 16-bit tiles on seven
-# problems, 1.08-1.13x two warps). RESULTS.md, "Float32 forward tiles".
+# warps were fastest (1.43-1.98x the 16-bit tiles on four problems; one warp ran at 0.41-0.46x of
+# two); at 8-64 one warp (mma.sync, no warpgroup to synchronise on a 16-row tile: 1.24-2.52x the
+# 16-bit tiles on six problems, 1.08-1.56x two warps). RESULTS.md, "Float32 tiles at every width".
 EXACT_FLOAT32_FORWARD_TILES = (16, 32)  # (queries, keys)
 EXACT_FLOAT32_WIDE_HEAD_DIM = 128  # above it the forward's warps and extra_kernel_warps go up
 # (up to this many channels, warps), in order
