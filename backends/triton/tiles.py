@@ -448,11 +448,12 @@ EXACT_FLOAT32_RESIDENT, EXACT_FLOAT32_STREAM = 16, 32
 # Per kernel and head width (up to this many channels): (resident tokens, streamed tokens, warps),
 # around the shapes of the exact forward's own tiles (below). On an H200 (2026-12-01,
 # bench_float32_backward_tiles.py, fourteen problems at head dims 8-256, every gradient checked)
-# these were the fastest timed, against 16 / 32 on the 16-bit rule's warps (4; 8 above 128) fitted
-# to the 16-bit forward's shapes: narrow heads want one warp (the dQ kernel 2.2-3.5x, dK/dV
-# 2.8-4.2x faster at 8-16 channels), 33-64 channels a 2-warp dQ and 32 resident keys on 4 warps
-# (1.11-1.29x), wider heads the forward's shapes (1.02-1.21x) and at 160-256 16 streamed queries
-# in the dK/dV kernel (1.0-1.16x).
+# these were the fastest timed, or within 2 % (18 % at 8 channels, where 16 / 16 won), against
+# the rule of before (16 / 32 around the 16-bit forward's shapes, on 4 warps; 8 above 128):
+# one warp at 8-16 channels (dQ 2.0-3.4x, dK/dV 2.8-4.1x, the backward 2.5-3.9x faster), a 2-warp
+# dQ and 32 resident keys on 4 warps at 33-64 (1.12-1.23x), the forward's shapes at 65-128
+# (1.00-1.11x) and 16 streamed queries in the dK/dV kernel above 128 (1.00-1.16x). RESULTS.md,
+# "Float32 tiles at every width".
 EXACT_FLOAT32_BACKWARD = (
     (16, {"dq": (16, 32, 1), "dkdv": (16, 32, 1)}),
     (32, {"dq": (16, 32, 2), "dkdv": (16, 32, 4)}),
