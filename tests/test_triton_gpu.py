@@ -349,6 +349,28 @@ def test_float32_forward_on_its_own_small_tiles(head_dim, value_dim, spatial, wi
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("head_dim,value_dim,spatial,window,options", [
+    (16, 16, (20, 23), (7, 5), dict(dilation=(2, 1))),
+    (64, 48, (90,), 21, dict(causal=True, stride=2)),
+    (128, 128, (5, 9, 11), (3, 5, 3), {}),
+    (256, 192, (13, 19), (5, 7), dict(causal=(False, True), extra=3)),
+])
+def test_float32_on_cuda_cores(monkeypatch, head_dim, value_dim, spatial, window, options):
+    """Float32 without TF32 with HALOATTN_TRITON_FLOAT32=ieee (CUDA-core products, not three TF32
+    ones) on the exact-float32 tiles (tiles.EXACT_FLOAT32_FORWARD_TILES and EXACT_FLOAT32_BACKWARD,
+    chosen on tf32x3 timings, at 16-256 channels): output, LSE and every gradient against the
+    oracle."""
+    from haloattn.backends.triton import launch
+
+    assert not torch.backends.cuda.matmul.allow_tf32
+    monkeypatch.setenv(launch.FLOAT32_PRODUCTS_ENV, "ieee")
+    assert launch._precision(torch.float32) == "ieee"
+    check_against_oracle(spatial, window, dtype=torch.float32, device="cuda", head_dim=head_dim,
+                         value_dim=value_dim, heads=4, kv_heads=2, rpb=True, **options)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim,value_dim,spatial,window,options", [
     (80, 80, (41, 38), (5, 3), {}),
