@@ -29,12 +29,11 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_float32_forward_tiles import PROBLEMS, rel  # noqa: E402
+from bench_float32_forward_tiles import (PROBLEMS, float32_arguments, problem_inputs, rel,  # noqa: E402
+                                         selected_problems, timed_rows)
 
 import haloattn  # noqa: E402
-from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import launch, tiles  # noqa: E402
-from haloattn.problem import build_problem  # noqa: E402
 
 # (resident tokens, streamed tokens, warps) per head width (up to this many channels): the ones
 # whose sm_90 builds spill at most about 100 bytes a thread (more at 256, where every one spills).
@@ -75,12 +74,7 @@ def before_2026_12_01(problem, base):
 
 
 def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, timed=True):
-    torch.manual_seed(0)
-    q = torch.randn(batch, *spatial, heads, D, device="cuda")
-    k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda") for _ in range(2))
-    go = torch.randn_like(q)
-    problem = build_problem(q, k, v, window, **options)
-    inputs = AttentionInputs(q, k, v)
+    q, k, v, go, problem, inputs = problem_inputs(batch, spatial, window, options, D, heads, kv_heads)
     default = tiles.default_config(problem, exact_float32=True)
     out, lse = launch.forward(problem, inputs, default)
     row = {"problem": name, "default dq": default["dq"], "default dkdv": default["dkdv"]}
@@ -113,25 +107,18 @@ def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, timed
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json")
-    parser.add_argument("--only", default="", help="comma list of problem indices")
+    parser = float32_arguments(__doc__)
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a compile-only worker
     args = parser.parse_args()
-    assert not torch.backends.cuda.matmul.allow_tf32, "float32 products must run without TF32 (PyTorch's default)"
-    only = [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
+    only = selected_problems(args)
     if args.one is not None:
         run_problem(*PROBLEMS[args.one], timed=False)
         return
     if args.compile_only:
         workers = [subprocess.Popen([sys.executable, __file__, "--one", str(i)]) for i in only]
         sys.exit(max(w.wait() for w in workers))
-    rows = []
-    for i in only:
-        rows.append(run_problem(*PROBLEMS[i]))
-        print(json.dumps(rows[-1]), flush=True)
-        torch.cuda.empty_cache()
+    rows = timed_rows(run_problem, only)
     print("| problem | forward ms | default dq / dkdv | dQ ms: default; variants | dK/dV ms: default; variants | "
           "before / default | default / best |")
     print("|---|---|---|---|---|---|---|")

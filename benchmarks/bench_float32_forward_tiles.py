@@ -71,13 +71,17 @@ def with_forward(problem, base, queries, keys, warps):
     return tiles.normalise(dict(base, fwd=fwd), problem)
 
 
-def run_problem(name, batch, spatial, window, options, D, heads, kv_heads):
+def problem_inputs(batch, spatial, window, options, D, heads, kv_heads):
+    """Seeded float32 q, k, v and an output gradient on the GPU, with their problem and inputs."""
     torch.manual_seed(0)
     q = torch.randn(batch, *spatial, heads, D, device="cuda")
     k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda") for _ in range(2))
-    go = torch.randn_like(q)
     problem = build_problem(q, k, v, window, **options)
-    inputs = AttentionInputs(q, k, v)
+    return q, k, v, torch.randn_like(q), problem, AttentionInputs(q, k, v)
+
+
+def run_problem(name, batch, spatial, window, options, D, heads, kv_heads):
+    q, k, v, go, problem, inputs = problem_inputs(batch, spatial, window, options, D, heads, kv_heads)
     ref = haloattn.attention(q.double(), k.double(), v.double(), window, backend="reference", **options)
     default = tiles.default_config(problem, exact_float32=True)
     row = {"problem": name, "default fwd": default["fwd"]}
@@ -100,18 +104,34 @@ def run_problem(name, batch, spatial, window, options, D, heads, kv_heads):
     return row
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def float32_arguments(doc: str) -> argparse.ArgumentParser:
+    """The float32 tile benches' common options (--json, --only)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json")
     parser.add_argument("--only", default="", help="comma list of problem indices")
-    args = parser.parse_args()
+    return parser
+
+
+def selected_problems(args) -> list:
+    """Indices of PROBLEMS that --only names (all by default), once float32 products are known
+    to run without TF32."""
     assert not torch.backends.cuda.matmul.allow_tf32, "float32 products must run without TF32 (PyTorch's default)"
-    only = [int(i) for i in args.only.split(",") if i] or range(len(PROBLEMS))
+    return [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
+
+
+def timed_rows(run, indices) -> list:
+    """``run(*PROBLEMS[i])`` for each index, each row printed as JSON as it comes."""
     rows = []
-    for spec in (PROBLEMS[i] for i in only):
-        rows.append(run_problem(*spec))
+    for i in indices:
+        rows.append(run(*PROBLEMS[i]))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    args = float32_arguments(__doc__).parse_args()
+    rows = timed_rows(run_problem, selected_problems(args))
     labels = ["default", "16-bit tiles"] + [label for label, _ in FORWARD_CANDIDATES]
     print("| problem | default fwd tiles | " + " | ".join(f"{l} fwd ms (error)" for l in labels)
           + " | default bwd ms | dense fp32 SDPA fwd ms |")

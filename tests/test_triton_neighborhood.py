@@ -459,6 +459,34 @@ def test_every_tuning_candidate_runs_forward_correctly():
         assert (lse.double() - ref_lse).abs().max() <= 1e-4, config
 
 
+def test_small_window_tuning_candidates_run_correctly():
+    """Small windows above 32 channels: the tuning candidates include the small forward tiles
+    (tiles.SMALL_TILE_FORWARD_CANDIDATES) and backwards (SMALL_TILE_BACKWARD_CANDIDATES); every
+    one of them matches the oracle, forward and backward; a large window offers none."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, grad = (torch.randn(1, 10, 12, 2, 48, generator=gen) for _ in range(4))
+    problem = build_problem(q, k, v, 3, causal=(True, False))
+    base = tiles.default_config(problem)
+    small = [c for c in tiles.candidate_configs(problem) if c in tiles._small_tile_candidates(problem, base)]
+    warps = {(math.prod(c["fwd"]["q"]), c["fwd"]["warps"]) for c in small if c["fwd"] != base["fwd"]}
+    assert {(16, 1), (16, 2), (32, 4)} <= warps
+    assert {c["dq"]["warps"] for c in small if c["dq"] != base["dq"]} == {2}
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref, ref_lse = oracle.attention(*leaves, 3, causal=(True, False))
+    ref_grads = torch.autograd.grad(ref, leaves, grad.double())
+    inputs = AttentionInputs(q, k, v)
+    needs = (True, True, True, False, False, False, False)
+    for config in small:
+        out, lse = launch.forward(problem, inputs, config)
+        assert oracle.rel_error(out, ref.detach()) <= 1e-5, config["fwd"]
+        grads = [g for g in launch.backward(problem, inputs, out, lse, grad, None, needs, config) if g is not None]
+        for g, rg in zip(grads, ref_grads):
+            assert oracle.rel_error(g, rg) <= 1e-5, (config["dq"], config["dkdv"])
+    big = torch.empty(1, 64, 64, 2, 48, device="meta", dtype=torch.bfloat16)
+    large = build_problem(big, big, big, 31)
+    assert tiles._small_tile_candidates(large, tiles.default_config(large)) == []
+
+
 def test_every_tuning_candidate_runs_backward_correctly():
     gen = torch.Generator().manual_seed(4)
     q, k, v, grad = (torch.randn(1, 9, 10, 2, 16, generator=gen) for _ in range(4))

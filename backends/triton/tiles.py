@@ -124,6 +124,14 @@ NARROW_SHORT_WALK_BLOCK = ((32, 64), (2, 3))
 # small ones gained only 1.0-1.29x there, and no one shape won.
 SMALL_WINDOW_BACKWARD_TILES = (16, 32, 2)
 SMALL_WINDOW_BACKWARD_RATIO = 2.25
+# Tuning candidates on small windows above NARROW_HEAD_DIM: the small forwards (queries, keys,
+# warps, stages) that won there, 1.03-1.30x, each on a problem of its own, and the 32 / 32-token
+# two-warp backward (resident, streamed, warps) that won 1.57x on a 5x3 window at 80 channels;
+# offered where the default forward costs at least SMALL_TILE_CANDIDATE_RATIO times the cheapest
+# 16 x 32 boxes (forward_cost), so that large windows' tuning runs time none of them.
+SMALL_TILE_FORWARD_CANDIDATES = ((16, 32, 1, 3), (16, 32, 2, 3), (16, 64, 2, 3), (32, 64, 4, 3))
+SMALL_TILE_BACKWARD_CANDIDATES = (SMALL_WINDOW_BACKWARD_TILES, (32, 32, 2))
+SMALL_TILE_CANDIDATE_RATIO = 1.5
 
 # Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
 # PACK_MAX (batch, head) pairs in one flat loop, as long as the launch keeps PACK_MIN_WAVES
@@ -613,6 +621,7 @@ def candidate_configs(problem: Problem) -> List[Dict]:
             if fwd != base["fwd"]:
                 out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
             pack *= 2
+    out.extend(_small_tile_candidates(problem, base))
     out.append(dict(base, fwd=dict(base["fwd"], lazy_rescale=not base["fwd"]["lazy_rescale"])))
     out.append(dict(base, fwd=dict(base["fwd"], axis_masks=not base["fwd"]["axis_masks"])))
     # Backward: resident tiles of 32 tokens (one warp: 1.22x the default backward on 7x7, D=32),
@@ -648,6 +657,32 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         wide = dict(base["dkdv"], kv=fit(base["dkdv"]["kv"], ext, 128), warps=8)
         for dkdv in (base["dkdv"], wide):
             out.append(dict(base, dkdv=_fit_shared(problem, "dkdv", dict(dkdv, atomic_dq=True))))
+    return out
+
+
+def _small_tile_candidates(problem: Problem, base: Dict) -> List[Dict]:
+    """``base`` with each of SMALL_TILE_FORWARD_CANDIDATES' forwards and
+    SMALL_TILE_BACKWARD_CANDIDATES' backwards on the cheapest boxes of their sizes, by pointer,
+    where SMALL_TILE_CANDIDATE_RATIO says the window is small enough for them; none otherwise."""
+    if max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM:
+        return []  # narrow heads: NARROW_FORWARD_BLOCKS and the candidates above
+    if forward_cost(problem, base["fwd"]["q"], base["fwd"]["kv"], 1.0) < (
+            SMALL_TILE_CANDIDATE_RATIO * _cheapest_boxes(problem, 16, 32)[0]):
+        return []
+    out = []
+    for queries, keys, warps, stages in SMALL_TILE_FORWARD_CANDIDATES:
+        q, kv = _cheapest_boxes(problem, queries, keys)[1:]
+        fwd = dict(base["fwd"], q=list(q), kv=list(kv), warps=warps, stages=stages, tma=False,
+                   pack=packed_pairs(problem, q, kv, False))
+        if fwd != base["fwd"]:
+            out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
+    for tokens, streamed, warps in SMALL_TILE_BACKWARD_CANDIDATES:
+        resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
+        knobs = dict(warps=warps, stages=2, tma=False)
+        dq = dict(base["dq"], q=resident, kv=stream, **knobs)
+        dkdv = dict(base["dkdv"], q=stream, kv=resident, **knobs, wait_dk=False)
+        if dq != base["dq"]:
+            out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
     return out
 
 
