@@ -34,6 +34,8 @@ ARCH_CASES = (
     "neighbourhood_2d_causal_hd192_dv64",
     "neighbourhood_2d_split_heads_hd160_dv80",
     "neighbourhood_2d_narrow_small_tiles",
+    "neighbourhood_3d_float32_hd16_causal_rpb",
+    "neighbourhood_2d_small_window_hd256_rpb",
     "window_swin_shift_rpb",
     "window_12x12_long",
     "window_8x8_float32_hd64",

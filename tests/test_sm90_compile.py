@@ -54,6 +54,12 @@ CASES = {
     # (tiles.EXACT_FLOAT32_FORWARD_TILES), whose spills test_float32_forward_spills_little checks.
     "neighbourhood_2d_float32_hd256_gqa": (launch, (12, 14), (5, 7), torch.float32, 4, 2, 256, 256, False, 0,
                                            dict(dilation=(2, 1))),
+    # float32 at 8-16 channels: one-warp forward and backward (tiles.EXACT_FLOAT32_BACKWARD), causal in time.
+    "neighbourhood_3d_float32_hd16_causal_rpb": (launch, (4, 9, 10), (3, 3, 5), torch.float32, 4, 2, 16, 8, True, 0,
+                                                 dict(causal=(True, False, False))),
+    # A small window at head dim 256: the backward on 16 / 32-token two-warp tiles
+    # (tiles.SMALL_WINDOW_BACKWARD_TILES), with the bias's gradient.
+    "neighbourhood_2d_small_window_hd256_rpb": (launch, (16, 18), 5, torch.bfloat16, 4, 2, 256, 256, True, 0, {}),
     "window_swin_shift_rpb": (window_launch, (14, 14), 7, torch.float16, 3, 3, 32, 32, True, 0, dict(shift=3)),
     "window_3d_dilated_causal_gqa_softcap": (window_launch, (4, 8, 8), (2, 2, 4), torch.float32, 4, 2, 30, 16,
                                              True, 0, dict(dilation=(1, 2, 2), causal=(True, False, False),
