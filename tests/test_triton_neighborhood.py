@@ -405,6 +405,7 @@ def test_narrow_heads_take_small_tiles_on_small_windows():
 @pytest.mark.parametrize("spatial,window,head_dim,small", [
     ((117, 114), (5, 3), 80, True), ((64, 64), 3, 128, True), ((8192,), 15, 128, True),
     ((32, 32), 5, 256, True), ((56, 56), 7, 64, False), ((16, 16, 16), (3, 5, 5), 128, False),
+    ((64, 64), 13, 192, False), ((16, 32, 32), (5, 9, 9), 160, False),
     ((128, 128), 31, 128, False), ((16, 48, 48), (7, 15, 15), 128, False), ((56, 56), 7, 32, False)])
 def test_small_windows_on_wider_heads_take_small_backward_tiles(spatial, window, head_dim, small):
     """16-bit heads wider than 32 channels on small windows: the backward takes

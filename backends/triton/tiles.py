@@ -117,11 +117,12 @@ NARROW_SHORT_WALK_BLOCK = ((32, 64), (2, 3))
 # Small windows on wider heads: the backward's 64-token tiles compute 4-21 pairs per attended one
 # on windows of 3x3 to 7x7 (5x3 at 80 channels: 12.4). Tiles of (resident, streamed, warps) below,
 # read by pointer, compute 2-4x fewer: on an H200 (2026-12-01, bench_small_query_tiles.py
-# --small-windows; RESULTS.md "Small windows on wider heads") they ran the backward 1.13-1.58x
-# faster on the six problems at head dims 64-256 where the default tiles (before shared-memory
-# fitting) cost 2.29-4.29 times theirs (forward_cost), and 1.02x and 0.74x on the two where that
-# ratio was 2.01 and 1.92 (7x7 at 64 channels; 3-D 3x5x5 at 128). The forward keeps its tiles:
-# small ones gained only 1.0-1.29x there, and no one shape won.
+# --small-windows; RESULTS.md "Small windows on wider heads") they ran the backward 1.14-1.58x
+# faster on the five problems at head dims 64-256 where the default's tiles (as fitted to shared
+# memory) cost 2.29-4.00 times theirs (forward_cost), and 1.20x, 1.02x and 0.74x on the three
+# where that ratio was 2.14, 2.01 and 1.92 (7x7 dilated and strided at 256 channels, 7x7 at 64,
+# 3-D 3x5x5 at 128). 13x13 windows (1.82-1.85) and the tuned 3-D 5x9x9 at 160 channels (2.21)
+# stay below it. The forward keeps its tiles: small ones gained only 1.0-1.3x, and no one shape won.
 SMALL_WINDOW_BACKWARD_TILES = (16, 32, 2)
 SMALL_WINDOW_BACKWARD_RATIO = 2.25
 # Tuning candidates on small windows above NARROW_HEAD_DIM: the small forwards (queries, keys,
@@ -521,26 +522,38 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     backward_warps = 4 if small else 8
     # Small tiles where the forward's cost chose them for their fewer pairs.
     narrow = narrow_key_major(problem) and math.prod(backward_q) < 64
-    small_window = not narrow and small_window_backward(problem, resident, stream)
-    if narrow or small_window:
-        tokens, streamed, backward_warps = NARROW_BACKWARD_TILES if narrow else SMALL_WINDOW_BACKWARD_TILES
+    if narrow:
+        tokens, streamed, backward_warps = NARROW_BACKWARD_TILES
         resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
-    backward_descriptors = (backward_descriptor_loads(problem) and not small_window
+    backward_descriptors = (backward_descriptor_loads(problem)
                             and steps_per_tile(problem, resident, stream) > BACKWARD_SHORT_WALK_STEPS)
     knobs = {"warps": backward_warps, "stages": 2, "tma": backward_descriptors,
              "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
     dq = {"q": resident, "kv": stream, **knobs, "wait_dq": waits_for_dq(problem)}
-    dkdv = {"q": stream, "kv": resident, **knobs,
-            "wait_dk": waits_for_dk(problem, knobs["tma"]) and not small_window}
+    dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"])}
     if narrow_key_major(problem) and not narrow:
         dkdv["warps"] = NARROW_DKDV_WARPS
-    return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
+    config = {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
+    if not narrow and small_window_backward(problem, config["dq"]["q"], config["dq"]["kv"]):
+        config.update(_small_window_backward(problem, config))
+    return config
+
+
+def _small_window_backward(problem: Problem, config: Dict) -> Dict:
+    """``config``'s dq and dkdv on SMALL_WINDOW_BACKWARD_TILES: the cheapest boxes of those sizes,
+    by pointer, dK/dV not waiting within its steps (mma.sync on 2 warps has no wgmma to wait for)."""
+    tokens, streamed, warps = SMALL_WINDOW_BACKWARD_TILES
+    resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
+    knobs = {"warps": warps, "tma": False}
+    dq = dict(config["dq"], q=resident, kv=stream, **knobs)
+    dkdv = dict(config["dkdv"], q=stream, kv=resident, **knobs, wait_dk=False)
+    return {"dq": _fit_shared(problem, "dq", dq), "dkdv": _fit_shared(problem, "dkdv", dkdv)}
 
 
 def small_window_backward(problem: Problem, resident: Sequence[int], stream: Sequence[int]) -> bool:
     """Whether a 16-bit backward wider than NARROW_HEAD_DIM takes SMALL_WINDOW_BACKWARD_TILES
-    instead of ``resident`` / ``stream``: where those compute at least SMALL_WINDOW_BACKWARD_RATIO
-    times the pairs (forward_cost) of the cheapest small boxes."""
+    instead of its default's (fitted) ``resident`` / ``stream`` tiles: where those cost at least
+    SMALL_WINDOW_BACKWARD_RATIO times the cheapest small boxes (forward_cost)."""
     if problem.dtype.itemsize != 2 or max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM:
         return False
     tokens, streamed, _ = SMALL_WINDOW_BACKWARD_TILES
