@@ -540,9 +540,14 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
 
 
 def _small_window_backward(problem: Problem, config: Dict) -> Dict:
-    """``config``'s dq and dkdv on SMALL_WINDOW_BACKWARD_TILES: the cheapest boxes of those sizes,
-    by pointer, dK/dV not waiting within its steps (mma.sync on 2 warps has no wgmma to wait for)."""
-    tokens, streamed, warps = SMALL_WINDOW_BACKWARD_TILES
+    """``config``'s dq and dkdv on SMALL_WINDOW_BACKWARD_TILES."""
+    return _backward_on_small_boxes(problem, config, *SMALL_WINDOW_BACKWARD_TILES)
+
+
+def _backward_on_small_boxes(problem: Problem, config: Dict, tokens: int, streamed: int, warps: int) -> Dict:
+    """``config``'s dq and dkdv on the cheapest boxes of ``tokens`` resident and ``streamed``
+    streamed tokens with ``warps`` warps, by pointer, dK/dV not waiting within its steps (small
+    tiles multiply on mma.sync, with no wgmma to wait for), fitted to shared memory."""
     resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
     knobs = {"warps": warps, "tma": False}
     dq = dict(config["dq"], q=resident, kv=stream, **knobs)
@@ -689,13 +694,10 @@ def _small_tile_candidates(problem: Problem, base: Dict) -> List[Dict]:
                    pack=packed_pairs(problem, q, kv, False))
         if fwd != base["fwd"]:
             out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
-    for tokens, streamed, warps in SMALL_TILE_BACKWARD_CANDIDATES:
-        resident, stream = (list(box) for box in _cheapest_boxes(problem, tokens, streamed)[1:])
-        knobs = dict(warps=warps, stages=2, tma=False)
-        dq = dict(base["dq"], q=resident, kv=stream, **knobs)
-        dkdv = dict(base["dkdv"], q=stream, kv=resident, **knobs, wait_dk=False)
-        if dq != base["dq"]:
-            out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
+    for spec in SMALL_TILE_BACKWARD_CANDIDATES:
+        kernels = _backward_on_small_boxes(problem, base, *spec)
+        if kernels["dq"] != base["dq"]:
+            out.append(dict(base, **kernels))
     return out
 
 
