@@ -407,7 +407,7 @@ def test_narrow_heads_take_small_tiles_on_small_windows():
     ((32, 32), 5, 256, True), ((56, 56), 7, 64, False), ((16, 16, 16), (3, 5, 5), 128, False),
     ((64, 64), 13, 192, False), ((16, 32, 32), (5, 9, 9), 160, False),
     ((128, 128), 31, 128, False), ((16, 48, 48), (7, 15, 15), 128, False), ((56, 56), 7, 32, False)])
-def test_small_windows_on_wider_heads_take_small_backward_tiles(spatial, window, head_dim, small):
+def test_small_windows_on_wider_heads_take_small_backward_tiles(monkeypatch, spatial, window, head_dim, small):
     """16-bit heads wider than 32 channels on small windows: the backward takes
     tiles.SMALL_WINDOW_BACKWARD_TILES (16 resident / 32 streamed tokens, 2 warps, by pointer)
     where the default's tiles cost SMALL_WINDOW_BACKWARD_RATIO times theirs, as on the measured
@@ -423,8 +423,11 @@ def test_small_windows_on_wider_heads_take_small_backward_tiles(spatial, window,
         assert taken == [(tokens, streamed, warps, False)] * 2
         assert not cfg["dkdv"]["wait_dk"]
     else:
-        assert all(t[2] != warps or t[0] != tokens for t in taken) or head_dim <= tiles.NARROW_HEAD_DIM
-    assert math.prod(cfg["fwd"]["q"]) >= 16
+        assert all(t[:3] != (tokens, streamed, warps) for t in taken), taken
+    monkeypatch.setattr(tiles, "SMALL_WINDOW_BACKWARD_RATIO", math.inf)  # the default without the rule
+    without = tiles.default_config.__wrapped__(problem)
+    assert cfg["fwd"] == without["fwd"]
+    assert (cfg["dq"] == without["dq"]) == (not small)
 
 
 def test_small_window_backward_tiles_are_exact():
