@@ -317,9 +317,9 @@ def test_wide_float32_heads_on_their_own_forward_tiles(head_dim, value_dim, spat
 ])
 def test_float32_forward_on_its_own_small_tiles(head_dim, value_dim, spatial, window, options, warps):
     """Float32 without TF32 up to 128 channels: the default forward on 16-query / 32-key tiles of 2
-    warps (65-128 channels) or 1 (up to 64), which measured 1.08-2.5x faster than the 16-bit
-    tiles there (RESULTS.md, "Float32 forward tiles"): with GQA, the bias, softcap and additional
-    tokens, against the oracle."""
+    warps (65-128 channels) or 1 (up to 64), which measured 1.25-2.52x faster than the 16-bit
+    tiles there (RESULTS.md, "Float32 tiles at every width"): with GQA, the bias, softcap and
+    additional tokens, against the oracle."""
     from haloattn.backend import AttentionInputs
     from haloattn.backends.triton import launch, tiles
     from haloattn.problem import build_problem
@@ -375,7 +375,8 @@ def test_float32_on_cuda_cores(monkeypatch, head_dim, value_dim, spatial, window
 @pytest.mark.parametrize("head_dim,value_dim,spatial,window,options", [
     (80, 80, (41, 38), (5, 3), {}),
     (128, 64, (300,), 15, dict(causal=True)),
-    (256, 256, (21, 30), 5, dict(dilation=(2, 1), stride=2)),  # (7x7 ran here on 2026-12-01; it no longer takes the rule)
+    # 5x5: the 7x7 window that ran here on 2026-12-01 no longer takes the rule
+    (256, 256, (21, 30), 5, dict(dilation=(2, 1), stride=2)),
     (64, 96, (6, 12, 12), 3, dict(causal=(True, False, False))),
 ])
 def test_small_windows_on_wider_heads(dtype, head_dim, value_dim, spatial, window, options):

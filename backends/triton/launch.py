@@ -82,8 +82,7 @@ def _precision(dtype: torch.dtype) -> str:
 def exact_float32_products(precision: str) -> bool:
     """Whether products of this precision carry float32's accuracy from float32 operands (CUDA
     cores, or three TF32 products): their register-heavy tiles take tiles.default_config's
-    small backward tiles (EXACT_FLOAT32_RESIDENT) and, from 32 channels up, the forward's own
-    (EXACT_FLOAT32_FORWARD_TILES)."""
+    own forward and backward tiles (EXACT_FLOAT32_FORWARD_TILES, EXACT_FLOAT32_BACKWARD)."""
     return precision in ("ieee", "tf32x3")
 
 

@@ -495,6 +495,8 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     """The heuristic default (see the module docstring). Cached per problem (it is on every
     launch's host path): callers copy before changing it, never change it in place.
     ``exact_float32``: float32 products without tf32 (see EXACT_FLOAT32_BACKWARD)."""
+    if exact_float32:
+        return _exact_float32_config(problem)
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
@@ -504,9 +506,7 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
         q, kv = _cheapest_boxes(problem, queries, keys)[1:]
     if descriptors and max(problem.head_dim, problem.value_dim) <= SHORT_WALK_MAX_HEAD_DIM:
         descriptors = steps_per_tile(problem, q, kv) > SHORT_WALK_STEPS
-    axis_masks = max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
-    if exact_float32:
-        return _exact_float32_config(problem, axis_masks)
+    axis_masks = per_axis_masks(problem)
     pack = packed_pairs(problem, q, kv, descriptors)
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
@@ -566,7 +566,12 @@ def small_window_backward(problem: Problem, resident: Sequence[int], stream: Seq
     return forward_cost(problem, resident, stream, 1.0) >= SMALL_WINDOW_BACKWARD_RATIO * small
 
 
-def _exact_float32_config(problem: Problem, axis_masks: bool) -> Dict:
+def per_axis_masks(problem: Problem) -> bool:
+    """Whether the forward masks a partial tile per axis it crosses (AXIS_MASKS_MAX_HEAD_DIM)."""
+    return max(problem.head_dim, problem.value_dim) <= AXIS_MASKS_MAX_HEAD_DIM
+
+
+def _exact_float32_config(problem: Problem) -> Dict:
     """default_config for exact float32: the forward on its own tiles (EXACT_FLOAT32_FORWARD_TILES,
     by pointer, one (batch, head) pair a program: packing was measured and GPU-tested on 16-bit
     inputs only) and the backward kernels of EXACT_FLOAT32_BACKWARD, fitted around the forward's
@@ -575,7 +580,7 @@ def _exact_float32_config(problem: Problem, axis_masks: bool) -> Dict:
     width = max(problem.head_dim, problem.value_dim)
     q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
     fwd = {"q": list(q), "kv": list(kv), "warps": exact_float32_forward_warps(problem), "stages": 2, "tma": False,
-           "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks, "pack": 1,
+           "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": per_axis_masks(problem), "pack": 1,
            "split_heads": SPLIT_HEADS}
     per_kernel = next(kernels for channels, kernels in EXACT_FLOAT32_BACKWARD if width <= channels)
     knobs = {"stages": 2, "tma": False, "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
