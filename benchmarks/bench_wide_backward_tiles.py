@@ -1,34 +1,189 @@
-"""The backward's tiles above head dim 128 (8 warps): resident / streamed tokens 64 / 64 (the
-default before 2026-11-29, when the shared-memory estimate counted 160-channel heads as 256),
-128 / 64 and 128 / 32, as CUDA-graph medians of the backward (dQ, dK, dV), bf16.
+"""The 16-bit backward's tiles above head dim 128, per kernel, side by side.
 
-    python benchmarks/bench_wide_backward_tiles.py
+At 160-256 channels the backward takes 2.5-5x its forward's time (the off-list sweep of
+2026-12-01, seeds 58-71), where 2.5x is its share of the products. Per problem this times
+(CUDA-graph medians, device time) the dQ kernel alone (dQ asked for) and the dK/dV kernel alone
+(dK, dV asked for) on the default config and on each (resident tokens, streamed tokens, warps)
+variant of VARIANTS, both kernels on the cheapest boxes of those sizes around the forward's tile
+shapes, fitted to shared memory as the default is; every variant's gradients are checked against
+the default's, the default's against the float64 reference. (The first run, 2026-11-29, timed
+64 / 64, 128 / 64 and 128 / 32 on the first two problems: 128 / 32 won at 160 channels, 64 / 64
+at 256.)
+
+    python benchmarks/bench_wide_backward_tiles.py [--only 0,5] [--json FILE] [--compile-only]
+
+``--compile-only`` runs every kernel once, untimed, one process per problem and config, --workers
+at a time (fills Triton's cache so that the timed run that follows compiles nothing).
 """
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
 
 import torch
 from triton.testing import do_bench_cudagraph
 
+import haloattn
 from haloattn.backend import AttentionInputs
 from haloattn.backends.triton import launch, tiles
 from haloattn.problem import build_problem
 
-PROBLEMS = [("3-D 16x32x32, 5x9x9, D=160, batch 2", 2, (16, 32, 32), (5, 9, 9), 160),
-            ("2-D 96x96, 13x13, D=256, batch 2", 2, (96, 96), 13, 256)]
-NEEDS = (True, True, True, False, False, False, False)
+# (name, batch, spatial, window, options, head_dim, heads, kv_heads, dtype)
+PROBLEMS = [
+    ("3-D 16x32x32, 5x9x9, D=160", 2, (16, 32, 32), (5, 9, 9), {}, 160, 8, 8, torch.bfloat16),
+    ("2-D 96x96, 13x13, D=256", 2, (96, 96), 13, {}, 256, 8, 8, torch.bfloat16),
+    ("3-D 11x56x30, 6x4x17 causal last axis, D=160 (sweep #59)", 1, (11, 56, 30), (6, 4, 17),
+     {"causal": (False, False, True)}, 160, 16, 16, torch.bfloat16),
+    ("3-D 15x15x38, 6x6x6, D=160, batch 37 (sweep #65)", 37, (15, 15, 38), 6, {}, 160, 2, 2, torch.float16),
+    ("2-D 134x115, 32x5, GQA 6/1, D=160 (sweep #68)", 3, (134, 115), (32, 5), {}, 160, 6, 1, torch.float16),
+    ("1-D 19082, window 625, D=192 (sweep #70)", 2, (19082,), 625, {}, 192, 8, 8, torch.bfloat16),
+    ("3-D 20x29x30, 9x9x9 dil 2x1x1, D=160 (sweep #71)", 2, (20, 29, 30), 9, {"dilation": (2, 1, 1)}, 160, 8, 8,
+     torch.float16),
+    ("2-D 128x128, 31x31, D=256", 1, (128, 128), 31, {}, 256, 8, 8, torch.bfloat16),
+    # --rule's checks of the wide heads' rules (tiles.WIDE_*_BACKWARD_*) beyond the problems
+    # they were fitted on
+    ("2-D 96x96, 13x13, D=192", 2, (96, 96), 13, {}, 192, 8, 8, torch.bfloat16),
+    ("1-D 8192, window 511, D=256", 2, (8192,), 511, {}, 256, 8, 8, torch.bfloat16),
+    ("3-D 16x24x24, 5x7x7 causal time, GQA 8/2, D=256", 2, (16, 24, 24), (5, 7, 7), {"causal": (True, False, False)},
+     256, 8, 2, torch.float16),
+    ("2-D 80x80, 21x21 dil 2, D=144", 2, (80, 80), 21, {"dilation": 2}, 144, 8, 8, torch.bfloat16),
+    ("1-D 16384, window 1023 causal, D=160", 1, (16384,), 1023, {"causal": True}, 160, 8, 8, torch.bfloat16),
+    ("2-D 64x64, 3x3, D=160, batch 8", 8, (64, 64), 3, {}, 160, 8, 8, torch.bfloat16),
+]
+VARIANTS = [(128, 32, 8), (128, 64, 8), (64, 64, 8), (64, 32, 8), (64, 32, 4), (32, 64, 4)]
+DQ_ONLY = (True, False, False, False, False, False, False)
+DKDV_ONLY = (False, True, True, False, False, False, False)
 
-for name, batch, spatial, window, D in PROBLEMS:
-    q, k, v = (torch.randn(batch, *spatial, 8, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    go = torch.randn_like(q)
-    problem = build_problem(q, k, v, window)
-    inputs = AttentionInputs(q, k, v)
-    base = tiles.default_config(problem)
-    out, lse = launch.forward(problem, inputs, base)
+
+def rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def with_backward(problem, base, resident, streamed, warps):
+    """``base`` with both backward kernels on ``resident`` / ``streamed`` tokens around the
+    forward's tile shapes, on ``warps`` warps, fitted as tiles.default_config fits them."""
     ext = tiles.group_extents(problem)
-    times = {}
-    for resident, streamed in ((64, 64), (128, 64), (128, 32)):
-        r, s = tiles.fit(base["fwd"]["q"], ext, resident), tiles.fit(base["fwd"]["kv"], ext, streamed)
-        cfg = dict(base, dq=dict(base["dq"], q=r, kv=s), dkdv=dict(base["dkdv"], q=s, kv=r))
-        times[f"{resident}/{streamed}"] = do_bench_cudagraph(
-            lambda: launch.backward(problem, inputs, out, lse, go, None, NEEDS, cfg), rep=50, return_mode="median")
-        print(name, f"{resident}/{streamed}", f"{times[f'{resident}/{streamed}']:.3f} ms", flush=True)
-    print(name, "default", base["dq"]["q"], base["dq"]["kv"], flush=True)
+    r, s = tiles.fit(base["fwd"]["q"], ext, resident), tiles.fit(base["fwd"]["kv"], ext, streamed)
+    dq = tiles._fit_shared(problem, "dq", dict(base["dq"], q=r, kv=s, warps=warps))
+    dkdv = tiles._fit_shared(problem, "dkdv", dict(base["dkdv"], q=s, kv=r, warps=warps))
+    return tiles.normalise(dict(base, dq=dq, dkdv=dkdv), problem)
+
+
+def before_the_rule(problem):
+    """The default config as it was before the wide heads' backward rules (2026-12-01)."""
+    tiles.WIDE_16BIT_BACKWARD_RULES = False
+    tiles.default_config.cache_clear()
+    try:
+        return tiles.default_config(problem)
+    finally:
+        tiles.WIDE_16BIT_BACKWARD_RULES = True
+        tiles.default_config.cache_clear()
+
+
+RULE_ONLY = False  # --rule: time the default and the config before the rule only
+
+
+def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype, timed=True, only_config=None):
+    torch.manual_seed(0)
+    q = torch.randn(batch, *spatial, heads, D, device="cuda", dtype=dtype)
+    k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda", dtype=dtype) for _ in range(2))
+    go = torch.randn_like(q)
+    problem = build_problem(q, k, v, window, **options)
+    inputs = AttentionInputs(q, k, v)
+    default = tiles.default_config(problem)
+    out, lse = launch.forward(problem, inputs, default)
+    row = {"problem": name, "default dq": default["dq"], "default dkdv": default["dkdv"]}
+    ref = None
+    if timed:
+        leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        haloattn.attention(*leaves, window, backend="reference", **options).backward(go.double())
+        ref = [t.grad for t in leaves]
+    configs = [("default", default), ("before", before_the_rule(problem))]
+    if not RULE_ONLY:
+        configs += [(f"{r}/{s}/{w}", with_backward(problem, default, r, s, w)) for r, s, w in VARIANTS]
+    if only_config is not None:  # a compile-only worker's one config
+        configs = configs[only_config:only_config + 1]
+    base_grads = None
+    for label, cfg in configs:
+        try:
+            dq = launch.backward(problem, inputs, out, lse, go, None, DQ_ONLY, cfg)[0]
+            dk, dv = launch.backward(problem, inputs, out, lse, go, None, DKDV_ONLY, cfg)[1:3]
+        except Exception as error:  # a variant that does not build (shared memory, registers)
+            row[f"{label} failed"] = str(error).splitlines()[0][:200]
+            continue
+        if not timed:
+            continue
+        grads = (dq, dk, dv)
+        if base_grads is None:
+            base_grads = grads
+            row["default error vs float64"] = max(rel(g, r) for g, r in zip(grads, ref))
+        row[f"{label} error"] = max(rel(g, b.double()) for g, b in zip(grads, base_grads))
+        row[f"{label} tiles"] = f"{cfg['dq']['q']}/{cfg['dq']['kv']} {cfg['dq']['warps']}w"
+        for part, needs in (("dq", DQ_ONLY), ("dkdv", DKDV_ONLY)):
+            row[f"{label} {part} ms"] = do_bench_cudagraph(
+                lambda: launch.backward(problem, inputs, out, lse, go, None, needs, cfg), rep=40,
+                return_mode="median")
+    if timed:
+        row["forward ms"] = do_bench_cudagraph(lambda: launch.forward(problem, inputs, default), rep=40,
+                                               return_mode="median")
+    return row
+
+
+def table(rows) -> str:
+    lines = ["| problem | forward ms | default dQ tiles | dQ ms: default; variants | dK/dV ms: default; variants | "
+             "backward / forward | default / best (per kernel) | before / default |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        labels = [key[:-6] for key in r if key.endswith(" dq ms")]
+
+        def cells(part):
+            return "; ".join(f"{label} {r[f'{label} {part} ms']:.3f}" for label in labels)
+        best = min(r[f"{label} dq ms"] for label in labels) + min(r[f"{label} dkdv ms"] for label in labels)
+        default = r["default dq ms"] + r["default dkdv ms"]
+        lines.append(f"| {r['problem']} | {r['forward ms']:.3f} | {r['default tiles']} | {cells('dq')} | "
+                     f"{cells('dkdv')} | {default / r['forward ms']:.2f} | {default / best:.2f} | "
+                     f"{(r['before dq ms'] + r['before dkdv ms']) / default:.2f}x |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--only", default="", help="comma list of problem indices")
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--workers", type=int, default=14)
+    parser.add_argument("--rule", action="store_true", help="time the default and the config before the rule only")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a compile-only worker: "problem:config"
+    args = parser.parse_args()
+    global RULE_ONLY
+    RULE_ONLY = args.rule
+    only = [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
+    if args.one is not None:
+        problem, config = (int(part) for part in args.one.split(":"))
+        run_problem(*PROBLEMS[problem], timed=False, only_config=config)
+        return
+    if args.compile_only:
+        jobs = [f"{i}:{c}" for i in only for c in range(2 if args.rule else 2 + len(VARIANTS))]
+        running, status = [], 0
+        while jobs or running:
+            while jobs and len(running) < args.workers:
+                running.append(subprocess.Popen([sys.executable, __file__, "--one", jobs.pop(0)]))
+            running[0].wait()
+            status = max(status, running.pop(0).returncode)
+        sys.exit(status)
+    rows = []
+    for i in only:
+        rows.append(run_problem(*PROBLEMS[i]))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,7 @@
 # the ratios to the first tree.
 # Usage (GPU machine, repo root, nvidia-cutlass importable):
 #   AB_BASES="ab_main" SPLIT_PROBLEMS=0,9 [SPLIT_ARGS=--extra] [ROUNDS=3] [TESTS=tests/test_cuda_gpu.py] \
-#   [BENCH_PROBLEMS=5,6 (bench_cuda.py's do_bench times too, each round)] \
+#   [BENCH_PROBLEMS=5,6 (bench_cuda.py's do_bench times too, each round)] [TRITON=1 (triton's too)] \
 #   bash benchmarks/gpu_ab_interleaved.sh
 # Leaves in $OUT: summary.txt, device.txt, splits.tar.gz (split_<tree>_<round>.json) and logs.tar.gz
 # (the device tool brings back only a few files).
@@ -47,6 +47,11 @@ rm -rf csrc && mv csrc_new csrc
 find csrc -type f -exec touch {} +
 # An editable install would shadow the trees' packages: none may be importable besides them.
 python3 -m pip uninstall -y -q haloattn > /dev/null 2>&1
+# The working tree's kernels first run a few calls under a short timeout (a hung kernel would
+# otherwise cost every round's timeout).
+if ! PYTHONPATH="$SITES/new" timeout ${SMOKE_TIMEOUT:-90} python3 benchmarks/cuda_smoke.py > "$OUT/smoke.log" 2>&1; then
+  tail -20 "$OUT/smoke.log"; echo "smoke run failed or timed out"; exit 1
+fi
 
 for round in $(seq 1 ${ROUNDS:-3}); do
   for name in $trees; do
@@ -61,8 +66,15 @@ for round in $(seq 1 ${ROUNDS:-3}); do
         || tail -5 "$OUT/bench_${name}_$round.log"
     fi
   done
+  # TRITON=1: the triton backend's device times too, in the same rounds (its kernels are the
+  # working tree's), summarised as one more tree, "triton": the yardstick the cuda trees chase.
+  if [ -n "$TRITON" ]; then
+    PYTHONPATH="$SITES/new" timeout ${SPLIT_TIMEOUT:-120} python3 benchmarks/kernel_split.py --backend triton \
+      --only "${SPLIT_PROBLEMS:-0,9}" --calls ${CALLS:-20} $SPLIT_ARGS --json "$OUT/split_triton_$round.json" > "$OUT/split_triton_$round.log" 2>&1 \
+      || tail -5 "$OUT/split_triton_$round.log"
+  fi
 done
-python3 benchmarks/ab_interleaved_summary.py "$OUT" $trees | tee "$OUT/summary.txt"
+python3 benchmarks/ab_interleaved_summary.py "$OUT" $trees ${TRITON:+triton} | tee "$OUT/summary.txt"
 # TESTS (a pytest selection): the GPU tests on the working tree's build, after the timings.
 if [ -n "$TESTS" ]; then
   PYTHONPATH="$SITES/new" timeout ${TEST_TIMEOUT:-150} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider --timeout 100 \

@@ -38,33 +38,8 @@ print('sanitizer run finished')
 " 2>&1 | tail -30 | tee "$OUT/sanitizer.log"
 }
 
-# A few forced-Hopper calls under a short timeout first: a kernel that hangs (a barrier never
-# completing) then costs a minute, not every test's timeout.
-if ! timeout ${SMOKE_TIMEOUT:-90} python3 -c "
-import os, torch, haloattn
-os.environ['HALOATTN_CUDA_FORWARD'] = 'hopper'
-os.environ['HALOATTN_CUDA_BACKWARD'] = 'hopper'
-for spatial, window, opts in [((70,), 9, {}), ((12, 13), (5, 3), dict(dilation=(2, 1))), ((5, 6, 7), 3, dict(causal=(True, False, False))),
-                              ((64, 64), 31, {})]:
-    q, k, v = (torch.randn(1, *spatial, 2, 128, device='cuda', dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    go = torch.randn_like(q)
-    out = haloattn.attention(q, k, v, window, backend='cuda', **opts)
-    grads = torch.autograd.grad(out, (q, k, v), go)
-    ref_in = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
-    ref = haloattn.attention(*ref_in, window, backend='reference', **opts)
-    ref_grads = torch.autograd.grad(ref, ref_in, go.float())
-    torch.cuda.synchronize()
-    rel = [((g.float() - r).norm() / r.norm()).item() for g, r in zip(grads, ref_grads)]
-    print(spatial, window, opts, 'out max abs diff', (out.float() - ref).abs().max().item(), 'grad rel errors', rel)
-# Benchmark-sized calls too (many pairs per CTA, long walks): a race between a ring's threads
-# may show only there.
-for spatial, window in [((128, 128), 31), ((16, 48, 48), (7, 15, 15))]:
-    q, k, v = (torch.randn(1, *spatial, 16, 128, device='cuda', dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    for _ in range(3):
-        haloattn.attention(q, k, v, window, backend='cuda').sum().backward()
-    torch.cuda.synchronize()
-    print(spatial, window, 'three forward and backward calls finished')
-" 2>&1 | tee "$OUT/smoke.log"; then
+# A few forced-Hopper calls under a short timeout first (cuda_smoke.py).
+if ! timeout ${SMOKE_TIMEOUT:-90} python3 benchmarks/cuda_smoke.py 2>&1 | tee "$OUT/smoke.log"; then
   echo "smoke run failed or timed out"
   sanitize
   exit 1

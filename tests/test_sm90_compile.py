@@ -60,6 +60,9 @@ CASES = {
     # A small window at head dim 256: the backward on 16 / 32-token two-warp tiles
     # (tiles.SMALL_WINDOW_BACKWARD_TILES), with the bias's gradient.
     "neighbourhood_2d_small_window_hd256_rpb": (launch, (16, 18), 5, torch.bfloat16, 4, 2, 256, 256, True, 0, {}),
+    # Head dim 256 where 32 / 64-token backward tiles on 4 warps save pairs (tiles.WIDE_256_BACKWARD_TILES).
+    "neighbourhood_3d_wide_hd256_four_warps": (launch, (8, 12, 12), (3, 7, 7), torch.bfloat16, 4, 2, 256, 256, False, 0,
+                                               {}),
     "window_swin_shift_rpb": (window_launch, (14, 14), 7, torch.float16, 3, 3, 32, 32, True, 0, dict(shift=3)),
     "window_3d_dilated_causal_gqa_softcap": (window_launch, (4, 8, 8), (2, 2, 4), torch.float32, 4, 2, 30, 16,
                                              True, 0, dict(dilation=(1, 2, 2), causal=(True, False, False),

@@ -396,6 +396,38 @@ def test_small_windows_on_wider_heads(dtype, head_dim, value_dim, spatial, windo
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,value_dim,spatial,window,options,rule_warps", [
+    (160, 160, (9, 20, 14), (5, 7, 5), dict(causal=(False, False, True)), 4),
+    (144, 64, (40, 37), 9, dict(dilation=(2, 1), softcap=30.0, extra=5), 4),
+    (64, 160, (700,), 65, dict(stride=4), 4),
+    (160, 160, (30, 30), 3, {}, 2),  # a 3x3 window: the small-window rule weighed on these tiles takes it
+    (192, 192, (33, 29), (9, 13), dict(causal=(True, False)), 8),
+    (256, 256, (8, 12, 12), (3, 7, 7), {}, 4),
+    (256, 256, (10, 14, 14), (5, 9, 9), {}, 8),  # saves too few pairs: 64 / 64 on 8 warps
+    (256, 128, (1500,), 101, dict(causal=True, extra=3), 4),
+])
+def test_wide_16bit_heads_on_their_backward_tiles(dtype, head_dim, value_dim, spatial, window, options, rule_warps):
+    """16-bit heads above 128 channels, whose backward takes the wide heads' rules
+    (tiles.WIDE_160_BACKWARD_TILES, WIDE_256_BACKWARD_TILES: 4-warp tiles at 129-160 and where
+    they save pairs at 193-256 channels; 8 warps at 192; the small-window rule weighed after the
+    first): every gradient, the bias's too, with GQA, against the oracle."""
+    from haloattn.backends.triton import tiles
+    from haloattn.problem import build_problem
+
+    options = dict(options)  # the parameter's dict is shared by both dtypes
+    extra = options.pop("extra", 0)
+    q = torch.empty(2, *spatial, 4, head_dim, device="cuda", dtype=dtype)
+    k = torch.empty(2, *spatial, 2, head_dim, device="cuda", dtype=dtype)
+    v = torch.empty(2, *spatial, 2, value_dim, device="cuda", dtype=dtype)
+    cfg = tiles.default_config(build_problem(q, k, v, window, **options))
+    assert cfg["dq"]["warps"] == rule_warps, cfg["dq"]
+    check_against_oracle(spatial, window, dtype=dtype, device="cuda", head_dim=head_dim, value_dim=value_dim,
+                         batch=2, heads=4, kv_heads=2, rpb=True, extra=extra, **options)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("head_dim,value_dim", [(72, 72), (80, 48), (144, 64), (80, 160)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -430,6 +430,37 @@ def test_small_windows_on_wider_heads_take_small_backward_tiles(monkeypatch, spa
     assert (cfg["dq"] == without["dq"]) == (not small)
 
 
+@pytest.mark.parametrize("spatial,window,options,head_dim,expected", [
+    ((16, 32, 32), (5, 9, 9), {}, 160, "wide"), ((80, 80), 21, {"dilation": 2}, 144, "wide"),
+    ((11, 56, 30), (6, 4, 17), {"causal": (False, False, True)}, 160, "wide"),  # small-window rule before
+    ((15, 15, 38), 6, {}, 160, "wide"), ((64, 64), 3, {}, 160, "small"),
+    ((96, 96), 13, {}, 192, "eight"), ((19082,), 625, {}, 192, "eight"),
+    ((96, 96), 13, {}, 256, "wide"), ((16, 24, 24), (5, 7, 7), {"causal": (True, False, False)}, 256, "wide"),
+    ((128, 128), 31, {}, 256, "eight"), ((8192,), 511, {}, 256, "eight"), ((32, 32), 5, {}, 256, "small")])
+def test_wide_16bit_heads_take_their_backward_tiles(monkeypatch, spatial, window, options, head_dim, expected):
+    """16-bit heads above 128 channels, as measured (RESULTS.md "Wide heads' backward tiles"):
+    64 / 32-token tiles on 4 warps at 129-160 channels, dK/dV not waiting within its steps, unless
+    the small-window rule weighed on them takes its own; 32 / 64 on 4 warps at 256 where they save
+    enough pairs; 8 warps elsewhere (192, large windows at 256); float32 keeps its tiles."""
+    q = torch.empty(2, *spatial, 8, head_dim, dtype=torch.bfloat16, device="meta")
+    problem = build_problem(q, q, q, window, **options)
+    cfg = tiles.default_config(problem)
+    tokens = {k: (math.prod(cfg[k]["kv" if k == "dkdv" else "q"]), math.prod(cfg[k]["q" if k == "dkdv" else "kv"]),
+                  cfg[k]["warps"]) for k in ("dq", "dkdv")}
+    rule = tiles.WIDE_160_BACKWARD_TILES if head_dim <= 160 else tiles.WIDE_256_BACKWARD_TILES
+    if expected == "wide":
+        assert tokens == {"dq": rule, "dkdv": rule}, tokens
+        assert cfg["dkdv"]["wait_dk"] == (head_dim > 160)
+    elif expected == "small":
+        assert tokens["dq"] == tiles.SMALL_WINDOW_BACKWARD_TILES, tokens
+    else:
+        assert tokens["dq"][2] == tokens["dkdv"][2] == 8, tokens
+    float32 = build_problem(*(torch.empty_like(q, dtype=torch.float32),) * 3, window, **options)
+    with_rules = tiles.default_config.__wrapped__(float32)
+    monkeypatch.setattr(tiles, "WIDE_16BIT_BACKWARD_RULES", False)
+    assert with_rules == tiles.default_config.__wrapped__(float32)
+
+
 def test_small_window_backward_tiles_are_exact():
     """The backward on tiles.SMALL_WINDOW_BACKWARD_TILES (a 3x3 window at 64 channels takes them)
     against the oracle, with GQA and the bias's gradient."""

@@ -355,6 +355,27 @@ def waits_for_dk(problem: Problem, descriptors: bool) -> bool:
 # and forward+backward within 1.05x of the best of 30 tuning candidates ("Random problems through
 # the compiled kernels").
 WIDE_SPLIT_STREAM = 32
+# 16-bit heads wider than 128 channels: the backward's (resident tokens, streamed tokens, warps)
+# in both kernels, by width. Measured on an H200 (2026-12-01, bench_wide_backward_tiles.py;
+# RESULTS.md "Wide heads' backward tiles"), the dQ and dK/dV kernels timed apart on every variant,
+# then the rule against the tiles before it on fourteen problems:
+# * 129-160 channels (split 128 + 16 / 32): 64 / 32 tokens on 4 warps, 1.06-1.33x the 8-warp
+#   128 / 32 tiles on eight problems; they are also the tiles the small-window rule then weighs:
+#   on three problems that rule had taken (6x4x17, 6x6x6, 32x5 windows) they ran 1.06-1.19x
+#   faster than its tiles, and the rule still takes a 3x3 window (where they ran 0.77x its).
+#   Their dK/dV kernel does not wait for its dK product within a step (waits_for_dk is for the
+#   8-warp loops ptxas serialises): waiting, it ran 1.19-1.25x slower on those three problems.
+# * 193-256 channels: 32 / 64 tokens on 4 warps where the default's tiles compute at least
+#   WIDE_256_BACKWARD_RATIO times their pairs (forward_cost): 1.21-1.25x at 1.40-1.43,
+#   0.95-0.96x at 1.00 (large 2-D and 1-D windows keep 64 / 64 on 8 warps); weighed after the
+#   small-window rule, which was measured there first.
+# * 161-192 channels (padded to 256) keep their tiles: 128 / 32 for dQ ran 1.27x on one problem
+#   and 0.97x on another.
+WIDE_160_BACKWARD_TILES = (64, 32, 4)
+WIDE_256_BACKWARD_TILES = (32, 64, 4)
+WIDE_256_BACKWARD_RATIO = 1.3
+# Whether the two rules above apply (False: the tiles before them, for benchmarks to compare).
+WIDE_16BIT_BACKWARD_RULES = True
 
 
 def waits_for_dq(problem: Problem) -> bool:
@@ -534,9 +555,30 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if narrow_key_major(problem) and not narrow:
         dkdv["warps"] = NARROW_DKDV_WARPS
     config = {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
+    width = max(problem.head_dim, problem.value_dim)
+    wide_rules = WIDE_16BIT_BACKWARD_RULES and problem.dtype.itemsize == 2
+    if wide_rules and wide_backward(problem) and width <= 160:
+        config.update(_backward_around_forward(problem, config, *WIDE_160_BACKWARD_TILES, wait_dk=False))
     if not narrow and small_window_backward(problem, config["dq"]["q"], config["dq"]["kv"]):
         config.update(_small_window_backward(problem, config))
+    elif wide_rules and 192 < width <= 256:
+        wide = _backward_around_forward(problem, config, *WIDE_256_BACKWARD_TILES)
+        saved = (forward_cost(problem, config["dq"]["q"], config["dq"]["kv"], 1.0)
+                 / forward_cost(problem, wide["dq"]["q"], wide["dq"]["kv"], 1.0))
+        if saved >= WIDE_256_BACKWARD_RATIO:
+            config.update(wide)
     return config
+
+
+def _backward_around_forward(problem: Problem, config: Dict, resident: int, streamed: int, warps: int,
+                             **dkdv_knobs) -> Dict:
+    """``config``'s dq and dkdv on boxes of ``resident`` and ``streamed`` tokens around the
+    forward's tile shapes, on ``warps`` warps, every other knob kept but ``dkdv_knobs``, fitted to
+    shared memory."""
+    ext = group_extents(problem)
+    r, s = fit(config["fwd"]["q"], ext, resident), fit(config["fwd"]["kv"], ext, streamed)
+    return {"dq": _fit_shared(problem, "dq", dict(config["dq"], q=r, kv=s, warps=warps)),
+            "dkdv": _fit_shared(problem, "dkdv", dict(config["dkdv"], q=s, kv=r, warps=warps, **dkdv_knobs))}
 
 
 def _small_window_backward(problem: Problem, config: Dict) -> Dict:
