@@ -29,7 +29,8 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_float32_forward_tiles import (PROBLEMS, float32_arguments, problem_inputs, rel,  # noqa: E402
+from backward_kernel_timing import time_backward_kernels  # noqa: E402
+from bench_float32_forward_tiles import (PROBLEMS, float32_arguments, problem_inputs,  # noqa: E402
                                          selected_problems, timed_rows)
 
 import haloattn  # noqa: E402
@@ -43,8 +44,6 @@ VARIANTS = {
     128: [(16, 32, 4), (16, 32, 8), (16, 16, 4), (16, 16, 8)],
     256: [(16, 32, 4), (16, 32, 8), (16, 16, 8), (16, 16, 4)],
 }
-DQ_ONLY = (True, False, False, False, False, False, False)
-DKDV_ONLY = (False, True, True, False, False, False, False)
 
 
 def variants_for(width):
@@ -85,21 +84,7 @@ def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, timed
         ref = [t.grad for t in leaves]
     configs = [("default", default), ("before", before_2026_12_01(problem, default))] + [
         (f"{r}/{s}/{w}", with_backward(problem, default, r, s, w)) for r, s, w in variants_for(D)]
-    base_grads = None
-    for label, cfg in configs:
-        dq = launch.backward(problem, inputs, out, lse, go, None, DQ_ONLY, cfg)[0]
-        dk, dv = launch.backward(problem, inputs, out, lse, go, None, DKDV_ONLY, cfg)[1:3]
-        if not timed:
-            continue
-        grads = (dq, dk, dv)
-        if base_grads is None:
-            base_grads = grads
-            row["default error vs float64"] = max(rel(g, r) for g, r in zip(grads, ref))
-        row[f"{label} error"] = max(rel(g, b.double()) for g, b in zip(grads, base_grads))
-        for part, needs in (("dq", DQ_ONLY), ("dkdv", DKDV_ONLY)):
-            row[f"{label} {part} ms"] = do_bench_cudagraph(
-                lambda: launch.backward(problem, inputs, out, lse, go, None, needs, cfg), rep=50,
-                return_mode="median")
+    time_backward_kernels(row, problem, inputs, out, lse, go, configs, ref, timed)
     if timed:
         row["forward ms"] = do_bench_cudagraph(lambda: launch.forward(problem, inputs, default), rep=50,
                                                return_mode="median")

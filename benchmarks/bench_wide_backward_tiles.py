@@ -27,10 +27,13 @@ import sys
 import torch
 from triton.testing import do_bench_cudagraph
 
-import haloattn
-from haloattn.backend import AttentionInputs
-from haloattn.backends.triton import launch, tiles
-from haloattn.problem import build_problem
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from backward_kernel_timing import time_backward_kernels  # noqa: E402
+
+import haloattn  # noqa: E402
+from haloattn.backend import AttentionInputs  # noqa: E402
+from haloattn.backends.triton import launch, tiles  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
 
 # (name, batch, spatial, window, options, head_dim, heads, kv_heads, dtype)
 PROBLEMS = [
@@ -55,12 +58,6 @@ PROBLEMS = [
     ("2-D 64x64, 3x3, D=160, batch 8", 8, (64, 64), 3, {}, 160, 8, 8, torch.bfloat16),
 ]
 VARIANTS = [(128, 32, 8), (128, 64, 8), (64, 64, 8), (64, 32, 8), (64, 32, 4), (32, 64, 4)]
-DQ_ONLY = (True, False, False, False, False, False, False)
-DKDV_ONLY = (False, True, True, False, False, False, False)
-
-
-def rel(a, b):
-    return ((a.double() - b).norm() / b.norm()).item()
 
 
 def with_backward(problem, base, resident, streamed, warps):
@@ -107,26 +104,7 @@ def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype
         configs += [(f"{r}/{s}/{w}", with_backward(problem, default, r, s, w)) for r, s, w in VARIANTS]
     if only_config is not None:  # a compile-only worker's one config
         configs = configs[only_config:only_config + 1]
-    base_grads = None
-    for label, cfg in configs:
-        try:
-            dq = launch.backward(problem, inputs, out, lse, go, None, DQ_ONLY, cfg)[0]
-            dk, dv = launch.backward(problem, inputs, out, lse, go, None, DKDV_ONLY, cfg)[1:3]
-        except Exception as error:  # a variant that does not build (shared memory, registers)
-            row[f"{label} failed"] = str(error).splitlines()[0][:200]
-            continue
-        if not timed:
-            continue
-        grads = (dq, dk, dv)
-        if base_grads is None:
-            base_grads = grads
-            row["default error vs float64"] = max(rel(g, r) for g, r in zip(grads, ref))
-        row[f"{label} error"] = max(rel(g, b.double()) for g, b in zip(grads, base_grads))
-        row[f"{label} tiles"] = f"{cfg['dq']['q']}/{cfg['dq']['kv']} {cfg['dq']['warps']}w"
-        for part, needs in (("dq", DQ_ONLY), ("dkdv", DKDV_ONLY)):
-            row[f"{label} {part} ms"] = do_bench_cudagraph(
-                lambda: launch.backward(problem, inputs, out, lse, go, None, needs, cfg), rep=40,
-                return_mode="median")
+    time_backward_kernels(row, problem, inputs, out, lse, go, configs, ref, timed, rep=40)
     if timed:
         row["forward ms"] = do_bench_cudagraph(lambda: launch.forward(problem, inputs, default), rep=40,
                                                return_mode="median")

@@ -1,0 +1,51 @@
+"""The backward's two kernels timed apart on several configs of one problem, for the tile benches
+(bench_float32_backward_tiles.py, bench_wide_backward_tiles.py).
+
+Per config: the dQ kernel alone (dQ asked for) and the dK/dV kernel alone (dK, dV asked for), as
+CUDA-graph medians (device time), after checking its gradients against the first config's, and
+the first config's against the float64 reference.
+"""
+
+from __future__ import annotations
+
+from triton.testing import do_bench_cudagraph
+
+from haloattn.backends.triton import launch
+
+DQ_ONLY = (True, False, False, False, False, False, False)
+DKDV_ONLY = (False, True, True, False, False, False, False)
+
+
+def rel(a, b):
+    """Norm-wise relative error of ``a`` against the float64 ``b``."""
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def time_backward_kernels(row: dict, problem, inputs, out, lse, go, configs, reference, timed: bool = True,
+                          rep: int = 50) -> dict:
+    """Into ``row``, per (label, config) of ``configs``: "<label> dq ms", "<label> dkdv ms",
+    "<label> error" (its gradients against the first config's), "<label> tiles"; and "default
+    error vs float64" (the first config's against ``reference``, the float64 dQ, dK, dV).
+    A config whose kernels do not build is recorded as "<label> failed". Untimed (``timed``
+    false) each config only runs once, which compiles its kernels."""
+    base_grads = None
+    for label, cfg in configs:
+        try:
+            dq = launch.backward(problem, inputs, out, lse, go, None, DQ_ONLY, cfg)[0]
+            dk, dv = launch.backward(problem, inputs, out, lse, go, None, DKDV_ONLY, cfg)[1:3]
+        except Exception as error:  # a variant that does not build (shared memory, registers)
+            row[f"{label} failed"] = str(error).splitlines()[0][:200]
+            continue
+        if not timed:
+            continue
+        grads = (dq, dk, dv)
+        if base_grads is None:
+            base_grads = grads
+            row["default error vs float64"] = max(rel(g, r) for g, r in zip(grads, reference))
+        row[f"{label} error"] = max(rel(g, b.double()) for g, b in zip(grads, base_grads))
+        row[f"{label} tiles"] = f"{cfg['dq']['q']}/{cfg['dq']['kv']} {cfg['dq']['warps']}w"
+        for part, needs in (("dq", DQ_ONLY), ("dkdv", DKDV_ONLY)):
+            row[f"{label} {part} ms"] = do_bench_cudagraph(
+                lambda: launch.backward(problem, inputs, out, lse, go, None, needs, cfg), rep=rep,
+                return_mode="median")
+    return row
