@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from triton.testing import do_bench_cudagraph
 
+import haloattn
 from haloattn.backends.triton import launch
 
 DQ_ONLY = (True, False, False, False, False, False, False)
@@ -48,4 +49,25 @@ def time_backward_kernels(row: dict, problem, inputs, out, lse, go, configs, ref
             row[f"{label} {part} ms"] = do_bench_cudagraph(
                 lambda: launch.backward(problem, inputs, out, lse, go, None, needs, cfg), rep=rep,
                 return_mode="median")
+    return row
+
+
+def time_backward_configs(name: str, problem, inputs, go, window, options, configs, timed: bool = True,
+                          rep: int = 50) -> dict:
+    """One problem's row: the first config's forward (its output and LSE feed every backward),
+    then time_backward_kernels on ``configs`` ((label, config) pairs, the default first), and the
+    default's forward time. ``inputs`` hold the q, k, v the float64 reference gradients come from
+    (with ``go``, ``window`` and ``options``)."""
+    default = configs[0][1]
+    out, lse = launch.forward(problem, inputs, default)
+    row = {"problem": name, "default dq": default["dq"], "default dkdv": default["dkdv"]}
+    reference = None
+    if timed:
+        leaves = [t.double().requires_grad_() for t in (inputs.query, inputs.key, inputs.value)]
+        haloattn.attention(*leaves, window, backend="reference", **options).backward(go.double())
+        reference = [t.grad for t in leaves]
+    time_backward_kernels(row, problem, inputs, out, lse, go, configs, reference, timed, rep)
+    if timed:
+        row["forward ms"] = do_bench_cudagraph(lambda: launch.forward(problem, inputs, default), rep=rep,
+                                               return_mode="median")
     return row

@@ -25,16 +25,12 @@ import os
 import subprocess
 import sys
 
-import torch
-from triton.testing import do_bench_cudagraph
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_kernel_timing import time_backward_kernels  # noqa: E402
+from backward_kernel_timing import time_backward_configs  # noqa: E402
 from bench_float32_forward_tiles import (PROBLEMS, float32_arguments, problem_inputs,  # noqa: E402
                                          selected_problems, timed_rows)
 
-import haloattn  # noqa: E402
-from haloattn.backends.triton import launch, tiles  # noqa: E402
+from haloattn.backends.triton import tiles  # noqa: E402
 
 # (resident tokens, streamed tokens, warps) per head width (up to this many channels): the ones
 # whose sm_90 builds spill at most about 100 bytes a thread (more at 256, where every one spills).
@@ -73,22 +69,11 @@ def before_2026_12_01(problem, base):
 
 
 def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, timed=True):
-    q, k, v, go, problem, inputs = problem_inputs(batch, spatial, window, options, D, heads, kv_heads)
+    go, problem, inputs = problem_inputs(batch, spatial, window, options, D, heads, kv_heads)[3:]
     default = tiles.default_config(problem, exact_float32=True)
-    out, lse = launch.forward(problem, inputs, default)
-    row = {"problem": name, "default dq": default["dq"], "default dkdv": default["dkdv"]}
-    ref = None
-    if timed:
-        leaves = [t.double().requires_grad_() for t in (q, k, v)]
-        haloattn.attention(*leaves, window, backend="reference", **options).backward(go.double())
-        ref = [t.grad for t in leaves]
     configs = [("default", default), ("before", before_2026_12_01(problem, default))] + [
         (f"{r}/{s}/{w}", with_backward(problem, default, r, s, w)) for r, s, w in variants_for(D)]
-    time_backward_kernels(row, problem, inputs, out, lse, go, configs, ref, timed)
-    if timed:
-        row["forward ms"] = do_bench_cudagraph(lambda: launch.forward(problem, inputs, default), rep=50,
-                                               return_mode="median")
-    return row
+    return time_backward_configs(name, problem, inputs, go, window, options, configs, timed)
 
 
 def main():

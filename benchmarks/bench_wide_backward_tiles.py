@@ -25,14 +25,12 @@ import subprocess
 import sys
 
 import torch
-from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_kernel_timing import time_backward_kernels  # noqa: E402
+from backward_kernel_timing import time_backward_configs  # noqa: E402
 
-import haloattn  # noqa: E402
 from haloattn.backend import AttentionInputs  # noqa: E402
-from haloattn.backends.triton import launch, tiles  # noqa: E402
+from haloattn.backends.triton import tiles  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 # (name, batch, spatial, window, options, head_dim, heads, kv_heads, dtype)
@@ -92,23 +90,12 @@ def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype
     problem = build_problem(q, k, v, window, **options)
     inputs = AttentionInputs(q, k, v)
     default = tiles.default_config(problem)
-    out, lse = launch.forward(problem, inputs, default)
-    row = {"problem": name, "default dq": default["dq"], "default dkdv": default["dkdv"]}
-    ref = None
-    if timed:
-        leaves = [t.double().requires_grad_() for t in (q, k, v)]
-        haloattn.attention(*leaves, window, backend="reference", **options).backward(go.double())
-        ref = [t.grad for t in leaves]
     configs = [("default", default), ("before", before_the_rule(problem))]
     if not RULE_ONLY:
         configs += [(f"{r}/{s}/{w}", with_backward(problem, default, r, s, w)) for r, s, w in VARIANTS]
-    if only_config is not None:  # a compile-only worker's one config
-        configs = configs[only_config:only_config + 1]
-    time_backward_kernels(row, problem, inputs, out, lse, go, configs, ref, timed, rep=40)
-    if timed:
-        row["forward ms"] = do_bench_cudagraph(lambda: launch.forward(problem, inputs, default), rep=40,
-                                               return_mode="median")
-    return row
+    if only_config is not None:  # a compile-only worker's one config (its forward first)
+        configs = [configs[0]] if only_config == 0 else [configs[0], configs[only_config]]
+    return time_backward_configs(name, problem, inputs, go, window, options, configs, timed, rep=40)
 
 
 def table(rows) -> str:
