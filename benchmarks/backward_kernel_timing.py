@@ -71,3 +71,12 @@ def time_backward_configs(name: str, problem, inputs, go, window, options, confi
         row["forward ms"] = do_bench_cudagraph(lambda: launch.forward(problem, inputs, default), rep=rep,
                                                return_mode="median")
     return row
+
+
+def kernel_cells(row: dict) -> dict:
+    """A timed row for the benches' tables: "dq" and "dkdv" (every config's ms, "label ms; ..."),
+    "default" (the default's dQ + dK/dV ms) and "best" (the fastest dQ plus the fastest dK/dV)."""
+    labels = [key[:-len(" dq ms")] for key in row if key.endswith(" dq ms")]
+    cells = {part: "; ".join(f"{label} {row[f'{label} {part} ms']:.3f}" for label in labels) for part in ("dq", "dkdv")}
+    best = sum(min(row[f"{label} {part} ms"] for label in labels) for part in ("dq", "dkdv"))
+    return dict(cells, default=row["default dq ms"] + row["default dkdv ms"], best=best)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_kernel_timing import time_backward_configs  # noqa: E402
+from backward_kernel_timing import kernel_cells, time_backward_configs  # noqa: E402
 from bench_float32_forward_tiles import (PROBLEMS, float32_arguments, problem_inputs,  # noqa: E402
                                          selected_problems, timed_rows)
 
@@ -93,16 +93,13 @@ def main():
           "before / default | default / best |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        labels = [key[:-6] for key in r if key.endswith(" dq ms")]
-        def cells(part):
-            return "; ".join(f"{l} {r[f'{l} {part} ms']:.3f}" for l in labels)
-        best = min(r[f"{l} dq ms"] for l in labels) + min(r[f"{l} dkdv ms"] for l in labels)
-        default = r["default dq ms"] + r["default dkdv ms"]
+        c = kernel_cells(r)
+        default = c["default"]
         tiles_cell = (f"{r['default dq']['q']}/{r['default dq']['kv']} {r['default dq']['warps']}w; "
                       f"{r['default dkdv']['q']}/{r['default dkdv']['kv']} {r['default dkdv']['warps']}w")
         before = r["before dq ms"] + r["before dkdv ms"]
-        print(f"| {r['problem']} | {r['forward ms']:.3f} | {tiles_cell} | {cells('dq')} | {cells('dkdv')} | "
-              f"{before / default:.2f}x | {default / best:.2f} |")
+        print(f"| {r['problem']} | {r['forward ms']:.3f} | {tiles_cell} | {c['dq']} | {c['dkdv']} | "
+              f"{before / default:.2f}x | {default / c['best']:.2f} |")
         worst = max(v for k, v in r.items() if k.endswith(" error"))
         print(f"|  (errors: default vs float64 {r['default error vs float64']:.1e}, worst variant vs default {worst:.1e}) |")
     if args.json:

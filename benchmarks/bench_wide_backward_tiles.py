@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_kernel_timing import time_backward_configs  # noqa: E402
+from backward_kernel_timing import kernel_cells, time_backward_configs  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import tiles  # noqa: E402
@@ -102,15 +102,10 @@ def table(rows) -> str:
     lines = ["| problem | forward ms | default dQ tiles | dQ ms: default; variants | dK/dV ms: default; variants | "
              "backward / forward | default / best (per kernel) | before / default |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        labels = [key[:-6] for key in r if key.endswith(" dq ms")]
-
-        def cells(part):
-            return "; ".join(f"{label} {r[f'{label} {part} ms']:.3f}" for label in labels)
-        best = min(r[f"{label} dq ms"] for label in labels) + min(r[f"{label} dkdv ms"] for label in labels)
-        default = r["default dq ms"] + r["default dkdv ms"]
-        lines.append(f"| {r['problem']} | {r['forward ms']:.3f} | {r['default tiles']} | {cells('dq')} | "
-                     f"{cells('dkdv')} | {default / r['forward ms']:.2f} | {default / best:.2f} | "
-                     f"{(r['before dq ms'] + r['before dkdv ms']) / default:.2f}x |")
+        c = kernel_cells(r)
+        lines.append(f"| {r['problem']} | {r['forward ms']:.3f} | {r['default tiles']} | {c['dq']} | {c['dkdv']} | "
+                     f"{c['default'] / r['forward ms']:.2f} | {c['default'] / c['best']:.2f} | "
+                     f"{(r['before dq ms'] + r['before dkdv ms']) / c['default']:.2f}x |")
     return "\n".join(lines)
 
 
