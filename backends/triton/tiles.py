@@ -359,10 +359,11 @@ WIDE_SPLIT_STREAM = 32
 # in both kernels, by width. Measured on an H200 (2026-12-01, bench_wide_backward_tiles.py;
 # RESULTS.md "Wide heads' backward tiles"), the dQ and dK/dV kernels timed apart on every variant,
 # then the rule against the tiles before it on fourteen problems:
-# * 129-160 channels (split 128 + 16 / 32): 64 / 32 tokens on 4 warps, 1.06-1.33x the 8-warp
-#   128 / 32 tiles on eight problems; they are also the tiles the small-window rule then weighs:
-#   on three problems that rule had taken (6x4x17, 6x6x6, 32x5 windows) they ran 1.06-1.19x
-#   faster than its tiles, and the rule still takes a 3x3 window (where they ran 0.77x its).
+# * 129-160 channels (split 128 + 16 / 32): 64 / 32 tokens on 4 warps, 1.10-1.33x the 8-warp
+#   128 / 32 tiles on four problems (dQ up to 1.77x); they are also the tiles the small-window
+#   rule then weighs: on three problems that rule had taken (6x4x17, 6x6x6, 32x5 windows) they
+#   ran 1.06-1.19x faster than its tiles, and the rule still takes a 3x3 window (where they ran
+#   0.77x its).
 #   Their dK/dV kernel does not wait for its dK product within a step (waits_for_dk is for the
 #   8-warp loops ptxas serialises): waiting, it ran 1.19-1.25x slower on those three problems.
 # * 193-256 channels: 32 / 64 tokens on 4 warps where the default's tiles compute at least
@@ -689,14 +690,16 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     out.extend(_small_tile_candidates(problem, base))
     out.append(dict(base, fwd=dict(base["fwd"], lazy_rescale=not base["fwd"]["lazy_rescale"])))
     out.append(dict(base, fwd=dict(base["fwd"], axis_masks=not base["fwd"]["axis_masks"])))
-    # Backward: resident tiles of 32 tokens (one warp: 1.22x the default backward on 7x7, D=32),
-    # 64 (4 warps) and 128 (8 warps), streamed tiles of 64 or 32 tokens, 2 or 3 stages, pointer
-    # or descriptor loads.
+    # Backward: resident tiles of 32 tokens (one warp: 1.22x the default backward on 7x7, D=32;
+    # four: the wide heads' WIDE_256_BACKWARD_TILES), 64 (4 warps; with 32 streamed tokens the
+    # WIDE_160_BACKWARD_TILES) and 128 (8 warps), streamed tiles of 64 or 32 tokens, 2 or 3
+    # stages, pointer or descriptor loads.
     stream64, stream32 = fit(kv_shape, ext, 64), fit(kv_shape, ext, 32)
     for resident, stream, warps, stages, tma in ((64, stream64, 4, 3, False), (128, stream64, 8, 2, False),
                                                  (128, stream64, 8, 3, False), (128, stream32, 8, 2, False),
                                                  (128, stream64, 8, 2, True), (64, stream64, 4, 2, True),
-                                                 (64, stream64, 4, 2, False), (32, stream32, 1, 2, False)):
+                                                 (64, stream64, 4, 2, False), (32, stream32, 1, 2, False),
+                                                 (64, stream32, 4, 2, False), (32, stream64, 4, 2, False)):
         tile = fit(q_shape, ext, resident)
         knobs = dict(warps=warps, stages=stages, tma=tma)
         dq = dict(q=tile, kv=stream, **knobs)
