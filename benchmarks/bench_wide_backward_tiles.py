@@ -10,7 +10,9 @@ the default's, the default's against the float64 reference. (The first run, 2026
 64 / 64, 128 / 64 and 128 / 32 on the first two problems: 128 / 32 won at 160 channels, 64 / 64
 at 256.)
 
-    python benchmarks/bench_wide_backward_tiles.py [--only 0,5] [--json FILE] [--compile-only]
+    python benchmarks/bench_wide_backward_tiles.py [--only 0,5] [--rule] [--json FILE] [--compile-only [--workers N]]
+
+``--rule`` times only the default and the config before the wide heads' rules (tiles.WIDE_*).
 
 ``--compile-only`` runs every kernel once, untimed, one process per problem and config, --workers
 at a time (fills Triton's cache so that the timed run that follows compiles nothing).
@@ -79,10 +81,10 @@ def before_the_rule(problem):
         tiles.default_config.cache_clear()
 
 
-RULE_ONLY = False  # --rule: time the default and the config before the rule only
-
-
-def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype, timed=True, only_config=None):
+def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype, timed=True, only_config=None,
+                variants=True):
+    """One problem's row: the default, the config before the rules and (``variants``) VARIANTS;
+    ``only_config``: that one config (an index into them) after the default, untimed."""
     torch.manual_seed(0)
     q = torch.randn(batch, *spatial, heads, D, device="cuda", dtype=dtype)
     k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda", dtype=dtype) for _ in range(2))
@@ -91,7 +93,7 @@ def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype
     inputs = AttentionInputs(q, k, v)
     default = tiles.default_config(problem)
     configs = [("default", default), ("before", before_the_rule(problem))]
-    if not RULE_ONLY:
+    if variants:
         configs += [(f"{r}/{s}/{w}", with_backward(problem, default, r, s, w)) for r, s, w in VARIANTS]
     if only_config is not None:  # a compile-only worker's one config (its forward first)
         configs = [configs[0]] if only_config == 0 else [configs[0], configs[only_config]]
@@ -118,8 +120,6 @@ def main():
     parser.add_argument("--rule", action="store_true", help="time the default and the config before the rule only")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a compile-only worker: "problem:config"
     args = parser.parse_args()
-    global RULE_ONLY
-    RULE_ONLY = args.rule
     only = [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
     if args.one is not None:
         problem, config = (int(part) for part in args.one.split(":"))
@@ -136,7 +136,7 @@ def main():
         sys.exit(status)
     rows = []
     for i in only:
-        rows.append(run_problem(*PROBLEMS[i]))
+        rows.append(run_problem(*PROBLEMS[i], variants=not args.rule))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
         if args.json:
