@@ -62,12 +62,9 @@ VARIANTS = [(128, 32, 8), (128, 64, 8), (64, 64, 8), (64, 32, 8), (64, 32, 4), (
 
 def with_backward(problem, base, resident, streamed, warps):
     """``base`` with both backward kernels on ``resident`` / ``streamed`` tokens around the
-    forward's tile shapes, on ``warps`` warps, fitted as tiles.default_config fits them."""
-    ext = tiles.group_extents(problem)
-    r, s = tiles.fit(base["fwd"]["q"], ext, resident), tiles.fit(base["fwd"]["kv"], ext, streamed)
-    dq = tiles._fit_shared(problem, "dq", dict(base["dq"], q=r, kv=s, warps=warps))
-    dkdv = tiles._fit_shared(problem, "dkdv", dict(base["dkdv"], q=s, kv=r, warps=warps))
-    return tiles.normalise(dict(base, dq=dq, dkdv=dkdv), problem)
+    forward's tile shapes, on ``warps`` warps, fitted as tiles.default_config fits its rules'."""
+    return tiles.normalise(dict(base, **tiles._backward_around_forward(problem, base, resident, streamed, warps)),
+                           problem)
 
 
 def before_the_rule(problem):
