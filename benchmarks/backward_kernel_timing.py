@@ -8,6 +8,9 @@ the first config's against the float64 reference.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from triton.testing import do_bench_cudagraph
 
 import haloattn
@@ -80,3 +83,16 @@ def kernel_cells(row: dict) -> dict:
     cells = {part: "; ".join(f"{label} {row[f'{label} {part} ms']:.3f}" for label in labels) for part in ("dq", "dkdv")}
     best = sum(min(row[f"{label} {part} ms"] for label in labels) for part in ("dq", "dkdv"))
     return dict(cells, default=row["default dq ms"] + row["default dkdv ms"], best=best)
+
+
+def compile_in_workers(script: str, jobs, workers: int) -> int:
+    """Run ``script --one JOB`` for every job, ``workers`` processes at a time (each compiles its
+    kernels into Triton's cache, so the timed run after them compiles nothing); the worst exit
+    status."""
+    jobs, running, status = list(jobs), [], 0
+    while jobs or running:
+        while jobs and len(running) < workers:
+            running.append(subprocess.Popen([sys.executable, script, "--one", jobs.pop(0)]))
+        running[0].wait()
+        status = max(status, running.pop(0).returncode)
+    return status

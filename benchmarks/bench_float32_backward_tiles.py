@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_kernel_timing import kernel_cells, time_backward_configs  # noqa: E402
+from backward_kernel_timing import compile_in_workers, kernel_cells, time_backward_configs  # noqa: E402
 from bench_float32_forward_tiles import (PROBLEMS, float32_arguments, problem_inputs,  # noqa: E402
                                          selected_problems, timed_rows)
 
@@ -86,8 +85,7 @@ def main():
         run_problem(*PROBLEMS[args.one], timed=False)
         return
     if args.compile_only:
-        workers = [subprocess.Popen([sys.executable, __file__, "--one", str(i)]) for i in only]
-        sys.exit(max(w.wait() for w in workers))
+        sys.exit(compile_in_workers(__file__, [str(i) for i in only], len(only)))
     rows = timed_rows(run_problem, only)
     print("| problem | forward ms | default dq / dkdv | dQ ms: default; variants | dK/dV ms: default; variants | "
           "before / default | default / best |")

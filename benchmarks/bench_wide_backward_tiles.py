@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_kernel_timing import kernel_cells, time_backward_configs  # noqa: E402
+from backward_kernel_timing import compile_in_workers, kernel_cells, time_backward_configs  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import tiles  # noqa: E402
@@ -124,13 +123,7 @@ def main():
         return
     if args.compile_only:
         jobs = [f"{i}:{c}" for i in only for c in range(2 if args.rule else 2 + len(VARIANTS))]
-        running, status = [], 0
-        while jobs or running:
-            while jobs and len(running) < args.workers:
-                running.append(subprocess.Popen([sys.executable, __file__, "--one", jobs.pop(0)]))
-            running[0].wait()
-            status = max(status, running.pop(0).returncode)
-        sys.exit(status)
+        sys.exit(compile_in_workers(__file__, jobs, args.workers))
     rows = []
     for i in only:
         rows.append(run_problem(*PROBLEMS[i], variants=not args.rule))

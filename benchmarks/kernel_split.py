@@ -5,7 +5,13 @@ of the default config run under ``torch.profiler`` a few times; the device time 
 kernel is averaged per call and printed with its share of the backward, so work on the
 backward can aim at the kernel that costs most. One process, one GPU, no compile of Flex.
 
-    python benchmarks/kernel_split.py [--only 1,5] [--extra] [--calls 20] [--backend cuda] [--json FILE]
+With ``--models`` the problems are bench_model_shapes.py's instead (NAT, DiT, video and LLM
+layers at their own batch, heads and head dims; its Swin problem, another pattern, left out),
+and each pass's time is set against its memory floor: the bytes it must move at least (the
+forward reads q, k, v and writes o and the LSE; the backward reads those and dO and writes dQ,
+dK, dV) in GB/s, since at those shapes the tensors are large and the windows small.
+
+    python benchmarks/kernel_split.py [--only 1,5] [--extra | --models] [--calls 20] [--backend cuda] [--json FILE]
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from bench_kernel_variants import EXTRA_PROBLEMS, write_json  # noqa: E402
 from bench_neighborhood import PROBLEMS, make_inputs  # noqa: E402
 
 from haloattn.backend import AttentionInputs  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
 
 NEEDS = (True, True, True, False, False, False, False)
 
@@ -47,14 +54,39 @@ def kernel_ms(fn, calls):
     return {name: us / calls / 1000 for name, us in totals.items()}
 
 
-def split(index, calls, launch):
-    q, k, v, problem = make_inputs(index)
+def model_inputs(index):
+    """bench_model_shapes.PROBLEMS[index] as (name, q, k, v, problem), or None for a pattern
+    these launch modules do not take."""
+    from bench_model_shapes import PROBLEMS as MODEL_PROBLEMS
+
+    name, batch, spatial, heads, kv_heads, D, window, options = MODEL_PROBLEMS[index]
+    if options.get("pattern", "neighborhood") != "neighborhood":
+        return None
+    torch.manual_seed(index)
+    q = torch.randn(batch, *spatial, heads, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return name, q, k, v, build_problem(q, k, v, window, **options)
+
+
+def split(index, calls, launch, models=False):
+    if models:
+        made = model_inputs(index)
+        if made is None:
+            return None
+        name, q, k, v, problem = made
+    else:
+        q, k, v, problem = make_inputs(index)
+        name = PROBLEMS[index][0]
     inputs = AttentionInputs(q, k, v)
     out, lse = launch.forward(problem, inputs)
     go = torch.randn_like(out)
     forward = kernel_ms(lambda: launch.forward(problem, inputs), calls)
     backward = kernel_ms(lambda: launch.backward(problem, inputs, out, lse, go, None, NEEDS), calls)
-    return {"problem": PROBLEMS[index][0], "forward": forward, "backward": backward}
+    # The least each pass must move through memory: its inputs read once, its outputs written once.
+    qkvo = sum(t.numel() * t.element_size() for t in (q, k, v, out)) + lse.numel() * lse.element_size()
+    floor = {"forward": qkvo, "backward": qkvo + 2 * (q.numel() * q.element_size()) + k.numel() * k.element_size()
+             + v.numel() * v.element_size()}
+    return {"problem": name, "forward": forward, "backward": backward, "floor bytes": floor}
 
 
 def report(row):
@@ -62,13 +94,18 @@ def report(row):
     bwd = sum(row["backward"].values())
     parts = ", ".join(f"{name} {ms:.3f} ({ms / bwd:.0%})" for name, ms in
                       sorted(row["backward"].items(), key=lambda kv: -kv[1]))
-    print(f"{row['problem']}: forward {fwd:.3f} ms | backward {bwd:.3f} ms: {parts}", flush=True)
+    rates = ""
+    if "floor bytes" in row:  # GB/s over each pass's least traffic
+        rates = " | floor rate GB/s: forward {:.0f}, backward {:.0f}".format(
+            row["floor bytes"]["forward"] / fwd / 1e6, row["floor bytes"]["backward"] / bwd / 1e6)
+    print(f"{row['problem']}: forward {fwd:.3f} ms | backward {bwd:.3f} ms: {parts}{rates}", flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=None, help="problem indices, comma-separated (default: all)")
     parser.add_argument("--extra", action="store_true", help="also the problems of EXTRA_PROBLEMS")
+    parser.add_argument("--models", action="store_true", help="bench_model_shapes.py's problems instead")
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--backend", default="triton", choices=("triton", "cuda"))
     parser.add_argument("--json")
@@ -77,12 +114,20 @@ def main():
     launch = importlib.import_module(f"haloattn.backends.{args.backend}.launch")
     if args.extra:
         PROBLEMS.extend(EXTRA_PROBLEMS)  # make_inputs reads this same list
-    indices = [int(i) for i in args.only.split(",")] if args.only else range(len(PROBLEMS))
+    if args.models:
+        from bench_model_shapes import PROBLEMS as MODEL_PROBLEMS
+        count = len(MODEL_PROBLEMS)
+    else:
+        count = len(PROBLEMS)
+    indices = [int(i) for i in args.only.split(",")] if args.only else range(count)
     print(f"# {torch.cuda.get_device_name()}, backend {args.backend}: device ms per call, default configs", flush=True)
     rows = []
     for index in indices:
-        rows.append(split(index, args.calls, launch))
-        report(rows[-1])
+        row = split(index, args.calls, launch, args.models)
+        if row is None:
+            continue
+        rows.append(row)
+        report(row)
         write_json(args.json, rows)
 
 
