@@ -12,10 +12,15 @@ variants of the backward's tiles:
 * one knob of the default's dK/dV changed: warps, stages, descriptor loads, the in-step dK wait,
   128 resident keys on 8 warps, 32 streamed queries.
 
+The first run (2026-12-02) found the dK/dV kernel's walk by the inverse rule computing up to
+1.6x the pairs of the dQ kernel's on the forward's boxes; since then dK/dV takes boxes of its own
+(tiles.KEY_MAJOR_BOXES), and ``--rule`` times only the default against the config before that
+rule ("before").
+
 Every variant's gradients are checked against the default's, the default's against the float64
 reference.
 
-    python benchmarks/bench_backward_shapes.py [--only 0,5] [--json FILE] [--compile-only [--workers N]]
+    python benchmarks/bench_backward_shapes.py [--only 0,5] [--rule] [--json FILE] [--compile-only [--workers N]]
 
 ``--compile-only`` runs every kernel once, untimed, one process per problem and config, --workers
 at a time (fills Triton's cache so that the timed run after it compiles nothing).
@@ -49,6 +54,26 @@ PROBLEMS = [
     ("3-D 8x32x32, 3x7x7, 8 heads of 64, GQA 8/2, batch 2", 2, (8, 32, 32), (3, 7, 7), {}, 64, 8, 2, torch.float16),
     ("3-D 8x32x32, 5x9x9, 8 heads of 32, batch 2", 2, (8, 32, 32), (5, 9, 9), {}, 32, 8, 8, torch.bfloat16),
     ("2-D 128x128, 31x31, 16 heads of 64", 1, (128, 128), 31, {}, 64, 16, 16, torch.bfloat16),
+    # --rule's checks of the dK/dV boxes' rule (tiles.KEY_MAJOR_*): the issue's strided problem and
+    # problems drawn at random (2-D and 3-D, 48-128 channels) whose dK/dV boxes the rule changes
+    ("2-D 128x128, 32x32 stride 16, 16 heads of 128", 1, (128, 128), 32, {"stride": 16}, 128, 16, 16,
+     torch.bfloat16),
+    ("2-D 80x96, 11x15, D=64", 2, (80, 96), (11, 15), {}, 64, 8, 8, torch.bfloat16),
+    ("3-D 20x40x40, 13x5x7, D=128", 2, (20, 40, 40), (13, 5, 7), {}, 128, 8, 8, torch.float16),
+    ("2-D 128x80, 11x11 causal last axis, D=64", 2, (128, 80), 11, {"causal": (False, True)}, 64, 8, 8,
+     torch.bfloat16),
+    ("3-D 96x24x48, 13x7x9 stride 1x2x2, D=64", 2, (96, 24, 48), (13, 7, 9), {"stride": (1, 2, 2)}, 64, 8, 8,
+     torch.bfloat16),
+    ("3-D 20x24x12, 7x13x11, D=128", 2, (20, 24, 12), (7, 13, 11), {}, 128, 8, 8, torch.bfloat16),
+    ("3-D 64x24x16, 3x11x15, D=64", 2, (64, 24, 16), (3, 11, 15), {}, 64, 8, 8, torch.float16),
+    ("3-D 24x12x8, 15x7x3, D=48", 2, (24, 12, 8), (15, 7, 3), {}, 48, 8, 8, torch.bfloat16),
+    ("2-D 48x64, 9x11, GQA 8/2, D=64", 2, (48, 64), (9, 11), {}, 64, 8, 2, torch.bfloat16),
+    ("3-D 64x16x64, 5x5x7, D=64", 2, (64, 16, 64), (5, 5, 7), {}, 64, 8, 8, torch.bfloat16),
+    ("3-D 24x24x56, 7x5x13, D=96", 2, (24, 24, 56), (7, 5, 13), {}, 96, 8, 8, torch.bfloat16),
+    ("2-D 128x56, 15x9, D=96", 2, (128, 56), (15, 9), {}, 96, 8, 8, torch.float16),
+    ("3-D 12x12x32, 11x9x3 dilation 1x1x2, D=128", 2, (12, 12, 32), (11, 9, 3), {"dilation": (1, 1, 2)}, 128, 8, 8,
+     torch.bfloat16),
+    ("2-D 96x80, 13x13 stride 13x2, D=64", 2, (96, 80), 13, {"stride": (13, 2)}, 64, 8, 8, torch.bfloat16),
 ]
 BOX_PAIRS = 4  # the cheapest (resident, streamed) box pairs timed beside the default
 
@@ -84,41 +109,66 @@ def variants(problem, default):
     return [(label, tiles.normalise(config, problem)) for label, config in out]
 
 
-def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype, timed=True, only_config=None):
-    """One problem's row: the default and its variants; ``only_config``: that one config (an
-    index into them) after the default, untimed."""
+def before_the_rule(problem):
+    """The default config as it was before the dK/dV boxes' rule (2026-12-02)."""
+    tiles.KEY_MAJOR_BOXES = False
+    tiles.default_config.cache_clear()
+    try:
+        return tiles.default_config(problem)
+    finally:
+        tiles.KEY_MAJOR_BOXES = True
+        tiles.default_config.cache_clear()
+
+
+def problem_configs(problem, rule):
+    """(label, config) pairs of one problem, the default first: with ``rule`` the config before
+    the rule beside it, else the variants."""
+    default = tiles.default_config(problem)
+    return [("default", default)] + ([("before", before_the_rule(problem))] if rule else variants(problem, default))
+
+
+def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype, timed=True, only_config=None,
+                rule=False):
+    """One problem's row: the default and its variants (``rule``: the config before the rule);
+    ``only_config``: that one config (an index into them) after the default, untimed."""
     torch.manual_seed(0)
     q = torch.randn(batch, *spatial, heads, D, device="cuda", dtype=dtype)
     k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda", dtype=dtype) for _ in range(2))
     go = torch.randn_like(q)
     problem = build_problem(q, k, v, window, **options)
     inputs = AttentionInputs(q, k, v)
-    default = tiles.default_config(problem)
-    configs = [("default", default)] + variants(problem, default)
+    configs = problem_configs(problem, rule)
     if only_config is not None:  # a compile-only worker's one config (its forward first)
         configs = [configs[0]] if only_config == 0 else [configs[0], configs[only_config]]
     return time_backward_configs(name, problem, inputs, go, window, options, configs, timed, rep=40)
 
 
-def config_count(index):
+def config_count(index, rule):
     """How many configs problem ``index`` times (on the GPU's device: its limits shape the
     default; the tensors are left unwritten)."""
     name, batch, spatial, window, options, D, heads, kv_heads, dtype = PROBLEMS[index]
     q = torch.empty(batch, *spatial, heads, D, device="cuda", dtype=dtype)
     k = torch.empty(batch, *spatial, kv_heads, D, device="cuda", dtype=dtype)
     problem = build_problem(q, k, k, window, **options)
-    return 1 + len(variants(problem, tiles.default_config(problem)))
+    return len(problem_configs(problem, rule))
+
+
+def before_over_default(row, cells) -> str:
+    """The config before the rule over the default, both kernels' time (``--rule`` rows)."""
+    if "before dq ms" not in row:
+        return "-"
+    return f"{(row['before dq ms'] + row['before dkdv ms']) / cells['default']:.2f}x"
 
 
 def table(rows) -> str:
     lines = ["| problem | forward ms | default dQ tiles | dQ ms: default; variants | dK/dV ms: default; variants | "
-             "dK/dV / dQ (default) | backward / forward | default / best (per kernel) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "dK/dV / dQ (default) | backward / forward | default / best (per kernel) | before / default |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = kernel_cells(r)
         lines.append(f"| {r['problem']} | {r['forward ms']:.3f} | {r['default tiles']} | {c['dq']} | {c['dkdv']} | "
                      f"{r['default dkdv ms'] / r['default dq ms']:.2f} | {c['default'] / r['forward ms']:.2f} | "
-                     f"{c['default'] / c['best']:.2f} |")
+                     f"{c['default'] / c['best']:.2f} | {before_over_default(r, c)} |")
     return "\n".join(lines)
 
 
@@ -128,19 +178,20 @@ def main():
     parser.add_argument("--only", default="", help="comma list of problem indices")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--workers", type=int, default=14)
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # a compile-only worker: "problem:config"
+    parser.add_argument("--rule", action="store_true", help="time the default and the config before the rule only")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a compile-only worker: "problem:config[:rule]"
     args = parser.parse_args()
     only = [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
     if args.one is not None:
-        problem, config = (int(part) for part in args.one.split(":"))
-        run_problem(*PROBLEMS[problem], timed=False, only_config=config)
+        problem, config, rule = (int(part) for part in args.one.split(":"))
+        run_problem(*PROBLEMS[problem], timed=False, only_config=config, rule=bool(rule))
         return
     if args.compile_only:
-        jobs = [f"{i}:{c}" for i in only for c in range(config_count(i))]
+        jobs = [f"{i}:{c}:{int(args.rule)}" for i in only for c in range(config_count(i, args.rule))]
         sys.exit(compile_in_workers(__file__, jobs, args.workers))
     rows = []
     for i in only:
-        rows.append(run_problem(*PROBLEMS[i]))
+        rows.append(run_problem(*PROBLEMS[i], rule=args.rule))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
         if args.json:

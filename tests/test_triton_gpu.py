@@ -428,6 +428,35 @@ def test_wide_16bit_heads_on_their_backward_tiles(dtype, head_dim, value_dim, sp
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,value_dim,spatial,window,options", [
+    (64, 64, (10, 20, 20), (5, 9, 9), {}),
+    (64, 64, (12, 24, 24), (5, 9, 9), dict(causal=(True, False, False), extra=3)),
+    (128, 128, (10, 30, 30), (7, 15, 15), dict(softcap=30.0)),
+    (128, 128, (64, 64), 32, dict(stride=16)),
+    (64, 96, (80, 48), (11, 11), dict(causal=(False, True))),
+    (48, 48, (24, 12, 8), (15, 7, 3), {}),
+])
+def test_key_major_boxes_on_the_gpu(dtype, head_dim, value_dim, spatial, window, options):
+    """16-bit problems whose dK/dV kernel takes boxes of its own (tiles.KEY_MAJOR_BOXES: another
+    shape than the dQ kernel's, 32-token streamed boxes at 64 channels): every gradient, the
+    bias's too, with GQA, against the oracle."""
+    from haloattn.backends.triton import tiles
+    from haloattn.problem import build_problem
+
+    options = dict(options)  # the parameter's dict is shared by both dtypes
+    extra = options.pop("extra", 0)
+    q = torch.empty(2, *spatial, 4, head_dim, device="cuda", dtype=dtype)
+    k = torch.empty(2, *spatial, 2, head_dim, device="cuda", dtype=dtype)
+    v = torch.empty(2, *spatial, 2, value_dim, device="cuda", dtype=dtype)
+    cfg = tiles.default_config(build_problem(q, k, v, window, **options))
+    assert (cfg["dkdv"]["kv"], cfg["dkdv"]["q"]) != (cfg["dq"]["q"], cfg["dq"]["kv"]), cfg
+    check_against_oracle(spatial, window, dtype=dtype, device="cuda", head_dim=head_dim, value_dim=value_dim,
+                         batch=2, heads=4, kv_heads=2, rpb=True, extra=extra, **options)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("head_dim,value_dim", [(72, 72), (80, 48), (144, 64), (80, 160)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

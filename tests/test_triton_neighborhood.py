@@ -461,6 +461,122 @@ def test_wide_16bit_heads_take_their_backward_tiles(monkeypatch, spatial, window
     assert with_rules == tiles.default_config.__wrapped__(float32)
 
 
+@pytest.mark.parametrize("pattern", ["neighborhood", "window"])
+def test_key_major_cost_walks_every_query_that_sees_the_key_tile(pattern):
+    """The host twin of the dK/dV kernel's walk (tiles._axis_query_steps) against the forward
+    rule: on random axes, every query that sees a key of a key tile lies in the tiles its walk
+    visits, the walk is no longer than those queries' span rounded up plus one tile, and the
+    tiles counted inside the common range hold only queries that see every key of the tile."""
+    from haloattn.geometry import Axis, key_range
+
+    rng = torch.Generator().manual_seed(5)
+    for _ in range(150):
+        length, window = (int(x) for x in torch.randint(2, 60, (2,), generator=rng))
+        window = min(window, length)
+        causal = bool(torch.randint(0, 2, (1,), generator=rng))
+        if pattern == "window":
+            shift = int(torch.randint(0, window, (1,), generator=rng))
+            axis = Axis(length, window, 1, 1, causal, shift=shift)
+        else:
+            axis = Axis(length, window, int(torch.randint(1, window + 1, (1,), generator=rng)), 1, causal)
+        seen_by = [[i for i in range(length) if key_range(axis, pattern, i)[1] <= y < key_range(axis, pattern, i)[2]]
+                   for y in range(length)]
+        for kv_tile, q_tile in ((4, 4), (8, 2), (2, 8), (16, 16)):
+            visited, inside = 0, 0
+            for start in range(0, length, kv_tile):
+                keys = range(start, min(start + kv_tile, length))
+                queries = sorted({i for y in keys for i in seen_by[y]})
+                every = set.intersection(*(set(seen_by[y]) for y in keys))
+                (first, steps), inside_here = _walk_of_one_key_tile(axis, pattern, start, kv_tile, q_tile, length)
+                visited += steps
+                inside += len(inside_here)
+                assert queries, (axis, start)  # every key is seen by some query
+                span = queries[-1] - queries[0] + 1
+                assert first <= queries[0] and queries[-1] < first + steps * q_tile, (axis, kv_tile, q_tile, start)
+                assert steps <= -(-span // q_tile) + 1
+                for t in inside_here:
+                    block = set(range(max(t, 0), min(t + q_tile, length)))
+                    assert block <= every, (axis, kv_tile, q_tile, start, t)
+            assert (visited, inside) == tiles._axis_query_steps(axis, pattern, kv_tile, q_tile, True)
+
+
+def _walk_of_one_key_tile(axis, pattern, start, kv_tile, q_tile, length):
+    """((first query tile's start, steps), starts of the tiles inside the common range) of the
+    dK/dV walk for the key tile at ``start``, as tiles._axis_query_steps counts it."""
+    from haloattn.geometry import query_range, window_query_range
+
+    inverse = window_query_range if pattern == "window" else query_range
+    last = min(start + kv_tile, length) - 1
+    lo, common_hi = inverse(axis, start, length)
+    common_lo, hi = inverse(axis, last, length)
+    first = tiles.walk_start(lo, hi, common_lo, common_hi, q_tile, True)
+    steps = -(-(hi - first) // q_tile)
+    inside = [first + j * q_tile for j in range(steps)
+              if common_lo <= first + j * q_tile and first + (j + 1) * q_tile <= common_hi]
+    assert len(inside) == tiles.tiles_inside(first, steps, q_tile, common_lo, common_hi)
+    return (first, steps), inside
+
+
+@pytest.mark.parametrize("spatial,window,options,head_dim,changes", [
+    ((16, 32, 32), (5, 9, 9), {}, 64, True),  # a video layer: 1.45x fewer pairs for dK/dV
+    ((16, 32, 32), (5, 9, 9), {"causal": (True, False, False)}, 64, True),
+    ((16, 48, 48), (7, 15, 15), {}, 128, True),
+    ((128, 128), 32, {"stride": 16}, 128, True),
+    ((128, 128), 31, {}, 128, False),  # the forward's boxes are the dK/dV walk's cheapest too
+    ((16, 32, 32), (5, 9, 9), {}, 160, False),  # wide heads keep their rule's tiles
+    ((56, 56), 7, {}, 32, False),  # narrow heads: 32-token tiles on 1 warp
+])
+def test_key_major_boxes_take_the_cheapest_inverse_walk(monkeypatch, spatial, window, options, head_dim, changes):
+    """Where the rule applies (16-bit heads of at most 128 channels on 64-token 4-warp tiles),
+    dK/dV takes the boxes of least key_major_cost when they save at least KEY_MAJOR_MIN_SAVING,
+    and keeps the forward's otherwise; the dQ kernel and float32 keep theirs."""
+    q = torch.empty(2, *spatial, 4, head_dim, dtype=torch.bfloat16, device="meta")
+    problem = build_problem(q, q, q, window, **options)
+    cfg = tiles.default_config.__wrapped__(problem)
+    monkeypatch.setattr(tiles, "KEY_MAJOR_BOXES", False)
+    before = tiles.default_config.__wrapped__(problem)
+    assert cfg["dq"] == before["dq"] and cfg["fwd"] == before["fwd"]
+    if not changes:
+        assert cfg["dkdv"] == before["dkdv"]
+        return
+    speed = tiles.KEY_MAJOR_STREAM_32_SPEED if math.prod(cfg["dkdv"]["q"]) == 32 else 1.0
+    new = tiles.key_major_cost(problem, cfg["dkdv"]["kv"], cfg["dkdv"]["q"], speed)
+    old = tiles.key_major_cost(problem, before["dkdv"]["kv"], before["dkdv"]["q"])
+    assert old >= tiles.KEY_MAJOR_MIN_SAVING * new, (cfg["dkdv"], before["dkdv"])
+    assert {k: v for k, v in cfg["dkdv"].items() if k not in ("q", "kv")} == \
+        {k: v for k, v in before["dkdv"].items() if k not in ("q", "kv")}
+    float32 = build_problem(*(torch.empty_like(q, dtype=torch.float32),) * 3, window, **options)
+    without_rule = tiles.default_config.__wrapped__(float32)
+    monkeypatch.setattr(tiles, "KEY_MAJOR_BOXES", True)
+    assert tiles.default_config.__wrapped__(float32) == without_rule
+
+
+@pytest.mark.parametrize("spatial,window,options", [
+    ((8, 8, 16), (5, 3, 7), {"causal": (True, False, False)}),  # 32-token streamed boxes
+    ((4, 8, 16), (3, 5, 5), {}),
+])
+def test_key_major_boxes_are_exact(spatial, window, options):
+    """The backward with dK/dV on boxes of its own (tiles.KEY_MAJOR_BOXES: another shape than dQ's,
+    streamed boxes of 32 tokens) against the oracle, with GQA and the bias's gradient."""
+    gen = torch.Generator().manual_seed(22)
+    q = torch.randn(1, *spatial, 4, 64, generator=gen)
+    k, v = (torch.randn(1, *spatial, 2, 64, generator=gen) for _ in range(2))
+    rpb = torch.randn(4, *(2 * w - 1 for w in window), generator=gen)
+    grad = torch.randn_like(q)
+    cfg = tiles.default_config(build_problem(q.bfloat16(), k.bfloat16(), v.bfloat16(), window, rpb=rpb, **options))
+    assert cfg["dkdv"]["kv"] != cfg["dq"]["q"] or cfg["dkdv"]["q"] != cfg["dq"]["kv"], cfg
+    problem = build_problem(q, k, v, window, rpb=rpb, **options)  # float32 data on the 16-bit problem's tiles
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v, rpb)]
+    ref, _ = oracle.attention(*leaves[:3], window, rpb=leaves[3], **options)
+    ref_grads = torch.autograd.grad(ref, leaves, grad.double())
+    inputs = AttentionInputs(q, k, v, rpb)
+    out, lse = launch.forward(problem, inputs, cfg)
+    needs = (True, True, True, True, False, False, False)
+    grads = [g for g in launch.backward(problem, inputs, out, lse, grad, None, needs, cfg) if g is not None]
+    for g, rg in zip(grads, ref_grads):
+        assert oracle.rel_error(g, rg) <= 1e-5
+
+
 def test_small_window_backward_tiles_are_exact():
     """The backward on tiles.SMALL_WINDOW_BACKWARD_TILES (a 3x3 window at 64 channels takes them)
     against the oracle, with GQA and the bias's gradient."""

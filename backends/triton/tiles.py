@@ -24,7 +24,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from haloattn.geometry import Axis, key_range
+from haloattn.geometry import Axis, key_range, query_range, window_query_range
 from haloattn.problem import Problem
 
 from .device_limits import multiprocessors, tile_shared_budget, tiles_for_copy_engine
@@ -133,6 +133,23 @@ SMALL_WINDOW_BACKWARD_RATIO = 2.25
 SMALL_TILE_FORWARD_CANDIDATES = ((16, 32, 1, 3), (16, 32, 2, 3), (16, 64, 2, 3), (32, 64, 4, 3))
 SMALL_TILE_BACKWARD_CANDIDATES = (SMALL_WINDOW_BACKWARD_TILES, (32, 32, 2))
 SMALL_TILE_CANDIDATE_RATIO = 1.5
+
+# The dK/dV kernel's own boxes. It walks query tiles past a resident key tile by the inverse rule,
+# whose ranges are not the forward's mirror image: near a border a key is seen by up to
+# K + K // 2 queries (every clamped window there reaches it), and strides and causal axes skew
+# them too. The forward's boxes, which the backward used to take for both kernels, made dK/dV
+# compute 1.2-1.6x the pairs it needs on 3-D windows and strided 2-D ones (key_major_cost); on
+# an H200 (2026-12-02, bench_backward_shapes.py; RESULTS.md "The dK/dV kernel's own boxes") the
+# dK/dV kernel then took 2.3x the dQ kernel's time on 3-D video windows at 64 channels, where
+# its share of the products is 4/3. Where the rule applies (16-bit heads of at most 128
+# channels on the default 64-token, 4-warp tiles), dK/dV takes the (resident, streamed) boxes
+# of least key_major_cost if they save at least KEY_MAJOR_MIN_SAVING; streamed boxes of 32
+# tokens are weighed at KEY_MAJOR_STREAM_32_SPEED (their rate on computed pairs, 0.92-1.05 at 64
+# channels on the same run, 0.79-0.85 at 128, where they are not offered).
+KEY_MAJOR_BOXES = True
+KEY_MAJOR_MIN_SAVING = 1.05
+KEY_MAJOR_STREAM_32_SPEED = 0.95
+KEY_MAJOR_STREAM_32_MAX_HEAD_DIM = 64
 
 # Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
 # PACK_MAX (batch, head) pairs in one flat loop, as long as the launch keeps PACK_MIN_WAVES
@@ -275,6 +292,34 @@ def forward_cost(problem: Problem, q: Sequence[int], kv: Sequence[int], speed: f
     compares). Per axis the query tiles' steps are independent, so the step counts multiply and
     a step crosses axis ``a`` with probability ``1 - inside_a / visited_a``."""
     per_axis = _axis_walks(problem, q, kv)
+    steps = math.prod(visited for visited, _ in per_axis)
+    crossings = sum(1 - inside / visited for visited, inside in per_axis)
+    return steps * (1 + MASKED_AXIS_COST * crossings) * math.prod(q) * math.prod(kv) / speed
+
+
+@lru_cache(maxsize=4096)
+def _axis_query_steps(axis: Axis, pattern: str, kv_tile: int, q_tile: int, anchor: bool) -> Tuple[int, int]:
+    """``_axis_steps`` of the dK/dV kernel (the host twin of index_math.query_walk): query-tile
+    steps on one axis summed over the key tiles of group 0, and how many of them lie inside the
+    tile's common range (the queries that see every key of it)."""
+    group_len = axis.group_length(0)
+    inverse = window_query_range if pattern == "window" else query_range
+    visited = inside = 0
+    for start in range(0, group_len, kv_tile):
+        last = min(start + kv_tile, group_len) - 1
+        lo, common_hi = inverse(axis, start, group_len)
+        common_lo, hi = inverse(axis, last, group_len)
+        first = walk_start(lo, hi, common_lo, common_hi, q_tile, anchor)
+        steps = -(-(hi - first) // q_tile)
+        visited += steps
+        inside += tiles_inside(first, steps, q_tile, common_lo, common_hi)
+    return visited, inside
+
+
+def key_major_cost(problem: Problem, kv: Sequence[int], q: Sequence[int], speed: float = 1.0) -> float:
+    """``forward_cost`` of the dK/dV kernel: resident key tiles ``kv`` walking streamed query
+    tiles ``q`` by the inverse rule."""
+    per_axis = [_axis_query_steps(a, problem.pattern, u, t, ANCHOR_TILES) for a, u, t in zip(problem.axes, kv, q)]
     steps = math.prod(visited for visited, _ in per_axis)
     crossings = sum(1 - inside / visited for visited, inside in per_axis)
     return steps * (1 + MASKED_AXIS_COST * crossings) * math.prod(q) * math.prod(kv) / speed
@@ -568,7 +613,36 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
                  / forward_cost(problem, wide["dq"]["q"], wide["dq"]["kv"], 1.0))
         if saved >= WIDE_256_BACKWARD_RATIO:
             config.update(wide)
+    if KEY_MAJOR_BOXES and key_major_boxes_apply(problem, config["dkdv"]):
+        config["dkdv"] = _fit_shared(problem, "dkdv", dict(config["dkdv"], **_key_major_boxes(problem, config["dkdv"])))
     return config
+
+
+def key_major_boxes_apply(problem: Problem, dkdv: Dict) -> bool:
+    """Whether the dK/dV kernel may take boxes of its own (KEY_MAJOR_BOXES): 16-bit heads of at
+    most 128 channels on the default's 64-token tiles with 4 warps, where it was measured."""
+    return (problem.dtype.itemsize == 2 and not wide_backward(problem) and dkdv["warps"] == 4
+            and math.prod(dkdv["kv"]) == 64 and math.prod(dkdv["q"]) == 64)
+
+
+def _key_major_boxes(problem: Problem, dkdv: Dict) -> Dict:
+    """``{"kv": resident box, "q": streamed box}`` of least key_major_cost for the dK/dV kernel,
+    or ``dkdv``'s own where the cheapest saves less than KEY_MAJOR_MIN_SAVING."""
+    ext = group_extents(problem)
+    streams = [(64, 1.0)]
+    if max(problem.head_dim, problem.value_dim) <= KEY_MAJOR_STREAM_32_MAX_HEAD_DIM:
+        streams.append((32, KEY_MAJOR_STREAM_32_SPEED))
+    own = key_major_cost(problem, dkdv["kv"], dkdv["q"])
+    best = (own, list(dkdv["kv"]), list(dkdv["q"]))
+    for kv in _shapes(problem.rank, 64, ext):
+        for tokens, speed in streams:
+            for q in _shapes(problem.rank, tokens, ext):
+                cost = key_major_cost(problem, kv, q, speed)
+                if cost < best[0]:
+                    best = (cost, list(kv), list(q))
+    if own < KEY_MAJOR_MIN_SAVING * best[0]:
+        return {"kv": list(dkdv["kv"]), "q": list(dkdv["q"])}
+    return {"kv": best[1], "q": best[2]}
 
 
 def _backward_around_forward(problem: Problem, config: Dict, resident: int, streamed: int, warps: int,
