@@ -148,7 +148,7 @@ SMALL_TILE_CANDIDATE_RATIO = 1.5
 # channels on the same run, 0.79-0.85 at 128, where they are not offered).
 KEY_MAJOR_BOXES = True
 KEY_MAJOR_MIN_SAVING = 1.05
-KEY_MAJOR_STREAM_32_SPEED = 0.95
+KEY_MAJOR_STREAM_32_SPEED = 0.85
 KEY_MAJOR_STREAM_32_MAX_HEAD_DIM = 64
 
 # Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
