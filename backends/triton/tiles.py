@@ -138,14 +138,17 @@ SMALL_TILE_CANDIDATE_RATIO = 1.5
 # whose ranges are not the forward's mirror image: near a border a key is seen by up to
 # K + K // 2 queries (every clamped window there reaches it), and strides and causal axes skew
 # them too. The forward's boxes, which the backward used to take for both kernels, made dK/dV
-# compute 1.2-1.6x the pairs it needs on 3-D windows and strided 2-D ones (key_major_cost); on
-# an H200 (2026-12-02, bench_backward_shapes.py; RESULTS.md "The dK/dV kernel's own boxes") the
-# dK/dV kernel then took 2.3x the dQ kernel's time on 3-D video windows at 64 channels, where
-# its share of the products is 4/3. Where the rule applies (16-bit heads of at most 128
-# channels on the default 64-token, 4-warp tiles), dK/dV takes the (resident, streamed) boxes
-# of least key_major_cost if they save at least KEY_MAJOR_MIN_SAVING; streamed boxes of 32
-# tokens are weighed at KEY_MAJOR_STREAM_32_SPEED (their rate on computed pairs, 0.92-1.05 at 64
-# channels on the same run, 0.79-0.85 at 128, where they are not offered).
+# compute 1.2-1.6x the pairs it needs on 3-D windows and strided 2-D ones (key_major_cost), and
+# on an H200 (2026-12-02, bench_backward_shapes.py) it took 2.3x the dQ kernel's time on 3-D video
+# windows at 64 channels, where its share of the products is 4/3. Where the rule applies (16-bit
+# heads of at most 128 channels on the default 64-token, 4-warp tiles), dK/dV takes the
+# (resident, streamed) boxes of least key_major_cost if they save at least KEY_MAJOR_MIN_SAVING.
+# Streamed boxes of 32 tokens are weighed at KEY_MAJOR_STREAM_32_SPEED, and offered at up to 64
+# channels only (their rate on computed pairs measured 0.92-1.05 of 64's on five problems at 64
+# channels, 0.78 on a sixth, and 0.79-0.85 at 128). Measured against the forward's boxes on the
+# 16 of 22 problems the rule changes (RESULTS.md "The dK/dV kernel's own boxes"): the backward
+# 1.03-1.26x faster (dK/dV 1.05-1.40x), the video layers 1.21-1.22x; weighed at 0.95 the 32-token
+# boxes ran one strided 3-D problem 0.88x, at 0.85 it takes 64-token ones there (1.03x).
 KEY_MAJOR_BOXES = True
 KEY_MAJOR_MIN_SAVING = 1.05
 KEY_MAJOR_STREAM_32_SPEED = 0.85
@@ -291,10 +294,15 @@ def forward_cost(problem: Problem, q: Sequence[int], kv: Sequence[int], speed: f
     plus MASKED_AXIS_COST of a step for every axis a step's key tile crosses (it pays that axis'
     compares). Per axis the query tiles' steps are independent, so the step counts multiply and
     a step crosses axis ``a`` with probability ``1 - inside_a / visited_a``."""
-    per_axis = _axis_walks(problem, q, kv)
+    return _walk_cost(_axis_walks(problem, q, kv), q, kv, speed)
+
+
+def _walk_cost(per_axis: Sequence[Tuple[int, int]], resident: Sequence[int], streamed: Sequence[int],
+               speed: float) -> float:
+    """The cost model of forward_cost from each axis' (steps visited, steps inside) of a walk."""
     steps = math.prod(visited for visited, _ in per_axis)
     crossings = sum(1 - inside / visited for visited, inside in per_axis)
-    return steps * (1 + MASKED_AXIS_COST * crossings) * math.prod(q) * math.prod(kv) / speed
+    return steps * (1 + MASKED_AXIS_COST * crossings) * math.prod(resident) * math.prod(streamed) / speed
 
 
 @lru_cache(maxsize=4096)
@@ -320,9 +328,7 @@ def key_major_cost(problem: Problem, kv: Sequence[int], q: Sequence[int], speed:
     """``forward_cost`` of the dK/dV kernel: resident key tiles ``kv`` walking streamed query
     tiles ``q`` by the inverse rule."""
     per_axis = [_axis_query_steps(a, problem.pattern, u, t, ANCHOR_TILES) for a, u, t in zip(problem.axes, kv, q)]
-    steps = math.prod(visited for visited, _ in per_axis)
-    crossings = sum(1 - inside / visited for visited, inside in per_axis)
-    return steps * (1 + MASKED_AXIS_COST * crossings) * math.prod(q) * math.prod(kv) / speed
+    return _walk_cost(per_axis, kv, q, speed)
 
 
 def _axis_walks(problem: Problem, q: Sequence[int], kv: Sequence[int]) -> List[Tuple[int, int]]:
