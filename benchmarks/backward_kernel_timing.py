@@ -8,13 +8,18 @@ the first config's against the float64 reference.
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
 import sys
 
+import torch
 from triton.testing import do_bench_cudagraph
 
 import haloattn
-from haloattn.backends.triton import launch
+from haloattn.backend import AttentionInputs
+from haloattn.backends.triton import launch, tiles
+from haloattn.problem import build_problem
 
 DQ_ONLY = (True, False, False, False, False, False, False)
 DKDV_ONLY = (False, True, True, False, False, False, False)
@@ -96,3 +101,56 @@ def compile_in_workers(script: str, jobs, workers: int) -> int:
         running[0].wait()
         status = max(status, running.pop(0).returncode)
     return status
+
+
+def default_without(flag: str, problem):
+    """tiles.default_config(problem) with the rule that ``tiles.<flag>`` switches turned off:
+    the config before that rule, for a bench to time beside the default."""
+    setattr(tiles, flag, False)
+    tiles.default_config.cache_clear()
+    try:
+        return tiles.default_config(problem)
+    finally:
+        setattr(tiles, flag, True)
+        tiles.default_config.cache_clear()
+
+
+def random_problem(batch, spatial, window, options, D, heads, kv_heads, dtype):
+    """(problem, inputs, grad_out) of a bench row, seeded: every process draws the same tensors."""
+    torch.manual_seed(0)
+    q = torch.randn(batch, *spatial, heads, D, device="cuda", dtype=dtype)
+    k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda", dtype=dtype) for _ in range(2))
+    return build_problem(q, k, v, window, **options), AttentionInputs(q, k, v), torch.randn_like(q)
+
+
+def bench_main(doc: str, script: str, problems, run_problem, config_count, table) -> None:
+    """The command line of the tile benches: ``--only``, ``--rule`` (the default and the config
+    before the bench's rule only), ``--json``, ``--compile-only`` (every config run once, untimed,
+    one process per problem and config, ``--workers`` at a time). ``run_problem(*problems[i],
+    timed=, only_config=, rule=)`` gives a row, ``config_count(i, rule)`` its number of configs,
+    ``table(rows)`` the markdown printed at the end."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json")
+    parser.add_argument("--only", default="", help="comma list of problem indices")
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--workers", type=int, default=14)
+    parser.add_argument("--rule", action="store_true", help="time the default and the config before the rule only")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a compile-only worker: "problem:config:rule"
+    args = parser.parse_args()
+    only = [int(i) for i in args.only.split(",") if i] or list(range(len(problems)))
+    if args.one is not None:
+        problem, config, rule = (int(part) for part in args.one.split(":"))
+        run_problem(*problems[problem], timed=False, only_config=config, rule=bool(rule))
+        return
+    if args.compile_only:
+        jobs = [f"{i}:{c}:{int(args.rule)}" for i in only for c in range(config_count(i, args.rule))]
+        sys.exit(compile_in_workers(script, jobs, args.workers))
+    rows = []
+    for i in only:
+        rows.append(run_problem(*problems[i], rule=args.rule))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    print(table(rows))

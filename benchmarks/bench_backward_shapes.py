@@ -28,17 +28,15 @@ at a time (fills Triton's cache so that the timed run after it compiles nothing)
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_kernel_timing import compile_in_workers, kernel_cells, time_backward_configs  # noqa: E402
+from backward_kernel_timing import (bench_main, default_without, kernel_cells, random_problem,  # noqa: E402
+                                    time_backward_configs)
 
-from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import tiles  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
@@ -109,34 +107,19 @@ def variants(problem, default):
     return [(label, tiles.normalise(config, problem)) for label, config in out]
 
 
-def before_the_rule(problem):
-    """The default config as it was before the dK/dV boxes' rule (2026-12-02)."""
-    tiles.KEY_MAJOR_BOXES = False
-    tiles.default_config.cache_clear()
-    try:
-        return tiles.default_config(problem)
-    finally:
-        tiles.KEY_MAJOR_BOXES = True
-        tiles.default_config.cache_clear()
-
-
 def problem_configs(problem, rule):
     """(label, config) pairs of one problem, the default first: with ``rule`` the config before
     the rule beside it, else the variants."""
     default = tiles.default_config(problem)
-    return [("default", default)] + ([("before", before_the_rule(problem))] if rule else variants(problem, default))
+    before = [("before", default_without("KEY_MAJOR_BOXES", problem))]
+    return [("default", default)] + (before if rule else variants(problem, default))
 
 
 def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype, timed=True, only_config=None,
                 rule=False):
     """One problem's row: the default and its variants (``rule``: the config before the rule);
     ``only_config``: that one config (an index into them) after the default, untimed."""
-    torch.manual_seed(0)
-    q = torch.randn(batch, *spatial, heads, D, device="cuda", dtype=dtype)
-    k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda", dtype=dtype) for _ in range(2))
-    go = torch.randn_like(q)
-    problem = build_problem(q, k, v, window, **options)
-    inputs = AttentionInputs(q, k, v)
+    problem, inputs, go = random_problem(batch, spatial, window, options, D, heads, kv_heads, dtype)
     configs = problem_configs(problem, rule)
     if only_config is not None:  # a compile-only worker's one config (its forward first)
         configs = [configs[0]] if only_config == 0 else [configs[0], configs[only_config]]
@@ -173,31 +156,7 @@ def table(rows) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json")
-    parser.add_argument("--only", default="", help="comma list of problem indices")
-    parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--workers", type=int, default=14)
-    parser.add_argument("--rule", action="store_true", help="time the default and the config before the rule only")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # a compile-only worker: "problem:config[:rule]"
-    args = parser.parse_args()
-    only = [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
-    if args.one is not None:
-        problem, config, rule = (int(part) for part in args.one.split(":"))
-        run_problem(*PROBLEMS[problem], timed=False, only_config=config, rule=bool(rule))
-        return
-    if args.compile_only:
-        jobs = [f"{i}:{c}:{int(args.rule)}" for i in only for c in range(config_count(i, args.rule))]
-        sys.exit(compile_in_workers(__file__, jobs, args.workers))
-    rows = []
-    for i in only:
-        rows.append(run_problem(*PROBLEMS[i], rule=args.rule))
-        print(json.dumps(rows[-1]), flush=True)
-        torch.cuda.empty_cache()
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-    print(table(rows))
+    bench_main(__doc__, __file__, PROBLEMS, run_problem, config_count, table)
 
 
 if __name__ == "__main__":

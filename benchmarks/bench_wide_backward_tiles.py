@@ -20,19 +20,16 @@ at a time (fills Triton's cache so that the timed run that follows compiles noth
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from backward_kernel_timing import compile_in_workers, kernel_cells, time_backward_configs  # noqa: E402
+from backward_kernel_timing import (bench_main, default_without, kernel_cells, random_problem,  # noqa: E402
+                                    time_backward_configs)
 
-from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import tiles  # noqa: E402
-from haloattn.problem import build_problem  # noqa: E402
 
 # (name, batch, spatial, window, options, head_dim, heads, kv_heads, dtype)
 PROBLEMS = [
@@ -66,30 +63,15 @@ def with_backward(problem, base, resident, streamed, warps):
                            problem)
 
 
-def before_the_rule(problem):
-    """The default config as it was before the wide heads' backward rules (2026-12-01)."""
-    tiles.WIDE_16BIT_BACKWARD_RULES = False
-    tiles.default_config.cache_clear()
-    try:
-        return tiles.default_config(problem)
-    finally:
-        tiles.WIDE_16BIT_BACKWARD_RULES = True
-        tiles.default_config.cache_clear()
-
-
 def run_problem(name, batch, spatial, window, options, D, heads, kv_heads, dtype, timed=True, only_config=None,
-                variants=True):
-    """One problem's row: the default, the config before the rules and (``variants``) VARIANTS;
-    ``only_config``: that one config (an index into them) after the default, untimed."""
-    torch.manual_seed(0)
-    q = torch.randn(batch, *spatial, heads, D, device="cuda", dtype=dtype)
-    k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda", dtype=dtype) for _ in range(2))
-    go = torch.randn_like(q)
-    problem = build_problem(q, k, v, window, **options)
-    inputs = AttentionInputs(q, k, v)
+                rule=False):
+    """One problem's row: the default, the config before the rules (tiles.WIDE_16BIT_BACKWARD_RULES
+    off) and, unless ``rule``, VARIANTS; ``only_config``: that one config (an index into them)
+    after the default, untimed."""
+    problem, inputs, go = random_problem(batch, spatial, window, options, D, heads, kv_heads, dtype)
     default = tiles.default_config(problem)
-    configs = [("default", default), ("before", before_the_rule(problem))]
-    if variants:
+    configs = [("default", default), ("before", default_without("WIDE_16BIT_BACKWARD_RULES", problem))]
+    if not rule:
         configs += [(f"{r}/{s}/{w}", with_backward(problem, default, r, s, w)) for r, s, w in VARIANTS]
     if only_config is not None:  # a compile-only worker's one config (its forward first)
         configs = [configs[0]] if only_config == 0 else [configs[0], configs[only_config]]
@@ -108,31 +90,7 @@ def table(rows) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json")
-    parser.add_argument("--only", default="", help="comma list of problem indices")
-    parser.add_argument("--compile-only", action="store_true")
-    parser.add_argument("--workers", type=int, default=14)
-    parser.add_argument("--rule", action="store_true", help="time the default and the config before the rule only")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # a compile-only worker: "problem:config"
-    args = parser.parse_args()
-    only = [int(i) for i in args.only.split(",") if i] or list(range(len(PROBLEMS)))
-    if args.one is not None:
-        problem, config = (int(part) for part in args.one.split(":"))
-        run_problem(*PROBLEMS[problem], timed=False, only_config=config)
-        return
-    if args.compile_only:
-        jobs = [f"{i}:{c}" for i in only for c in range(2 if args.rule else 2 + len(VARIANTS))]
-        sys.exit(compile_in_workers(__file__, jobs, args.workers))
-    rows = []
-    for i in only:
-        rows.append(run_problem(*PROBLEMS[i], variants=not args.rule))
-        print(json.dumps(rows[-1]), flush=True)
-        torch.cuda.empty_cache()
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
-    print(table(rows))
+    bench_main(__doc__, __file__, PROBLEMS, run_problem, lambda index, rule: 2 if rule else 2 + len(VARIANTS), table)
 
 
 if __name__ == "__main__":

@@ -412,6 +412,15 @@ def test_wide_16bit_heads_on_their_backward_tiles(dtype, head_dim, value_dim, sp
     (tiles.WIDE_160_BACKWARD_TILES, WIDE_256_BACKWARD_TILES: 4-warp tiles at 129-160 and where
     they save pairs at 193-256 channels; 8 warps at 192; the small-window rule weighed after the
     first): every gradient, the bias's too, with GQA, against the oracle."""
+    cfg, options, extra = gqa_default_config(dtype, head_dim, value_dim, spatial, window, options)
+    assert cfg["dq"]["warps"] == rule_warps, cfg["dq"]
+    check_against_oracle(spatial, window, dtype=dtype, device="cuda", head_dim=head_dim, value_dim=value_dim,
+                         batch=2, heads=4, kv_heads=2, rpb=True, extra=extra, **options)
+
+
+def gqa_default_config(dtype, head_dim, value_dim, spatial, window, options):
+    """(triton's default config, the options but "extra", the additional tokens) of the batch-2
+    GQA 4/2 problem the rule tests below check against the oracle."""
     from haloattn.backends.triton import tiles
     from haloattn.problem import build_problem
 
@@ -420,10 +429,7 @@ def test_wide_16bit_heads_on_their_backward_tiles(dtype, head_dim, value_dim, sp
     q = torch.empty(2, *spatial, 4, head_dim, device="cuda", dtype=dtype)
     k = torch.empty(2, *spatial, 2, head_dim, device="cuda", dtype=dtype)
     v = torch.empty(2, *spatial, 2, value_dim, device="cuda", dtype=dtype)
-    cfg = tiles.default_config(build_problem(q, k, v, window, **options))
-    assert cfg["dq"]["warps"] == rule_warps, cfg["dq"]
-    check_against_oracle(spatial, window, dtype=dtype, device="cuda", head_dim=head_dim, value_dim=value_dim,
-                         batch=2, heads=4, kv_heads=2, rpb=True, extra=extra, **options)
+    return tiles.default_config(build_problem(q, k, v, window, **options)), options, extra
 
 
 @gpu
@@ -440,15 +446,7 @@ def test_key_major_boxes_on_the_gpu(dtype, head_dim, value_dim, spatial, window,
     """16-bit problems whose dK/dV kernel takes boxes of its own (tiles.KEY_MAJOR_BOXES: another
     shape than the dQ kernel's, 32-token streamed boxes at 64 channels): every gradient, the
     bias's too, with GQA, against the oracle."""
-    from haloattn.backends.triton import tiles
-    from haloattn.problem import build_problem
-
-    options = dict(options)  # the parameter's dict is shared by both dtypes
-    extra = options.pop("extra", 0)
-    q = torch.empty(2, *spatial, 4, head_dim, device="cuda", dtype=dtype)
-    k = torch.empty(2, *spatial, 2, head_dim, device="cuda", dtype=dtype)
-    v = torch.empty(2, *spatial, 2, value_dim, device="cuda", dtype=dtype)
-    cfg = tiles.default_config(build_problem(q, k, v, window, **options))
+    cfg, options, extra = gqa_default_config(dtype, head_dim, value_dim, spatial, window, options)
     assert (cfg["dkdv"]["kv"], cfg["dkdv"]["q"]) != (cfg["dq"]["q"], cfg["dq"]["kv"]), cfg
     check_against_oracle(spatial, window, dtype=dtype, device="cuda", head_dim=head_dim, value_dim=value_dim,
                          batch=2, heads=4, kv_heads=2, rpb=True, extra=extra, **options)

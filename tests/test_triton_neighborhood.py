@@ -562,10 +562,14 @@ def test_key_major_boxes_are_exact(spatial, window, options):
     q = torch.randn(1, *spatial, 4, 64, generator=gen)
     k, v = (torch.randn(1, *spatial, 2, 64, generator=gen) for _ in range(2))
     rpb = torch.randn(4, *(2 * w - 1 for w in window), generator=gen)
-    grad = torch.randn_like(q)
     cfg = tiles.default_config(build_problem(q.bfloat16(), k.bfloat16(), v.bfloat16(), window, rpb=rpb, **options))
     assert cfg["dkdv"]["kv"] != cfg["dq"]["q"] or cfg["dkdv"]["q"] != cfg["dq"]["kv"], cfg
-    problem = build_problem(q, k, v, window, rpb=rpb, **options)  # float32 data on the 16-bit problem's tiles
+    assert_backward_on_config_is_exact(q, k, v, rpb, torch.randn_like(q), window, options, cfg)
+
+
+def assert_backward_on_config_is_exact(q, k, v, rpb, grad, window, options, cfg):
+    """Every gradient of float32 data on ``cfg`` (a 16-bit problem's tiles) against the oracle's."""
+    problem = build_problem(q, k, v, window, rpb=rpb, **options)
     leaves = [t.double().requires_grad_(True) for t in (q, k, v, rpb)]
     ref, _ = oracle.attention(*leaves[:3], window, rpb=leaves[3], **options)
     ref_grads = torch.autograd.grad(ref, leaves, grad.double())
@@ -587,16 +591,7 @@ def test_small_window_backward_tiles_are_exact():
     problem = build_problem(q.bfloat16(), k.bfloat16(), v.bfloat16(), 3, rpb=rpb)
     cfg = tiles.default_config(problem)
     assert cfg["dq"]["warps"] == tiles.SMALL_WINDOW_BACKWARD_TILES[2], cfg["dq"]
-    problem = build_problem(q, k, v, 3, rpb=rpb)  # float32 data on the 16-bit problem's tiles
-    leaves = [t.double().requires_grad_(True) for t in (q, k, v, rpb)]
-    ref, _ = oracle.attention(*leaves[:3], 3, rpb=leaves[3])
-    ref_grads = torch.autograd.grad(ref, leaves, grad.double())
-    inputs = AttentionInputs(q, k, v, rpb)
-    out, lse = launch.forward(problem, inputs, cfg)
-    needs = (True, True, True, True, False, False, False)
-    grads = [g for g in launch.backward(problem, inputs, out, lse, grad, None, needs, cfg) if g is not None]
-    for g, rg in zip(grads, ref_grads):
-        assert oracle.rel_error(g, rg) <= 1e-5
+    assert_backward_on_config_is_exact(q, k, v, rpb, grad, 3, {}, cfg)
 
 
 def test_every_tuning_candidate_runs_forward_correctly():
