@@ -6,7 +6,8 @@ kernel is averaged per call and printed with its share of the backward, so work 
 backward can aim at the kernel that costs most. One process, one GPU, no compile of Flex.
 
 With ``--models`` the problems are bench_model_shapes.py's instead (NAT, DiT, video and LLM
-layers at their own batch, heads and head dims; its Swin problem, another pattern, left out),
+layers at their own batch, heads and head dims; a problem the backend does not take, such as
+the Swin windows for ``cuda``, is named with the reasons and skipped),
 and each pass's time is set against its memory floor: the bytes it must move at least (the
 forward reads q, k, v and writes o and the LSE; the backward reads those and dO and writes dQ,
 dK, dV) in GB/s, since at those shapes the tensors are large and the windows small.
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_kernel_variants import EXTRA_PROBLEMS, write_json  # noqa: E402
 from bench_neighborhood import PROBLEMS, make_inputs  # noqa: E402
 
+import haloattn  # noqa: E402
 from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
@@ -55,28 +57,28 @@ def kernel_ms(fn, calls):
 
 
 def model_inputs(index):
-    """bench_model_shapes.PROBLEMS[index] as (name, q, k, v, problem), or None for a pattern
-    these launch modules do not take."""
+    """bench_model_shapes.PROBLEMS[index] as (name, q, k, v, window, options)."""
     from bench_model_shapes import PROBLEMS as MODEL_PROBLEMS
 
     name, batch, spatial, heads, kv_heads, D, window, options = MODEL_PROBLEMS[index]
-    if options.get("pattern", "neighborhood") != "neighborhood":
-        return None
     torch.manual_seed(index)
     q = torch.randn(batch, *spatial, heads, D, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(batch, *spatial, kv_heads, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    return name, q, k, v, build_problem(q, k, v, window, **options)
+    return name, q, k, v, window, options
 
 
-def split(index, calls, launch, models=False):
+def split(index, calls, backend, launch, models=False):
+    """One problem's row, or None (with the reasons printed) where ``backend`` does not take it."""
     if models:
-        made = model_inputs(index)
-        if made is None:
-            return None
-        name, q, k, v, problem = made
+        name, q, k, v, window, options = model_inputs(index)
     else:
-        q, k, v, problem = make_inputs(index)
-        name = PROBLEMS[index][0]
+        q, k, v, _ = make_inputs(index)
+        name, _, window, options, _ = PROBLEMS[index]
+    verdict = next(v for v in haloattn.explain(q, k, v, window, verbose=False, **options).verdicts if v.name == backend)
+    if not verdict.can_run:
+        print(f"{name}: not run by {backend}: {'; '.join(verdict.reasons)}", flush=True)
+        return None
+    problem = build_problem(q, k, v, window, **options)
     inputs = AttentionInputs(q, k, v)
     out, lse = launch.forward(problem, inputs)
     go = torch.randn_like(out)
@@ -123,7 +125,7 @@ def main():
     print(f"# {torch.cuda.get_device_name()}, backend {args.backend}: device ms per call, default configs", flush=True)
     rows = []
     for index in indices:
-        row = split(index, args.calls, launch, args.models)
+        row = split(index, args.calls, args.backend, launch, args.models)
         if row is None:
             continue
         rows.append(row)

@@ -545,6 +545,12 @@ def test_key_major_boxes_take_the_cheapest_inverse_walk(monkeypatch, spatial, wi
     assert old >= tiles.KEY_MAJOR_MIN_SAVING * new, (cfg["dkdv"], before["dkdv"])
     assert {k: v for k, v in cfg["dkdv"].items() if k not in ("q", "kv")} == \
         {k: v for k, v in before["dkdv"].items() if k not in ("q", "kv")}
+    # Tuning can still pick the forward's boxes (and the next cheapest after the rule's).
+    monkeypatch.setattr(tiles, "KEY_MAJOR_BOXES", True)
+    tiles.default_config.cache_clear()
+    candidates = [(c["dkdv"]["kv"], c["dkdv"]["q"]) for c in tiles.candidate_configs(problem) if c["dq"] == cfg["dq"]]
+    assert (before["dkdv"]["kv"], before["dkdv"]["q"]) in candidates
+    assert len(set(map(str, candidates))) >= 3
     float32 = build_problem(*(torch.empty_like(q, dtype=torch.float32),) * 3, window, **options)
     without_rule = tiles.default_config.__wrapped__(float32)
     monkeypatch.setattr(tiles, "KEY_MAJOR_BOXES", True)

@@ -153,6 +153,9 @@ KEY_MAJOR_BOXES = True
 KEY_MAJOR_MIN_SAVING = 1.05
 KEY_MAJOR_STREAM_32_SPEED = 0.85
 KEY_MAJOR_STREAM_32_MAX_HEAD_DIM = 64
+# Tuning candidates: the first of the ranked dK/dV boxes (the default's, the forward's and the
+# next cheapest).
+KEY_MAJOR_CANDIDATES = 3
 
 # Packed forward programs (forward_kernel's PACK): a program runs its query tile for up to
 # PACK_MAX (batch, head) pairs in one flat loop, as long as the launch keeps PACK_MIN_WAVES
@@ -570,6 +573,17 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     ``exact_float32``: float32 products without tf32 (see EXACT_FLOAT32_BACKWARD)."""
     if exact_float32:
         return _exact_float32_config(problem)
+    config = _config_on_forward_boxes(problem)
+    if KEY_MAJOR_BOXES and key_major_boxes_apply(problem, config["dkdv"]):
+        boxes = _ranked_key_major_boxes(problem, config["dkdv"])[0]
+        config["dkdv"] = _fit_shared(problem, "dkdv", dict(config["dkdv"], **boxes))
+    return config
+
+
+def _config_on_forward_boxes(problem: Problem) -> Dict:
+    """The heuristic default but the dK/dV kernel's own boxes (KEY_MAJOR_BOXES): both backward
+    kernels on boxes the forward's cost chose. Not cached (default_config is): the benches
+    switch the rules in here off and on."""
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
     q, kv, warps, stages = _best_forward(problem, descriptors)
@@ -619,8 +633,6 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
                  / forward_cost(problem, wide["dq"]["q"], wide["dq"]["kv"], 1.0))
         if saved >= WIDE_256_BACKWARD_RATIO:
             config.update(wide)
-    if KEY_MAJOR_BOXES and key_major_boxes_apply(problem, config["dkdv"]):
-        config["dkdv"] = _fit_shared(problem, "dkdv", dict(config["dkdv"], **_key_major_boxes(problem, config["dkdv"])))
     return config
 
 
@@ -631,24 +643,22 @@ def key_major_boxes_apply(problem: Problem, dkdv: Dict) -> bool:
             and math.prod(dkdv["kv"]) == 64 and math.prod(dkdv["q"]) == 64)
 
 
-def _key_major_boxes(problem: Problem, dkdv: Dict) -> Dict:
-    """``{"kv": resident box, "q": streamed box}`` of least key_major_cost for the dK/dV kernel,
-    or ``dkdv``'s own where the cheapest saves less than KEY_MAJOR_MIN_SAVING."""
+def _ranked_key_major_boxes(problem: Problem, dkdv: Dict) -> List[Dict]:
+    """``{"kv": resident box, "q": streamed box}`` choices for the dK/dV kernel, cheapest first
+    by key_major_cost: 64-token resident boxes past 64-token streamed ones (and 32-token ones up
+    to KEY_MAJOR_STREAM_32_MAX_HEAD_DIM channels). ``dkdv``'s own boxes come first wherever the
+    cheapest saves less than KEY_MAJOR_MIN_SAVING against them."""
     ext = group_extents(problem)
     streams = [(64, 1.0)]
     if max(problem.head_dim, problem.value_dim) <= KEY_MAJOR_STREAM_32_MAX_HEAD_DIM:
         streams.append((32, KEY_MAJOR_STREAM_32_SPEED))
-    own = key_major_cost(problem, dkdv["kv"], dkdv["q"])
-    best = (own, list(dkdv["kv"]), list(dkdv["q"]))
-    for kv in _shapes(problem.rank, 64, ext):
-        for tokens, speed in streams:
-            for q in _shapes(problem.rank, tokens, ext):
-                cost = key_major_cost(problem, kv, q, speed)
-                if cost < best[0]:
-                    best = (cost, list(kv), list(q))
-    if own < KEY_MAJOR_MIN_SAVING * best[0]:
-        return {"kv": list(dkdv["kv"]), "q": list(dkdv["q"])}
-    return {"kv": best[1], "q": best[2]}
+    ranked = sorted((key_major_cost(problem, kv, q, speed), kv, q) for kv in _shapes(problem.rank, 64, ext)
+                    for tokens, speed in streams for q in _shapes(problem.rank, tokens, ext))
+    own = (list(dkdv["kv"]), list(dkdv["q"]))
+    boxes = [own] + [(list(kv), list(q)) for _, kv, q in ranked if (list(kv), list(q)) != own]
+    if key_major_cost(problem, *own) >= KEY_MAJOR_MIN_SAVING * ranked[0][0]:
+        boxes.insert(0, boxes.pop(1))
+    return [{"kv": kv, "q": q} for kv, q in boxes]
 
 
 def _backward_around_forward(problem: Problem, config: Dict, resident: int, streamed: int, warps: int,
@@ -786,6 +796,14 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         dkdv = dict(q=stream, kv=tile, **knobs, wait_dk=waits_for_dk(problem, tma))
         if dq != base["dq"]:
             out.append(dict(base, dq=_fit_shared(problem, "dq", dq), dkdv=_fit_shared(problem, "dkdv", dkdv)))
+    # The dK/dV kernel's boxes: the forward's (the default's before KEY_MAJOR_BOXES) and the
+    # next cheapest by key_major_cost, whose ranking the measurements followed but not exactly.
+    forward_boxes = _config_on_forward_boxes(problem)["dkdv"]
+    if key_major_boxes_apply(problem, forward_boxes):
+        for boxes in _ranked_key_major_boxes(problem, forward_boxes)[:KEY_MAJOR_CANDIDATES]:
+            dkdv = _fit_shared(problem, "dkdv", dict(base["dkdv"], **boxes))
+            if dkdv != base["dkdv"]:
+                out.append(dict(base, dkdv=dkdv))
     out.append(dict(base, dkdv=dict(base["dkdv"], wait_dk=not base["dkdv"]["wait_dk"])))
     out.append(dict(base, dq=dict(base["dq"], wait_dq=not base["dq"]["wait_dq"])))
     if splits_heads(problem):
