@@ -37,6 +37,7 @@ ARCH_CASES = (
     "neighbourhood_3d_float32_hd16_causal_rpb",
     "neighbourhood_2d_small_window_hd256_rpb",
     "neighbourhood_3d_wide_hd256_four_warps",
+    "neighbourhood_3d_key_major_boxes_hd64",
     "window_swin_shift_rpb",
     "window_12x12_long",
     "window_8x8_float32_hd64",

@@ -63,6 +63,10 @@ CASES = {
     # Head dim 256 where 32 / 64-token backward tiles on 4 warps save pairs (tiles.WIDE_256_BACKWARD_TILES).
     "neighbourhood_3d_wide_hd256_four_warps": (launch, (8, 12, 12), (3, 7, 7), torch.bfloat16, 4, 2, 256, 256, False, 0,
                                                {}),
+    # A 3-D video-like window at head dim 64, whose dK/dV kernel takes boxes of its own: 32-token
+    # streamed boxes of another shape than dQ's (tiles.KEY_MAJOR_BOXES).
+    "neighbourhood_3d_key_major_boxes_hd64": (launch, (10, 20, 20), (5, 9, 9), torch.bfloat16, 4, 2, 64, 64, False, 0,
+                                              {}),
     "window_swin_shift_rpb": (window_launch, (14, 14), 7, torch.float16, 3, 3, 32, 32, True, 0, dict(shift=3)),
     "window_3d_dilated_causal_gqa_softcap": (window_launch, (4, 8, 8), (2, 2, 4), torch.float32, 4, 2, 30, 16,
                                              True, 0, dict(dilation=(1, 2, 2), causal=(True, False, False),
@@ -250,6 +254,16 @@ def test_jvp_kernel_compiles_with_asynchronous_wgmma(name, compiled):
     assert kernels, log
     jvp = [(row["regs"], row["serialized"]) for row in kernels if row["kernel"] == "jvp_kernel"]
     assert len(jvp) == 1 and jvp[0][1] is False, jvp
+
+
+def test_key_major_boxes_keep_the_dkdv_wgmma_asynchronous(compiled):
+    """The dK/dV kernel on boxes of its own (32-token streamed boxes at head dim 64) builds for
+    sm_90 without ptxas serialising its wgmmas and in fewer registers than 4 warps allow."""
+    results, log = compiled
+    kernels = results.get("neighbourhood_3d_key_major_boxes_hd64", {}).get("kernels")
+    assert kernels, log
+    dkdv = [(row["regs"], row["serialized"]) for row in kernels if row["kernel"] == "dkdv_kernel"]
+    assert len(dkdv) == 1 and dkdv[0][1] is False and dkdv[0][0] < 255, dkdv
 
 
 def test_packed_forward_keeps_its_wgmma_asynchronous(compiled):
