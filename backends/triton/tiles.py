@@ -11,7 +11,8 @@ key tiles, walked as the kernels walk them) divided by the relative speed of tha
 measured on an H100 (bf16, D=128, benchmarks/RESULTS.md), plus the per-axis masks the key tiles
 that cross a tile's common range pay. Small windows favour small query tiles (less union
 overhead), large windows the larger, faster blocks; key tiles that fit inside the common range
-on more axes need fewer masks.
+on more axes need fewer masks. The dK/dV kernel, which walks query tiles by the inverse rule,
+weighs its own boxes by the same model over that walk (key_major_cost, KEY_MAJOR_BOXES).
 """
 
 from __future__ import annotations
