@@ -552,9 +552,9 @@ def test_key_major_boxes_take_the_cheapest_inverse_walk(monkeypatch, spatial, wi
     assert (before["dkdv"]["kv"], before["dkdv"]["q"]) in candidates
     assert len(set(map(str, candidates))) >= 3
     float32 = build_problem(*(torch.empty_like(q, dtype=torch.float32),) * 3, window, **options)
-    without_rule = tiles.default_config.__wrapped__(float32)
-    monkeypatch.setattr(tiles, "KEY_MAJOR_BOXES", True)
-    assert tiles.default_config.__wrapped__(float32) == without_rule
+    with_rule = tiles.default_config.__wrapped__(float32)
+    monkeypatch.setattr(tiles, "KEY_MAJOR_BOXES", False)
+    assert tiles.default_config.__wrapped__(float32) == with_rule
 
 
 @pytest.mark.parametrize("spatial,window,options", [
