@@ -551,6 +551,8 @@ def test_key_major_boxes_take_the_cheapest_inverse_walk(monkeypatch, spatial, wi
     candidates = [(c["dkdv"]["kv"], c["dkdv"]["q"]) for c in tiles.candidate_configs(problem) if c["dq"] == cfg["dq"]]
     assert (before["dkdv"]["kv"], before["dkdv"]["q"]) in candidates
     assert len(set(map(str, candidates))) >= 3
+    # ... and one more stage on the rule's boxes, its other knobs the default's.
+    assert dict(cfg, dkdv=dict(cfg["dkdv"], stages=cfg["dkdv"]["stages"] + 1)) in tiles.candidate_configs(problem)
     float32 = build_problem(*(torch.empty_like(q, dtype=torch.float32),) * 3, window, **options)
     with_rule = tiles.default_config.__wrapped__(float32)
     monkeypatch.setattr(tiles, "KEY_MAJOR_BOXES", False)

@@ -805,6 +805,12 @@ def candidate_configs(problem: Problem) -> List[Dict]:
             dkdv = _fit_shared(problem, "dkdv", dict(base["dkdv"], **boxes))
             if dkdv != base["dkdv"]:
                 out.append(dict(base, dkdv=dkdv))
+    # The dK/dV kernel with one more stage on its own boxes: at 64 channels 1.02-1.08x on four
+    # problems and 0.86x on a fifth with the same tiles and head dim (RESULTS.md, 2026-12-02
+    # 03:32 UTC), so nothing a default could key on: a candidate only.
+    deeper = _fit_shared(problem, "dkdv", dict(base["dkdv"], stages=base["dkdv"]["stages"] + 1))
+    if deeper != base["dkdv"]:
+        out.append(dict(base, dkdv=deeper))
     out.append(dict(base, dkdv=dict(base["dkdv"], wait_dk=not base["dkdv"]["wait_dk"])))
     out.append(dict(base, dq=dict(base["dq"], wait_dq=not base["dq"]["wait_dq"])))
     if splits_heads(problem):
