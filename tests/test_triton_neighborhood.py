@@ -256,6 +256,23 @@ def test_tuning_weighs_the_padded_head_against_the_split():
     assert padded_candidates(64) == [] and padded_candidates(96) == []
 
 
+@pytest.mark.parametrize("spatial,window,options,head_dim,dtype", [
+    ((128, 128), 31, {}, 64, torch.bfloat16),  # two builders' candidates had landed on the default
+    ((16, 48, 48), (7, 15, 15), {"causal": (True, False, False)}, 128, torch.bfloat16),
+    ((56, 56), 7, {}, 32, torch.float16),
+    ((1024,), 63, {"stride": 4}, 160, torch.float32),
+])
+def test_tuning_candidates_are_distinct_and_as_run(spatial, window, options, head_dim, dtype):
+    """Every candidate is offered as the kernels run it (normalise leaves it alone) and once,
+    the default first: a config timed twice only adds noise to the tuner's ranking."""
+    q = torch.empty(2, *spatial, 4, head_dim, dtype=dtype, device="meta")
+    problem = build_problem(q, q, q, window, **options)
+    configs = tiles.candidate_configs(problem)
+    assert configs[0] == tiles.default_config(problem)
+    assert all(tiles.normalise(config, problem) == config for config in configs)
+    assert len(configs) > 10 and all(configs.count(config) == 1 for config in configs)
+
+
 def test_split_heads_not_with_additional_tokens():
     """The additional-token loop multiplies one padded block: problems with such tokens keep it."""
     q = torch.randn(1, 10, 2, 80)

@@ -17,6 +17,7 @@ import torch
 
 import haloattn
 from haloattn import tuning
+from haloattn.backend import AttentionInputs
 from haloattn.dispatch import DISPATCHER
 from haloattn.problem import build_problem
 
@@ -325,3 +326,76 @@ def test_signature_distinguishes_problems():
     assert tuning.signature(base) != tuning.signature(_problem(9))
     assert tuning.signature(base) != tuning.signature(_problem(8, torch.float64))
     assert tuning.signature(base) != tuning.signature(base, needs_grad=True)
+
+
+class ScriptedBackend(haloattn.Backend):
+    """Configs whose timings a test scripts: ``times[id]`` is the list of what successive timings
+    of config ``id`` read (the last value repeats). Computes the reference's output."""
+
+    name = "test_scripted"
+    priority = 4000
+
+    def __init__(self, configs, times):
+        self._configs, self.times, self.timed = configs, times, []
+
+    def not_supported_reasons(self, problem):
+        return []
+
+    def configs(self, problem):
+        return self._configs
+
+    def forward(self, problem, inputs, config=None):
+        self.last = config["id"]
+        return DISPATCHER.get("reference").forward(problem, inputs)
+
+
+@pytest.fixture
+def scripted(cache_dir, monkeypatch):
+    """Makes a ScriptedBackend (passed to autotune directly, never registered) and a time_call
+    that runs the step once and reads the script."""
+
+    def install(configs, times):
+        backend = ScriptedBackend(configs, times)
+
+        def fake_time_call(fn, device, warmup=1, repeat=5):
+            fn()
+            backend.timed.append(backend.last)
+            readings = backend.times[backend.last]
+            return readings[min(backend.timed.count(backend.last), len(readings)) - 1]
+
+        monkeypatch.setattr(tuning, "time_call", fake_time_call)
+        return backend
+
+    return install
+
+
+def test_close_candidates_are_re_timed_in_interleaved_rounds(scripted):
+    """A candidate that reads fast once (the screen, right after it compiled) does not win over
+    one that is faster on the rounds' median; the rounds rotate their order, re-time the default
+    even where it screened far behind, and leave the far candidates alone."""
+    backend = scripted(
+        [{"id": "default"}, {"id": "lucky"}, {"id": "steady"}, {"id": "slow"}],
+        {"default": [1.5, 1.2], "lucky": [0.90, 1.15], "steady": [1.0], "slow": [3.0]})
+    problem = _problem(L=13)
+    chosen, config = tuning.autotune(problem, [backend], AttentionInputs(*(torch.randn(1, 13, 2, 4),) * 3), False)
+    assert (chosen.name, config) == ("test_scripted", {"id": "steady"})
+    screen, rounds = backend.timed[:4], backend.timed[4:]
+    assert screen == ["default", "lucky", "steady", "slow"]
+    # lucky and steady are within FINALIST_MARGIN of the screen's best; default is the backend's
+    # first config; slow is neither.
+    assert sorted(set(rounds)) == ["default", "lucky", "steady"]
+    assert len(rounds) == 3 * tuning.ROUNDS
+    firsts = [rounds[3 * r] for r in range(tuning.ROUNDS)]
+    assert len(set(firsts)) == 3  # each round starts with another finalist
+    entry = tuning.cached_entry(problem)
+    assert entry["config"] == {"id": "steady"} and entry["ms"] == 1.0
+    assert set(entry["finalists_ms"]) == {f'test_scripted {{"id": "{name}"}}' for name in ("default", "lucky", "steady")}
+    assert len(entry["candidates_ms"]) == 4
+
+
+def test_a_config_offered_twice_is_timed_once(scripted):
+    backend = scripted([{"id": "a"}, {"id": "b"}, {"id": "a"}], {"a": [1.0], "b": [2.0]})
+    problem = _problem(L=14)
+    tuning.autotune(problem, [backend], AttentionInputs(*(torch.randn(1, 14, 2, 4),) * 3), False)
+    assert backend.timed == ["a", "b"]  # screened once each; a alone is close, and the default
+    assert list(tuning.cached_entry(problem)["candidates_ms"]) == ['test_scripted {"id": "a"}', 'test_scripted {"id": "b"}']

@@ -830,6 +830,21 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         wide = dict(base["dkdv"], kv=fit(base["dkdv"]["kv"], ext, 128), warps=8)
         for dkdv in (base["dkdv"], wide):
             out.append(dict(base, dkdv=_fit_shared(problem, "dkdv", dict(dkdv, atomic_dq=True))))
+    return _distinct_as_run(out, problem)
+
+
+def _distinct_as_run(configs: List[Dict], problem: Problem) -> List[Dict]:
+    """Each candidate as the kernels will run it (normalise fills in the keys a builder above
+    left out and fits the tiles), once, in order. Unnormalised, two builders' candidates had
+    landed on the default (an H200 tuning run timed it three times, 2026-12-02), and a config
+    timed twice only adds noise to the ranking."""
+    out, seen = [], set()
+    for config in configs:
+        config = normalise(config, problem)
+        key = repr(sorted((kernel, sorted(cfg.items())) for kernel, cfg in config.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(config)
     return out
 
 

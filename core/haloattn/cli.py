@@ -235,8 +235,14 @@ def cmd_tune(args) -> int:
     backend, config = tuning.autotune(problem, candidates, AttentionInputs(*tensors), args.backward)
     entry = tuning.cached_entry(problem, args.backward)
     print(f"problem: {problem.describe()}")
+    print("screened (every candidate, a few calls each):")
     for label, ms in sorted(entry["candidates_ms"].items(), key=lambda kv: kv[1]):
         print(f"  {ms:10.3f} ms  {label}")
+    finalists = entry.get("finalists_ms") or {}
+    if len(finalists) > 1:
+        print(f"re-timed (median of {tuning.ROUNDS} interleaved rounds):")
+        for label, ms in sorted(finalists.items(), key=lambda kv: kv[1]):
+            print(f"  {ms:10.3f} ms  {label}")
     print(f"winner: {backend.name}{' ' + json.dumps(config) if config else ''} -> {tuning.cache_path(problem.device)}")
     clear_caches()
     return 0
