@@ -330,10 +330,10 @@ def test_signature_distinguishes_problems():
 
 class ScriptedBackend(haloattn.Backend):
     """Configs whose timings a test scripts: ``times[id]`` is the list of what successive timings
-    of config ``id`` read (the last value repeats). Computes the reference's output."""
+    of config ``id`` read (the last value repeats; an exception is raised). Computes the
+    reference's output."""
 
     name = "test_scripted"
-    priority = 4000
 
     def __init__(self, configs, times):
         self._configs, self.times, self.timed = configs, times, []
@@ -361,7 +361,10 @@ def scripted(cache_dir, monkeypatch):
             fn()
             backend.timed.append(backend.last)
             readings = backend.times[backend.last]
-            return readings[min(backend.timed.count(backend.last), len(readings)) - 1]
+            reading = readings[min(backend.timed.count(backend.last), len(readings)) - 1]
+            if isinstance(reading, Exception):
+                raise reading
+            return reading
 
         monkeypatch.setattr(tuning, "time_call", fake_time_call)
         return backend
@@ -399,3 +402,12 @@ def test_a_config_offered_twice_is_timed_once(scripted):
     tuning.autotune(problem, [backend], AttentionInputs(*(torch.randn(1, 14, 2, 4),) * 3), False)
     assert backend.timed == ["a", "b"]  # screened once each; a alone is close, and the default
     assert list(tuning.cached_entry(problem)["candidates_ms"]) == ['test_scripted {"id": "a"}', 'test_scripted {"id": "b"}']
+
+
+def test_a_finalist_that_fails_when_re_timed_is_dropped(scripted):
+    backend = scripted([{"id": "a"}, {"id": "b"}], {"a": [1.0], "b": [0.9, MemoryError("out of memory")]})
+    problem = _problem(L=15)
+    with pytest.warns(UserWarning, match="failed when re-timed"):
+        _, config = tuning.autotune(problem, [backend], AttentionInputs(*(torch.randn(1, 15, 2, 4),) * 3), False)
+    assert config == {"id": "a"}
+    assert list(tuning.cached_entry(problem)["finalists_ms"]) == ['test_scripted {"id": "a"}']

@@ -1,10 +1,11 @@
 """On-disk autotune cache: which (backend, config) is fastest for a problem signature.
 
 ``HALOATTN_AUTOTUNE=1`` (or ``haloattn tune``) times the candidates once per signature (every one
-screened, the close ones again in interleaved rounds) and stores the winner. One JSON file per (device, capability, haloattn, torch, triton, driver versions) under
-``HALOATTN_CACHE_DIR`` (default: the platform's user cache directory). Writes merge with what is on
-disk and replace the file atomically under a file lock, so many processes sharing one file lose no
-entry; an unreadable or mismatched file is ignored with a warning and rewritten.
+screened, the close ones again in interleaved rounds) and stores the winner. One JSON file per
+(device, capability, haloattn, torch, triton, driver versions) under ``HALOATTN_CACHE_DIR``
+(default: the platform's user cache directory). Writes merge with what is on disk and replace the
+file atomically under a file lock, so many processes sharing one file lose no entry; an
+unreadable or mismatched file is ignored with a warning and rewritten.
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ def time_call(fn, device: torch.device, warmup: int = 1, repeat: int = 5) -> flo
 
 # How candidates are timed, and why in two phases. A few calls per candidate, taken right after
 # that candidate compiled, are as noisy as the differences they rank: in one tuning run on an H200
-# (2026-12-02, RESULTS.md "Tuning") three copies of one Triton config read 1.30, 1.36 and 1.54 ms.
+# (2026-12-02, RESULTS.md "The tuner's own noise") three copies of one Triton config read 1.30, 1.36 and 1.54 ms.
 # So one pass over every candidate only screens them; those within FINALIST_MARGIN of the screen's
 # best (at most MAX_FINALISTS) and the first config of the best one's backend (its heuristic
 # default, so that a tuned choice has to beat it on the same footing) are then timed again in
@@ -333,8 +334,16 @@ def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Opt
         samples: Dict[str, List[float]] = {label: [] for label in finalists}
         for r in range(ROUNDS):
             for label in finalists[r % len(finalists):] + finalists[:r % len(finalists)]:
-                samples[label].append(time_call(steps[label][2], problem.device, repeat=SCREEN_REPEAT))
-        final = {label: statistics.median(times) for label, times in samples.items()}
+                if label not in samples:
+                    continue
+                try:
+                    samples[label].append(time_call(steps[label][2], problem.device, repeat=SCREEN_REPEAT))
+                except Exception as exc:  # ran in the screen, fails now (memory, say): out of the rounds
+                    warnings.warn(f"haloattn tuning: {label} failed when re-timed ({type(exc).__name__}: {exc}); "
+                                  "dropped")
+                    del samples[label]
+        if samples:
+            final = {label: statistics.median(times) for label, times in samples.items()}
     winner = min(final, key=final.get)
     backend, config, _ = steps[winner]
     entry = {"backend": backend.name, "config": config, "ms": round(final[winner], 6), "candidates_ms": screened,
