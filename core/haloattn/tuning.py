@@ -292,6 +292,22 @@ def _finalists(screened: Dict[str, float], defaults: Dict[str, str], backend_of:
     return close
 
 
+def _round_medians(finalists: List[str], steps: Dict[str, object], device: torch.device) -> Dict[str, float]:
+    """Each finalist's median over ROUNDS interleaved rounds, the order rotated each round; a
+    finalist that fails when re-timed is dropped with a warning."""
+    samples: Dict[str, List[float]] = {label: [] for label in finalists}
+    for r in range(ROUNDS):
+        for label in finalists[r % len(finalists):] + finalists[:r % len(finalists)]:
+            if label not in samples:
+                continue
+            try:
+                samples[label].append(time_call(steps[label], device, repeat=SCREEN_REPEAT))
+            except Exception as exc:  # ran in the screen, fails now (memory, say): out of the rounds
+                warnings.warn(f"haloattn tuning: {label} failed when re-timed ({type(exc).__name__}: {exc}); dropped")
+                del samples[label]
+    return {label: statistics.median(times) for label, times in samples.items()}
+
+
 def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Optional[str] = None):
     """Time every (backend, config) candidate on ``inputs`` (screened, then the close ones again in
     interleaved rounds); store and return the fastest. ``forced``: the candidates are that one
@@ -331,19 +347,7 @@ def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Opt
     finalists = _finalists(screened, defaults, {label: steps[label][0].name for label in steps})
     final = {label: screened[label] for label in finalists}
     if len(finalists) > 1:
-        samples: Dict[str, List[float]] = {label: [] for label in finalists}
-        for r in range(ROUNDS):
-            for label in finalists[r % len(finalists):] + finalists[:r % len(finalists)]:
-                if label not in samples:
-                    continue
-                try:
-                    samples[label].append(time_call(steps[label][2], problem.device, repeat=SCREEN_REPEAT))
-                except Exception as exc:  # ran in the screen, fails now (memory, say): out of the rounds
-                    warnings.warn(f"haloattn tuning: {label} failed when re-timed ({type(exc).__name__}: {exc}); "
-                                  "dropped")
-                    del samples[label]
-        if samples:
-            final = {label: statistics.median(times) for label, times in samples.items()}
+        final = _round_medians(finalists, {label: steps[label][2] for label in finalists}, problem.device) or final
     winner = min(final, key=final.get)
     backend, config, _ = steps[winner]
     entry = {"backend": backend.name, "config": config, "ms": round(final[winner], 6), "candidates_ms": screened,
