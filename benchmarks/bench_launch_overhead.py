@@ -11,6 +11,11 @@ called directly (no haloattn dispatch).
 ``--profile`` also prints where the host time of ``attention()`` goes (cProfile, 300 calls of the
 first problem: the forward's 25 most expensive functions by their own time, the forward+backward's
 by cumulative time).
+
+``--split`` prints, per problem, the host time of a training call's forward and of its
+``backward()`` apart, and the device's idle time between the forward's last kernel and the
+backward's first (torch.profiler): where the backward's host side outlasts the forward's kernels,
+the device waits for it, and un-graphed timings (do_bench, eager training) pay that gap.
 """
 
 from __future__ import annotations
@@ -60,10 +65,58 @@ def profile_host(fn, calls=300, sort="tottime"):
     pstats.Stats(profiler).sort_stats(sort).print_stats(25)
 
 
+BACKWARD_KERNELS = ("dq_kernel", "row_stats", "dkdv", "backward")
+
+
+def split_host_ms(leaves, grad, call, calls=200):
+    """(forward host ms, backward() host ms) of a training call, calls queued without syncing."""
+    call(*leaves).backward(grad)
+    torch.cuda.synchronize()
+    forward = backward = 0.0
+    for _ in range(calls):
+        began = time.perf_counter()
+        out = call(*leaves)
+        middle = time.perf_counter()
+        out.backward(grad)
+        backward += time.perf_counter() - middle
+        forward += middle - began
+    torch.cuda.synchronize()
+    return forward / calls * 1e3, backward / calls * 1e3
+
+
+def idle_before_backward_us(leaves, grad, call, calls=20):
+    """Median device idle (us) between the end of a call's forward kernels and the start of its
+    backward's first kernel, from a torch.profiler trace of ``calls`` training calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        call(*leaves).backward(grad)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call(*leaves).backward(grad)
+            torch.cuda.synchronize()  # each call alone on the device: gaps are its own
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    gaps, previous_end = [], None
+    for event in kernels:
+        # The backward's first kernel: the dQ pass, the statistics pass or the window backward.
+        if previous_end is not None and any(part in event.name for part in BACKWARD_KERNELS):
+            gaps.append(event.time_range.start - previous_end)
+            previous_end = None
+        elif not any(part in event.name for part in BACKWARD_KERNELS):
+            previous_end = event.time_range.end
+    gaps.sort()
+    return gaps[len(gaps) // 2] if gaps else float("nan")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--split", action="store_true")
     args = parser.parse_args()
+    if args.split:
+        return print_split()
     print("| problem | backend | attention(): host ms / device ms | backend.forward direct: host ms / device ms "
           "| attention() forward+backward: host ms / device ms |")
     print("|---|---|---|---|---|")
@@ -90,6 +143,29 @@ def main():
         if args.profile and name == PROBLEMS[0][0]:
             profile_host(api)
             profile_host(train, sort="cumulative")
+
+
+def print_split():
+    print("| problem | backend | forward host ms | backward() host ms | forward device ms | device idle before "
+          "the backward, us |")
+    print("|---|---|---|---|---|---|")
+    first = None
+    for name, shape, window, options in PROBLEMS:
+        q = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        backend, _ = DISPATCHER.select(build_problem(q, q, q, window, **options), None)
+        leaves = [torch.randn_like(q).requires_grad_(True) for _ in range(3)]
+        grad = torch.randn_like(q)
+
+        def call(*tensors, window=window, options=options):
+            return haloattn.attention(*tensors, window, **options)
+
+        forward, backward = split_host_ms(leaves, grad, call)
+        device = do_bench_cudagraph(lambda: call(q, q, q), rep=50, return_mode="median")
+        idle = idle_before_backward_us(leaves, grad, call)
+        print(f"| {name} | {backend.name} | {forward:.3f} | {backward:.3f} | {device:.3f} | {idle:.0f} |", flush=True)
+        first = first or (lambda call=call, leaves=leaves, grad=grad: call(*leaves).backward(grad))
+    print(f"\nWhere the host time of a training call of {PROBLEMS[0][0]} goes:")
+    profile_host(first, sort="tottime")
 
 
 if __name__ == "__main__":

@@ -394,6 +394,7 @@ def test_close_candidates_are_re_timed_in_interleaved_rounds(scripted):
     assert entry["config"] == {"id": "steady"} and entry["ms"] == 1.0
     assert set(entry["finalists_ms"]) == {f'test_scripted {{"id": "{name}"}}' for name in ("default", "lucky", "steady")}
     assert len(entry["candidates_ms"]) == 4
+    assert entry["defaults"] == {"test_scripted": 'test_scripted {"id": "default"}'}
 
 
 def test_a_config_offered_twice_is_timed_once(scripted):
@@ -411,3 +412,20 @@ def test_a_finalist_that_fails_when_re_timed_is_dropped(scripted):
         _, config = tuning.autotune(problem, [backend], AttentionInputs(*(torch.randn(1, 15, 2, 4),) * 3), False)
     assert config == {"id": "a"}
     assert list(tuning.cached_entry(problem)["finalists_ms"]) == ['test_scripted {"id": "a"}']
+
+
+def test_tune_command_marks_the_default_and_its_distance_to_the_winner(scripted, monkeypatch, capsys):
+    """``haloattn tune`` lists both phases, marks each backend's default config and says how far
+    the winner's backend's default is from the winner (issue 3's "within 15 % of tuned")."""
+    from haloattn import cli
+
+    backend = scripted([{"id": "default"}, {"id": "fast"}, {"id": "slow"}],
+                       {"default": [1.1], "fast": [1.0], "slow": [5.0]})
+    monkeypatch.setattr(cli.DISPATCHER, "backends", lambda: [backend])
+    assert cli.main(["tune", "--shape", "12", "--window", "3", "--heads", "1", "--batch", "1",
+                     "--head-dim", "4", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert 'test_scripted {"id": "default"}  (default)' in printed
+    assert printed.count("(default)") == 2  # screened, and re-timed
+    assert "test_scripted's default config takes 1.10x the winner's time" in printed
+    assert 'winner: test_scripted {"id": "fast"}' in printed

@@ -234,15 +234,22 @@ def cmd_tune(args) -> int:
     candidates = [b for b in DISPATCHER.backends() if DISPATCHER.verdict(b, problem).can_run]
     backend, config = tuning.autotune(problem, candidates, AttentionInputs(*tensors), args.backward)
     entry = tuning.cached_entry(problem, args.backward)
+    defaults = set(entry.get("defaults", {}).values())
+
+    def listing(timings):
+        for label, ms in sorted(timings.items(), key=lambda kv: kv[1]):
+            print(f"  {ms:10.3f} ms  {label}{'  (default)' if label in defaults else ''}")
+
     print(f"problem: {problem.describe()}")
     print("screened (every candidate, a few calls each):")
-    for label, ms in sorted(entry["candidates_ms"].items(), key=lambda kv: kv[1]):
-        print(f"  {ms:10.3f} ms  {label}")
+    listing(entry["candidates_ms"])
     finalists = entry.get("finalists_ms") or {}
     if len(finalists) > 1:
         print(f"re-timed (median of {tuning.ROUNDS} interleaved rounds):")
-        for label, ms in sorted(finalists.items(), key=lambda kv: kv[1]):
-            print(f"  {ms:10.3f} ms  {label}")
+        listing(finalists)
+    default_label = entry.get("defaults", {}).get(backend.name)
+    if default_label in finalists:  # the winner's backend's default is always re-timed
+        print(f"{backend.name}'s default config takes {finalists[default_label] / entry['ms']:.2f}x the winner's time")
     print(f"winner: {backend.name}{' ' + json.dumps(config) if config else ''} -> {tuning.cache_path(problem.device)}")
     clear_caches()
     return 0

@@ -351,7 +351,8 @@ def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Opt
     winner = min(final, key=final.get)
     backend, config, _ = steps[winner]
     entry = {"backend": backend.name, "config": config, "ms": round(final[winner], 6), "candidates_ms": screened,
-             "finalists_ms": {label: round(ms, 6) for label, ms in final.items()}}
+             "finalists_ms": {label: round(ms, 6) for label, ms in final.items()},
+             "defaults": {name: label for name, label in defaults.items() if label in screened}}
     tuning_file(problem.device).store({signature(problem, needs_grad, forced): entry})
     return backend, config
 
