@@ -583,6 +583,37 @@ def test_repeated_calls_launch_directly_on_their_own_tensors(monkeypatch):
 
 @gpu
 @needs_cuda
+def test_plans_built_in_one_thread_run_in_another(monkeypatch):
+    """Triton's allocator for on-device tensor descriptors is set per thread; a launch plan built
+    in the main thread (which set it there) runs in a new thread as a server's pool would run it:
+    it must set the allocator there too (descriptor_scratch), not fail in Triton's launcher."""
+    import threading
+
+    from haloattn.backends.triton import launch, tiles
+
+    default = tiles.default_config
+    monkeypatch.setattr(tiles, "default_config",
+                        lambda p, **kw: {n: dict(c, tma=True) for n, c in default(p, **kw).items()})
+    case = dict(dtype=torch.bfloat16, device="cuda", heads=4, head_dim=64)
+    check_against_oracle((24, 20), (7, 5), seed=0, **case)  # builds the plans here
+    plans = len(launch._FORWARD_PLANS), len(launch._BACKWARD_PLANS)
+    failures = []
+
+    def in_another_thread():
+        try:
+            check_against_oracle((24, 20), (7, 5), seed=1, **case)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failures.append(exc)
+
+    worker = threading.Thread(target=in_another_thread)
+    worker.start()
+    worker.join()
+    assert not failures, failures[0]
+    assert (len(launch._FORWARD_PLANS), len(launch._BACKWARD_PLANS)) == plans, "the thread built plans of its own"
+
+
+@gpu
+@needs_cuda
 def test_degenerate_builds_are_rebuilt_capped_and_give_the_same_results(monkeypatch):
     """A kernel ptxas built with few registers and the rest in local memory is rebuilt with
     ``maxnreg`` 255 (fast_launch.Launch; CPU test: test_triton_neighborhood.py). Hopper builds no

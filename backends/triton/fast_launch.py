@@ -28,6 +28,7 @@ try:  # Triton >= 3.4; older ones take the ordinary path only
 except ImportError:
     knobs = None
 
+from .descriptor_scratch import ensure_allocator
 from .device_limits import MAX_REGISTERS, built_degenerately
 from .plugin import interpreting
 
@@ -96,7 +97,7 @@ class Launch:
     """One kernel launch with fixed grid and non-tensor arguments; ``launch(*tensors)`` runs it on
     tensors that take, in order, the places the tensors of ``args`` / ``kwargs`` had."""
 
-    __slots__ = ("kernel", "grid", "arguments", "options", "slots", "compiled", "direct")
+    __slots__ = ("kernel", "grid", "arguments", "options", "slots", "compiled", "direct", "scratch")
 
     def __init__(self, kernel, grid: Sequence[int], args: Sequence, kwargs: Dict):
         names = kernel.arg_names
@@ -113,6 +114,10 @@ class Launch:
         self.slots = [i for i, value in enumerate(self.arguments) if isinstance(value, torch.Tensor)]
         self.compiled = None
         self.direct = None  # the device the compiled kernel was loaded on, once direct launches work
+        # Whether the compiled kernel asks Triton for a global buffer (descriptors built on the
+        # device): known after the first call, which runs where the plan was built and its
+        # allocator set; later calls may come from other threads (descriptor_scratch).
+        self.scratch = False
         # Tensors of the building call are not kept alive by the plan.
         for i in self.slots:
             self.arguments[i] = None
@@ -134,6 +139,8 @@ class Launch:
         arguments = list(self.arguments)
         for i, t in zip(self.slots, tensors):
             arguments[i] = t
+        if self.scratch:
+            ensure_allocator()
         if self.direct is not None and not _launch_hooks_installed():
             # Triton's own launch path, less the binder: the current device's stream, and the
             # device the kernel was loaded on (a kernel handle belongs to one device).
@@ -144,6 +151,7 @@ class Launch:
                       c.packed_metadata, None, None, None, *arguments)
                 return
         compiled = self._rebuilt_if_degenerate(resolve(self.kernel)[self.grid](*arguments, **self.options), arguments)
+        self.scratch = getattr(getattr(compiled, "metadata", None), "global_scratch_size", 0) > 0
         if self.compiled is None and knobs is not None and not interpreting() and all(
                 hasattr(compiled, name) for name in ("run", "function", "packed_metadata")):
             self.compiled = compiled

@@ -14,7 +14,6 @@ import os
 from typing import List, Optional, Tuple
 
 import torch
-import triton
 from triton.runtime.errors import OutOfResources
 
 from haloattn.backend import AttentionInputs
@@ -22,6 +21,7 @@ from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
 from . import batch_slices, tiles
+from .descriptor_scratch import ensure_allocator
 from .device_limits import has_copy_engine
 from .relative_fold import fold_into_table, slots_of_entries
 from .plugin import interpreting
@@ -86,11 +86,6 @@ def exact_float32_products(precision: str) -> bool:
     return precision in ("ieee", "tf32x3")
 
 
-def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    # Descriptors built inside a kernel live in a small global buffer Triton asks for per launch.
-    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
-
-
 def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     """Whether K/V tiles can come through tensor descriptors (TMA): asked for by the config, a
     Hopper-or-newer GPU (or the interpreter), 16-bit data, int32 coordinates, and every batch,
@@ -105,8 +100,8 @@ def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     for t in tensors:
         if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return False
-    if not interpreting() and not _has_allocator():
-        triton.set_allocator(_descriptor_scratch)
+    if not interpreting():
+        ensure_allocator()
     return True
 
 
@@ -118,20 +113,8 @@ def use_reduce_descriptors(large: bool, dq_sum: Optional[torch.Tensor]) -> bool:
         return False
     if dq_sum.data_ptr() % 16 or any((s * dq_sum.element_size()) % 16 for s in dq_sum.stride()[:-1]):
         return False
-    if not _has_allocator():
-        triton.set_allocator(_descriptor_scratch)
+    ensure_allocator()
     return True
-
-
-def _has_allocator() -> bool:
-    """Whether the caller set a Triton allocator of their own (kept); on a Triton without this
-    internal, assume not."""
-    try:
-        from triton.runtime import _allocation
-
-        return not isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
-    except (ImportError, AttributeError):
-        return False
 
 
 def cdiv(a: int, b: int) -> int:

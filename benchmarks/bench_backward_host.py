@@ -1,0 +1,164 @@
+"""Where the host time of a training call's backward goes, layer by layer.
+
+A training call's ``backward()`` runs on the host while the device may already have finished the
+forward's kernels: where the backward's host side outlasts the forward's device time, the device
+idles (``bench_launch_overhead.py --split`` measures that gap). This splits the backward's host
+time into its layers, on problems whose kernels take a few microseconds (so the host, not a full
+launch queue, sets every figure):
+
+* ``backward()``: the whole of ``out.backward(grad)`` (autograd's engine, haloattn's Function,
+  the backend, the launches);
+* ``Function.backward``: the same less autograd's engine (``AttentionFunction.backward`` called
+  on a context as the forward left it);
+* ``backend.backward``: the backend's own call (argument checks, buffers, plan lookup, launches);
+* ``launches``: the kernels alone, started from their plans;
+* ``engine baseline``: ``backward()`` through an autograd Function with the same inputs whose
+  backward returns preallocated gradients: what autograd's engine costs any custom op.
+
+    python benchmarks/bench_backward_host.py [--calls 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import haloattn
+from haloattn.backend import AttentionInputs
+from haloattn.backends.triton import launch as triton_launch
+from haloattn.dispatch import DISPATCHER
+from haloattn.ops import AttentionFunction
+from haloattn.problem import build_problem
+
+PROBLEMS = [
+    # name, shape [B, *spatial, H, D], window, options: one window's worth of the issue's rows
+    ("2-D 16x16, window 16 stride 16, H 16, D 128", (1, 16, 16, 16, 128), 16, {"stride": 16}),
+    ("2-D 16x16, window 7, H 4, D 64", (1, 16, 16, 4, 64), 7, {}),
+    ("1-D 256, window 65, H 8, D 64", (1, 256, 8, 64), 65, {}),
+]
+
+
+DEVICE = "cuda"
+
+
+def synchronize():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def host_us(fn, calls):
+    """Mean host microseconds of ``fn`` over ``calls`` calls, the device synchronised around."""
+    for _ in range(3):
+        fn()
+    synchronize()
+    began = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    spent = time.perf_counter() - began
+    synchronize()
+    return spent / calls * 1e6
+
+
+class PreparedGradients(torch.autograd.Function):
+    """An op with attention's inputs whose backward hands back gradients made in advance."""
+
+    @staticmethod
+    def forward(ctx, grads, q, k, v):
+        ctx.grads = grads
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None, *ctx.grads)
+
+
+def layers(name, shape, window, options, calls):
+    q, k, v = (torch.randn(shape, device=DEVICE, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16)
+    problem = build_problem(q, k, v, window, **options)
+    backend, config = DISPATCHER.select(problem, None)
+    row = {"problem": name, "backend": backend.name}
+
+    def training():
+        for t in (q, k, v):
+            t.grad = None
+        haloattn.attention(q, k, v, window, **options).backward(grad)
+
+    def forward_only():
+        for t in (q, k, v):
+            t.grad = None
+        haloattn.attention(q, k, v, window, **options)
+
+    row["forward (graph built)"] = host_us(forward_only, calls)
+    row["backward()"] = host_us(training, calls) - row["forward (graph built)"]
+
+    out = haloattn.attention(q, k, v, window, **options)
+    node = out.grad_fn  # a custom Function's backward node is its ctx, as the forward left it
+    assert type(node).__name__ == "AttentionFunctionBackward", type(node).__name__
+
+    def function_backward():
+        with torch.no_grad():  # as the engine runs a first-order backward
+            AttentionFunction.backward(node, grad, None)
+
+    row["Function.backward"] = host_us(function_backward, calls)
+
+    inputs = AttentionInputs(q.detach(), k.detach(), v.detach())
+    out_, lse = backend.forward(problem, inputs, config)
+    needs = (True, True, True, False, False, False, False)
+    row["backend.backward"] = host_us(
+        lambda: backend.backward(problem, inputs, out_, lse, grad, None, needs, config), calls)
+
+    if backend.name == "triton":
+        started = []
+        original = triton_launch._start
+
+        def recording(launch, *tensors):
+            started.append((launch, tensors))
+            original(launch, *tensors)
+
+        triton_launch._start = recording
+        try:
+            backend.backward(problem, inputs, out_, lse, grad, None, needs, config)
+        finally:
+            triton_launch._start = original
+        row["launches"] = host_us(lambda: [launch(*tensors) for launch, tensors in started], calls)
+        row["kernels"] = len(started)
+
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+
+    def baseline():
+        for t in (q, k, v):
+            t.grad = None
+        PreparedGradients.apply(grads, q, k, v).backward(grad)
+
+    def baseline_forward():
+        for t in (q, k, v):
+            t.grad = None
+        PreparedGradients.apply(grads, q, k, v)
+
+    row["engine baseline"] = host_us(baseline, calls) - host_us(baseline_forward, calls)
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (reference backend)")
+    args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    columns = ("forward (graph built)", "backward()", "Function.backward", "backend.backward", "launches",
+               "engine baseline")
+    print(f"# {torch.cuda.get_device_name() if DEVICE == 'cuda' else DEVICE}: host us per call")
+    print("| problem | backend | " + " | ".join(columns) + " | kernels |")
+    print("|---|---|" + "---|" * (len(columns) + 1))
+    for name, shape, window, options in PROBLEMS:
+        row = layers(name, shape, window, options, args.calls)
+        cells = [f"{row[c]:.0f}" if c in row else "-" for c in columns]
+        print(f"| {name} | {row['backend']} | {' | '.join(cells)} | {row.get('kernels', '-')} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
