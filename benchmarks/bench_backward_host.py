@@ -8,12 +8,16 @@ launch queue, sets every figure):
 
 * ``backward()``: the whole of ``out.backward(grad)`` (autograd's engine, haloattn's Function,
   the backend, the launches);
-* ``Function.backward``: the same less autograd's engine (``AttentionFunction.backward`` called
-  on a context as the forward left it);
+* ``in the engine``: the time ``AttentionFunction.backward`` itself takes when autograd's engine
+  calls it (on its device thread), the rest of ``backward()`` being the engine's;
+* ``Function.backward``: the same function called directly, in the calling thread, on a context
+  as the forward left it;
 * ``backend.backward``: the backend's own call (argument checks, buffers, plan lookup, launches);
 * ``launches``: the kernels alone, started from their plans;
-* ``engine baseline``: ``backward()`` through an autograd Function with the same inputs whose
-  backward returns preallocated gradients: what autograd's engine costs any custom op.
+* ``engine baseline``: ``backward()`` through an autograd Function of q, k, v whose backward
+  returns preallocated gradients: what autograd's engine costs any custom op;
+* ``engine, attention's signature``: the same with AttentionFunction's signature (three
+  non-tensor and seven tensor inputs, four of them None; two outputs; five tensors saved).
 
     python benchmarks/bench_backward_host.py [--calls 300]
 """
@@ -74,6 +78,42 @@ class PreparedGradients(torch.autograd.Function):
         return (None, *ctx.grads)
 
 
+def _engine_call_us(training, calls):
+    """Mean microseconds that AttentionFunction.backward takes when the engine calls it."""
+    original, spent = AttentionFunction.backward, []
+
+    def timed(ctx, *grads):
+        began = time.perf_counter()
+        try:
+            return original(ctx, *grads)
+        finally:
+            spent.append(time.perf_counter() - began)
+
+    AttentionFunction.backward = staticmethod(timed)
+    try:
+        host_us(training, calls)
+    finally:
+        AttentionFunction.backward = staticmethod(original)
+    return sum(spent[3:]) / len(spent[3:]) * 1e6
+
+
+class PreparedGradientsLikeAttention(torch.autograd.Function):
+    """PreparedGradients with AttentionFunction's inputs, outputs and saved tensors."""
+
+    @staticmethod
+    def forward(ctx, problem, backend, grads, *tensors):
+        out, lse = torch.empty_like(tensors[0]), torch.empty(tensors[0].shape[:-1], device=tensors[0].device)
+        ctx.grads = grads
+        ctx.save_for_backward(*tensors, out, lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        ctx.saved_tensors
+        return (None, None, None, *ctx.grads, None, None, None, None)
+
+
 def layers(name, shape, window, options, calls):
     q, k, v = (torch.randn(shape, device=DEVICE, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     grad = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16)
@@ -93,6 +133,7 @@ def layers(name, shape, window, options, calls):
 
     row["forward (graph built)"] = host_us(forward_only, calls)
     row["backward()"] = host_us(training, calls) - row["forward (graph built)"]
+    row["in the engine"] = _engine_call_us(training, calls)
 
     out = haloattn.attention(q, k, v, window, **options)
     node = out.grad_fn  # a custom Function's backward node is its ctx, as the forward left it
@@ -139,6 +180,16 @@ def layers(name, shape, window, options, calls):
         PreparedGradients.apply(grads, q, k, v)
 
     row["engine baseline"] = host_us(baseline, calls) - host_us(baseline_forward, calls)
+
+    def like_attention(backward=True):
+        for t in (q, k, v):
+            t.grad = None
+        out, _ = PreparedGradientsLikeAttention.apply(problem, backend, grads, q, k, v, None, None, None, None)
+        if backward:
+            out.backward(grad)
+
+    row["engine, attention's signature"] = (host_us(like_attention, calls)
+                                            - host_us(lambda: like_attention(False), calls))
     return row
 
 
@@ -149,8 +200,8 @@ def main():
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
-    columns = ("forward (graph built)", "backward()", "Function.backward", "backend.backward", "launches",
-               "engine baseline")
+    columns = ("forward (graph built)", "backward()", "in the engine", "Function.backward", "backend.backward", "launches",
+               "engine baseline", "engine, attention's signature")
     print(f"# {torch.cuda.get_device_name() if DEVICE == 'cuda' else DEVICE}: host us per call")
     print("| problem | backend | " + " | ".join(columns) + " | kernels |")
     print("|---|---|" + "---|" * (len(columns) + 1))

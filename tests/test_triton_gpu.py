@@ -591,9 +591,15 @@ def test_plans_built_in_one_thread_run_in_another(monkeypatch):
 
     from haloattn.backends.triton import launch, tiles
 
-    default = tiles.default_config
-    monkeypatch.setattr(tiles, "default_config",
-                        lambda p, **kw: {n: dict(c, tma=True) for n, c in default(p, **kw).items()})
+    default, forced = tiles.default_config, {}
+
+    def with_descriptors(problem, **kw):  # one dict per problem: plans are keyed by its identity
+        key = (problem, tuple(sorted(kw.items())))
+        if key not in forced:
+            forced[key] = {n: dict(c, tma=True) for n, c in default(problem, **kw).items()}
+        return forced[key]
+
+    monkeypatch.setattr(tiles, "default_config", with_descriptors)
     case = dict(dtype=torch.bfloat16, device="cuda", heads=4, head_dim=64)
     check_against_oracle((24, 20), (7, 5), seed=0, **case)  # builds the plans here
     plans = len(launch._FORWARD_PLANS), len(launch._BACKWARD_PLANS)

@@ -1339,6 +1339,46 @@ def test_additional_token_kernel_fits_the_shared_memory():
     check_against_oracle((40,), 9, dtype=torch.float32, heads=2, head_dim=256, extra=3, seed=3)
 
 
+def test_a_plan_whose_kernel_needs_scratch_sets_the_allocator_in_every_thread(monkeypatch):
+    """Triton asks a per-thread allocator for the buffer of on-device tensor descriptors. A plan
+    built and first run in one thread (where use_descriptors set the allocator) and run again in
+    a fresh thread must give that thread an allocator before the kernel starts (GPU test:
+    test_triton_gpu.py::test_plans_built_in_one_thread_run_in_another)."""
+    import threading
+
+    from haloattn.backends.triton import descriptor_scratch, fast_launch
+
+    class Built:
+        n_regs, n_spills = 128, 0
+
+        def __init__(self, scratch_bytes):
+            self.metadata = type("Metadata", (), {"global_scratch_size": scratch_bytes})()
+
+    def stand_in_for(scratch_bytes, seen):
+        class Kernel:  # resolve(kernel): records whether the launching thread had an allocator
+            def __getitem__(self, grid):
+                return lambda *args, **options: seen.append(descriptor_scratch.has_allocator()) or Built(scratch_bytes)
+        return Kernel()
+
+    kernel = launch.forward_kernel
+    x = torch.zeros(4)
+    args = {name: (x if name in ("Q", "K", "V", "O", "LSE", "RPB", "AK", "AV") else 1) for name in kernel.arg_names}
+
+    def in_fresh_thread(fn):
+        worker = threading.Thread(target=fn)
+        worker.start()
+        worker.join()
+
+    for scratch_bytes, wanted in ((128, [True]), (0, [False])):
+        seen = []
+        monkeypatch.setattr(fast_launch, "resolve", lambda fn: stand_in_for(scratch_bytes, seen))
+        plan = fast_launch.Launch(kernel, (1,), [], args)
+        in_fresh_thread(lambda: plan(*[x] * len(plan.slots)))  # the building thread: first call
+        seen.clear()
+        in_fresh_thread(lambda: plan(*[x] * len(plan.slots)))  # a thread that never set one
+        assert seen == wanted, (scratch_bytes, seen)
+
+
 def test_kernels_built_with_few_registers_and_the_rest_spilled_are_rebuilt_capped(monkeypatch):
     """ptxas sometimes builds a kernel that needs more than 255 registers with 32-40 and the rest
     in local memory (6-320 KB of spill stores a thread on sm_80 and sm_89: tests/test_arch_compile.py
