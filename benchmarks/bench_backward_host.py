@@ -25,16 +25,21 @@ launch queue, sets every figure):
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 
-import haloattn
-from haloattn.backend import AttentionInputs
-from haloattn.backends.triton import launch as triton_launch
-from haloattn.dispatch import DISPATCHER
-from haloattn.ops import AttentionFunction
-from haloattn.problem import build_problem
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_launch_overhead import host_ms  # noqa: E402
+
+import haloattn  # noqa: E402
+from haloattn.backend import AttentionInputs  # noqa: E402
+from haloattn.backends.triton import launch as triton_launch  # noqa: E402
+from haloattn.dispatch import DISPATCHER  # noqa: E402
+from haloattn.ops import AttentionFunction  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
 
 PROBLEMS = [
     # name, shape [B, *spatial, H, D], window, options: one window's worth of the issue's rows
@@ -44,29 +49,13 @@ PROBLEMS = [
 ]
 
 
-DEVICE = "cuda"
-
-
-def synchronize():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
 def host_us(fn, calls):
     """Mean host microseconds of ``fn`` over ``calls`` calls, the device synchronised around."""
-    for _ in range(3):
-        fn()
-    synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    spent = time.perf_counter() - began
-    synchronize()
-    return spent / calls * 1e6
+    return host_ms(fn, calls) * 1e3
 
 
 class PreparedGradients(torch.autograd.Function):
-    """An op with attention's inputs whose backward hands back gradients made in advance."""
+    """An op of q, k, v whose backward hands back gradients made in advance."""
 
     @staticmethod
     def forward(ctx, grads, q, k, v):
@@ -94,7 +83,7 @@ def _engine_call_us(training, calls):
         host_us(training, calls)
     finally:
         AttentionFunction.backward = staticmethod(original)
-    return sum(spent[3:]) / len(spent[3:]) * 1e6
+    return sum(spent[1:]) / len(spent[1:]) * 1e6  # host_ms's first call warms up
 
 
 class PreparedGradientsLikeAttention(torch.autograd.Function):
@@ -110,25 +99,27 @@ class PreparedGradientsLikeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        ctx.saved_tensors
+        ctx.saved_tensors  # unpacked, as AttentionFunction.backward unpacks its own
         return (None, None, None, *ctx.grads, None, None, None, None)
 
 
 def layers(name, shape, window, options, calls):
-    q, k, v = (torch.randn(shape, device=DEVICE, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    grad = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     problem = build_problem(q, k, v, window, **options)
     backend, config = DISPATCHER.select(problem, None)
     row = {"problem": name, "backend": backend.name}
 
-    def training():
+    def no_grads():  # each backward's gradients are taken over, not added to the last ones
         for t in (q, k, v):
             t.grad = None
+
+    def training():
+        no_grads()
         haloattn.attention(q, k, v, window, **options).backward(grad)
 
     def forward_only():
-        for t in (q, k, v):
-            t.grad = None
+        no_grads()
         haloattn.attention(q, k, v, window, **options)
 
     row["forward (graph built)"] = host_us(forward_only, calls)
@@ -170,20 +161,17 @@ def layers(name, shape, window, options, calls):
     grads = [torch.empty_like(t) for t in (q, k, v)]
 
     def baseline():
-        for t in (q, k, v):
-            t.grad = None
+        no_grads()
         PreparedGradients.apply(grads, q, k, v).backward(grad)
 
     def baseline_forward():
-        for t in (q, k, v):
-            t.grad = None
+        no_grads()
         PreparedGradients.apply(grads, q, k, v)
 
     row["engine baseline"] = host_us(baseline, calls) - host_us(baseline_forward, calls)
 
     def like_attention(backward=True):
-        for t in (q, k, v):
-            t.grad = None
+        no_grads()
         out, _ = PreparedGradientsLikeAttention.apply(problem, backend, grads, q, k, v, None, None, None, None)
         if backward:
             out.backward(grad)
@@ -196,13 +184,10 @@ def layers(name, shape, window, options, calls):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (reference backend)")
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
     columns = ("forward (graph built)", "backward()", "in the engine", "Function.backward", "backend.backward", "launches",
                "engine baseline", "engine, attention's signature")
-    print(f"# {torch.cuda.get_device_name() if DEVICE == 'cuda' else DEVICE}: host us per call")
+    print(f"# {torch.cuda.get_device_name()}: host us per call")
     print("| problem | backend | " + " | ".join(columns) + " | kernels |")
     print("|---|---|" + "---|" * (len(columns) + 1))
     for name, shape, window, options in PROBLEMS:
