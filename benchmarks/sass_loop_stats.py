@@ -2,7 +2,12 @@
 without a GPU: per kernel instance, its instructions, and within the span from its first wgmma
 (HGMMA) to its last (the consumers' tile loop) the instructions, barrier operations (SYNCS),
 branches, reconvergence points (BSSY), local-memory spills (LDL/STL) and shared loads (LDS);
-with ``--by-line N`` also the N source lines with the most instructions in that span.
+with ``--by-line N`` also the N source lines with the most instructions in that span; with
+``--events`` the span as a sequence of the steps that order a software pipeline (wgmma issues and
+waits, exponentials, maxima, masks, mbarrier waits and arrivals), runs of one kind collapsed, and
+how many exponentials each "wait for all but the newest group" leaves before the next full wait:
+the softmax work that runs under the product still in flight (ptxas schedules a wgmma wait as early
+as its basic block allows, so the source order alone does not decide it; RESULTS.md, 2026-12-02).
 
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DHALOATTN_SM90A --expt-relaxed-constexpr \\
         -lineinfo -I<cutlass include> -Icsrc -cubin csrc/neighborhood_forward_sm90.cu -o fwd.cubin
@@ -42,6 +47,43 @@ def wgmma_span(instructions: list) -> list:
     return instructions[wgmma[0]:wgmma[-1] + 1] if wgmma else []
 
 
+# The instructions a pipeline's order is read from, in the order they are tested.
+EVENTS = (("HGMMA", re.compile(r"HGMMA\.(\S+)")), ("wait", re.compile(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)")),
+          ("EX2", re.compile(r"MUFU\.EX2")), ("FMNMX", re.compile(r"\bFMNMX\b")),
+          ("mask", re.compile(r"FSEL\b.*-INF")), ("mbarrier wait", re.compile(r"SYNCS\.PHASECHK")),
+          ("mbarrier arrive", re.compile(r"SYNCS\.ARRIVE")))
+
+
+def pipeline_events(instructions: list) -> list:
+    """The wgmma span as [kind, count] runs: 'HGMMA <shape>', 'wait <groups left>', 'EX2', ..."""
+    runs = []
+    for line, _ in wgmma_span(instructions):
+        for kind, pattern in EVENTS:
+            found = pattern.search(line)
+            if found:
+                name = f"{kind} {found.group(1)}" if found.groups() else kind
+                if runs and runs[-1][0] == name:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([name, 1])
+                break
+    return runs
+
+
+def exponentials_under_products(runs: list) -> list:
+    """For each wait that leaves one group in flight, the exponentials before the next full wait."""
+    counts, open_count = [], None
+    for name, count in runs:
+        if name == "wait 0x1":
+            open_count = 0
+        elif name == "wait 0x0" and open_count is not None:
+            counts.append(open_count)
+            open_count = None
+        elif name == "EX2" and open_count is not None:
+            open_count += count
+    return counts
+
+
 def loop_stats(instructions: list) -> dict:
     span = wgmma_span(instructions)
     stats = {"total": len(instructions), "span": len(span)}
@@ -55,6 +97,7 @@ def main():
     parser.add_argument("sass", help="nvdisasm -g -c output")
     parser.add_argument("--match", default="", help="only kernels whose mangled name contains this")
     parser.add_argument("--by-line", type=int, default=0, help="also the N busiest source lines of the span")
+    parser.add_argument("--events", action="store_true", help="also the span's pipeline steps in order")
     args = parser.parse_args()
     for name, instructions in functions(args.sass).items():
         if args.match in name and wgmma_span(instructions):
@@ -63,6 +106,10 @@ def main():
             lines = Counter(source for _, source in wgmma_span(instructions))
             for source, count in lines.most_common(args.by_line):
                 print(f"  {count:5d} {source}")
+            if args.events:
+                runs = pipeline_events(instructions)
+                print("  " + ", ".join(f"{name} x{count}" if count > 1 else name for name, count in runs))
+                print(f"  exponentials under a product in flight, per partial wait: {exponentials_under_products(runs)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""benchmarks/sass_loop_stats.py's pipeline view (``--events``), on a hand-written disassembly: the
+order of a loop's wgmma issues and waits, and how many exponentials run while a product is in
+flight, are what it is read for when checking where ptxas put a wait (docs/backend-cuda.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from sass_loop_stats import exponentials_under_products, functions, pipeline_events  # noqa: E402
+
+# Two loop steps as nvdisasm -g -c lays them out: the first with its exponentials after the full
+# wait (none under the product), the second with two of them before it.
+LISTING = """\
+\t.section\t.text.kernel_a,"ax",@progbits
+\t//## File "kernel.cu", line 10
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R88, R148, gdesc[UR4], RZ, !UPT ;
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R88, R144, gdesc[UR4], R88, gsb0 ;
+        /*0030*/                   HGMMA.64x128x16.F32.BF16 R24, R168, gdesc[UR8].tnspB, R24, gsb0 ;
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0050*/                   FSEL R89, R89, -INF , P3 ;
+        /*0060*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0070*/                   FMNMX R18, R88, R89, !PT ;
+        /*0080*/                   MUFU.EX2 R21, R169 ;
+        /*0090*/                   MUFU.EX2 R22, R170 ;
+        /*00a0*/                   SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R99+URZ], RZ ;
+        /*00b0*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R21+URZ], R20 ;
+        /*00c0*/                   HGMMA.64x64x16.F32.BF16 R88, R148, gdesc[UR4], RZ, !UPT ;
+        /*00d0*/                   HGMMA.64x128x16.F32.BF16 R24, R168, gdesc[UR8].tnspB, R24, gsb0 ;
+        /*00e0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*00f0*/                   MUFU.EX2 R21, R169 ;
+        /*0100*/                   MUFU.EX2 R22, R170 ;
+        /*0110*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0120*/                   MUFU.EX2 R23, R171 ;
+        /*0130*/                   HGMMA.64x128x16.F32.BF16 R24, R168, gdesc[UR8].tnspB, R24, gsb0 ;
+        /*0140*/                   MUFU.EX2 R23, R171 ;
+"""
+
+
+def test_events_give_the_loop_order_and_the_exponentials_under_each_product(tmp_path):
+    path = tmp_path / "kernel.sass"
+    path.write_text(LISTING)
+    instructions = functions(str(path))["kernel_a"]
+    runs = pipeline_events(instructions)
+    assert [name for name, _ in runs[:9]] == [
+        "HGMMA 64x64x16.F32.BF16", "HGMMA 64x128x16.F32.BF16", "wait 0x1", "mask", "wait 0x0", "FMNMX", "EX2",
+        "mbarrier arrive", "mbarrier wait"]
+    assert runs[0] == ["HGMMA 64x64x16.F32.BF16", 2] and runs[6] == ["EX2", 2]
+    # The span ends at the last wgmma: the exponential after it is not part of the loop.
+    assert runs[-1] == ["HGMMA 64x128x16.F32.BF16", 1]
+    assert exponentials_under_products(runs) == [0, 2]
