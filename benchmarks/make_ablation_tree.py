@@ -8,7 +8,7 @@ tree's build).
 
 Ablations:
   nomask  every key tile taken as unmasked (forward and backward): the masks' cost, building and
-          applying them (RESULTS.md, "What the Hopper kernels' masks cost", 2026-12-02).
+          applying them (RESULTS.md, "Where the Hopper kernels' time does not go", 2026-12-02).
 """
 
 from __future__ import annotations
@@ -32,20 +32,26 @@ ABLATIONS = {
 }
 
 
+def write_ablation(name: str, target: str) -> None:
+    """csrc/ copied to ``target`` with ablation ``name`` applied; an error where csrc/ no longer
+    has a line to replace exactly once."""
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(os.path.join(ROOT, "csrc"), target)
+    for file, old, new in ABLATIONS[name]:
+        path = os.path.join(target, file)
+        text = open(path).read()
+        if text.count(old) != 1:
+            raise ValueError(f"{file}: the line to replace is no longer there once: {old.strip()}")
+        with open(path, "w") as f:
+            f.write(text.replace(old, new))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=sorted(ABLATIONS))
     args = parser.parse_args()
     target = os.path.join(ROOT, f"ab_{args.name}", "csrc")
-    shutil.rmtree(os.path.dirname(target), ignore_errors=True)
-    shutil.copytree(os.path.join(ROOT, "csrc"), target)
-    for file, old, new in ABLATIONS[args.name]:
-        path = os.path.join(target, file)
-        text = open(path).read()
-        if text.count(old) != 1:
-            raise SystemExit(f"{file}: the line to replace is no longer there once: {old.strip()}")
-        with open(path, "w") as f:
-            f.write(text.replace(old, new))
+    write_ablation(args.name, target)
     print(f"wrote {target}")
 
 

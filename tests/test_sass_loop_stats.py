@@ -1,6 +1,7 @@
-"""benchmarks/sass_loop_stats.py's pipeline view (``--events``), on a hand-written disassembly: the
-order of a loop's wgmma issues and waits, and how many exponentials run while a product is in
-flight, are what it is read for when checking where ptxas put a wait (docs/backend-cuda.md)."""
+"""The Hopper kernels' measuring tools: benchmarks/sass_loop_stats.py's pipeline view
+(``--events``), on a hand-written disassembly (the order of a loop's wgmma issues and waits, and how
+many exponentials run while a product is in flight, are what it is read for when checking where
+ptxas put a wait, docs/backend-cuda.md); benchmarks/make_ablation_tree.py's edits of csrc/."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from make_ablation_tree import ABLATIONS, write_ablation  # noqa: E402
 from sass_loop_stats import exponentials_under_products, functions, pipeline_events  # noqa: E402
 
 # Two loop steps as nvdisasm -g -c lays them out: the first with its exponentials after the full
@@ -50,3 +52,14 @@ def test_events_give_the_loop_order_and_the_exponentials_under_each_product(tmp_
     # The span ends at the last wgmma: the exponential after it is not part of the loop.
     assert runs[-1] == ["HGMMA 64x128x16.F32.BF16", 1]
     assert exponentials_under_products(runs) == [0, 2]
+
+
+def test_every_ablation_still_finds_its_lines_in_csrc(tmp_path):
+    """Each ablation replaces lines of the kernels as they stand: a change to those lines must
+    update the ablation, or its timings would silently measure the kernels unchanged."""
+    for name, edits in ABLATIONS.items():
+        target = tmp_path / name
+        write_ablation(name, str(target))
+        for file, old, new in edits:
+            text = (target / file).read_text()
+            assert old not in text and text.count(new) == 1, (name, file)
