@@ -72,6 +72,36 @@ def attention(
     first). A float32 run is a plain float32 computation of the contract: its distance from the
     float64 run is the rounding floor of a problem, which tests use where a result is
     ill-conditioned (a gradient that is a small sum of cancelling terms)."""
+    s, keep4, vf, shape = _scores(
+        query, key, value, window, stride=stride, dilation=dilation, causal=causal, pattern=pattern, shift=shift,
+        scale=scale, softcap=softcap, rpb=rpb, score_mod=score_mod, mask_mod=mask_mod, kq_conv=kq_conv,
+        additional_keys=additional_keys, additional_values=additional_values, compute_dtype=compute_dtype)
+    p, lse = _softmax(s, keep4)
+    out = p @ vf  # empty rows: 0
+    return _grid_layout(out, shape), _grid_layout(lse, shape)
+
+
+def _softmax(s, keep4):
+    """(probabilities, lse) of masked scores [B, H, N, keys]; rows with no key: p 0, lse -inf."""
+    s = torch.where(keep4, s, torch.full((), -math.inf, dtype=s.dtype))
+    lse = torch.logsumexp(s, dim=-1)  # -inf for empty rows
+    p = torch.where(keep4, torch.exp(s - torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1)), 0.0)
+    return p, lse
+
+
+def _grid_layout(t, shape):
+    """[B, H, N(, C)] -> [B, *spatial, H(, C)]."""
+    B, spatial, H = shape
+    t = t.transpose(1, 2)
+    return t.reshape(B, *spatial, H, *t.shape[3:])
+
+
+def _scores(
+    query, key, value, window, *, stride, dilation, causal, pattern, shift,
+    scale, softcap, rpb, score_mod, mask_mod, kq_conv, additional_keys, additional_values, compute_dtype,
+):
+    """(scores, kept pairs, values) as [B, H, N, keys], [B, H, N, keys], [B, H, keys, Dv]; the keys
+    are the grid's N tokens, then the additional ones; plus (B, spatial, H)."""
     q, k, v = (t.to(compute_dtype) for t in (query, key, value))
     B, *spatial, H, D = q.shape
     Hkv, Dv = k.shape[-2], v.shape[-1]
@@ -143,14 +173,49 @@ def attention(
         vf = torch.cat([vf, av], dim=2)
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
+    return s, keep4, vf, (B, spatial, H)
 
-    s = torch.where(keep4, s, torch.full((), -math.inf, dtype=s.dtype))
-    lse = torch.logsumexp(s, dim=-1)  # -inf for empty rows
-    p = torch.where(keep4, torch.exp(s - torch.where(torch.isfinite(lse), lse, 0).unsqueeze(-1)), 0.0)
-    out = p @ vf  # empty rows: 0
-    out = out.permute(0, 2, 1, 3).reshape(B, *spatial, H, Dv)
-    lse = lse.permute(0, 2, 1).reshape(B, *spatial, H)
-    return out, lse
+
+_PATTERN_DEFAULTS = dict(stride=1, dilation=1, causal=False, pattern="neighborhood", shift=0)
+_OPTIONAL_INPUTS = ("scale", "softcap", "rpb", "score_mod", "mask_mod", "kq_conv", "additional_keys", "additional_values")
+
+# float32's unit roundoff: the largest relative error of one rounding
+FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def gradient_rounding_floor(query, key, value, window, grad_out, grad_lse, leaves, *, seed=0,
+                            unit_roundoff=FLOAT32_UNIT_ROUNDOFF, **kw):
+    """Per leaf, the gradient error that rounding in a backward of the usual form leaves (None for
+    a leaf the scores do not reach): a model, for gradients whose exact value cancels.
+
+    A backward forms dS = P (dP - delta + grad_lse), with dP = dO V^T and delta = rowsum(dO O) summed
+    in different orders and P recomputed from a stored LSE. Where a row's softmax holds one key,
+    dP and delta are equal in exact arithmetic and dS is 0, yet rounding leaves about u |dO| |V| in
+    their difference. The plain float32 run of ``attention`` may round both alike and cancel exactly,
+    so its distance from float64 can miss this. Here each score's rounding is modelled as
+    u (P (|dO| |V|^T + rowsum|dO O| + |grad_lse|) + (|s| + |lse| + 1) |dS|) with a random sign, carried
+    to the leaves by the exact chain rule (softcap, mods, rpb and kq_conv included)."""
+    unknown = set(kw) - set(_PATTERN_DEFAULTS) - set(_OPTIONAL_INPUTS)
+    if unknown:
+        raise TypeError(f"gradient_rounding_floor: unknown arguments {sorted(unknown)}")
+    s, keep4, vf, (B, spatial, H) = _scores(
+        query, key, value, window, **{name: kw.get(name) for name in _OPTIONAL_INPUTS},
+        **{name: kw.get(name, default) for name, default in _PATTERN_DEFAULTS.items()}, compute_dtype=torch.float64)
+    with torch.no_grad():
+        p, lse = _softmax(s, keep4)
+        out = p @ vf
+        d_out = grad_out.double().reshape(B, -1, H, vf.shape[-1]).transpose(1, 2)
+        g_lse = (grad_lse.double().reshape(B, -1, H).transpose(1, 2) if grad_lse is not None
+                 else torch.zeros_like(lse)).unsqueeze(-1)
+        delta = (d_out * out).sum(-1, keepdim=True)
+        d_scores = p * (d_out @ vf.transpose(-1, -2) - delta + g_lse)
+        magnitude = p * (d_out.abs() @ vf.abs().transpose(-1, -2) + (d_out * out).abs().sum(-1, keepdim=True)
+                         + g_lse.abs())
+        finite_lse = torch.where(torch.isfinite(lse), lse, 0).abs().unsqueeze(-1)
+        magnitude = magnitude + (torch.where(keep4, s, 0).abs() + finite_lse + 1) * d_scores.abs()
+        signs = torch.randn(magnitude.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).sign()
+        seed_scores = torch.where(keep4, unit_roundoff * magnitude * signs, 0.0)
+    return list(torch.autograd.grad(s, leaves, seed_scores, allow_unused=True))
 
 
 def rel_error(x, ref):
@@ -161,6 +226,14 @@ def rel_error(x, ref):
     denom = ref.norm().item()
     diff = (x - ref).norm().item()
     return diff / denom if denom > 0 else diff
+
+
+def rounding_share(floor, ref):
+    """``gradient_rounding_floor``'s size for one leaf relative to the exact gradient (0 for None)."""
+    if floor is None:
+        return 0.0
+    denom = ref.double().norm().item()
+    return floor.norm().item() / denom if denom > 0 else floor.norm().item()
 
 
 TOLERANCE = {

@@ -23,7 +23,7 @@ from haloattn.geometry import Axis, attends
 from haloattn.problem import build_problem
 
 import oracle
-from test_reference_oracle import make_inputs, mask_odd_heads, mask_sparse, problems, score_bias_by_head
+from test_reference_oracle import make_inputs, mask_odd_heads, mask_sparse, problems, score_bias_by_head, score_distance
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 
@@ -81,6 +81,11 @@ def _leaves(tensors, kw):
               kw=dict(stride=[1], dilation=(1,), causal=(False,), pattern="neighborhood", shift=(0,)),
               softcap=None, scale=None, extra=1, score_mod=None, mask_mod=mask_sparse, kq_conv=None,
               seed=4203), False)
+# a query gradient that is rounding alone: rows that attend one key (CI drew it, 2026-12-02)
+@example(dict(spatial=(5,), batch=1, heads=1, kv_heads=1, head_dim=5, value_dim=2, window=(1,), rpb=False,
+              kw=dict(stride=[1], dilation=(1,), causal=(False,), pattern="neighborhood", shift=(0,)),
+              softcap=None, scale=-1.5, extra=1, score_mod=score_distance, mask_mod=mask_sparse, kq_conv=None,
+              seed=208), False)
 def test_flex_matches_oracle(spec, through_lse):
     """Outputs, LSE and every gradient (q, k, v, rpb, additional tokens) in float32 against the
     float64 oracle, over every pattern parameter, GQA, D_v != D, scale, softcap, rpb, mods and
@@ -111,14 +116,12 @@ def test_flex_matches_oracle(spec, through_lse):
     ref_grads = torch.autograd.grad(loss(ref_out, ref_lse), leaves)
     floor_out, floor_lse = oracle.attention(*tensors.values(), spec["window"], compute_dtype=torch.float32, **kw)
     floor_grads = torch.autograd.grad(loss(floor_out, floor_lse), leaves)
-    # The same contract through the backward's usual form, dS = P (dP - rowsum(dO * O)), in
-    # float32 (the reference backend): where a row's softmax holds one key its exact dS is 0 but
-    # this form leaves float32 rounding of dP (about 1e-7), which dominates a small gradient
-    # (a key seen by such rows: seed 4203 gives 2.5e-5 from flex and from this alike).
-    usual_out, usual_lse = haloattn.attention(*tensors.values(), spec["window"], return_lse=True,
-                                              backend="reference", **kw)
-    usual_grads = torch.autograd.grad(loss(usual_out, usual_lse), leaves)
-    for leaf, a, b, f, f2 in zip(leaves, grads, ref_grads, floor_grads, usual_grads):
+    # What rounding of the backward's usual form, dS = P (dP - rowsum(dO * O)), leaves where the
+    # exact dS cancels (rows whose softmax holds one key: seed 4203 gives 2.5e-5 from flex's float32,
+    # 0.2x this model; seed 208 3.8e-4, 0.7x), which the plain float32 run may round to 0 exactly
+    model_grads = oracle.gradient_rounding_floor(*tensors.values(), spec["window"], go, gl, leaves,
+                                                 seed=spec["seed"], **kw)
+    for leaf, a, b, f, m in zip(leaves, grads, ref_grads, floor_grads, model_grads):
         assert a.dtype == torch.float32
         err = oracle.rel_error(a, b)
         # An rpb entry sums score gradients that cancel (each softmax row's sum to zero without
@@ -127,9 +130,9 @@ def test_flex_matches_oracle(spec, through_lse):
         tolerance = 1e-3 if leaf is kw.get("rpb") else oracle.TOLERANCE[torch.float32]
         # Other gradients can be small sums of cancelling terms too (an additional key seen by
         # every query through a saturated softcap: seed 2147483647 gives 2e-5 from flex and from
-        # the reference backend alike): allow a few times what a plain float32 computation of the
-        # contract misses by on these inputs; a wrong gradient is still off by order 1.
-        tolerance = max(tolerance, 3 * oracle.rel_error(f, b), 3 * oracle.rel_error(f2, b))
+        # a plain float32 run alike): allow a few times what float32 misses by on these inputs,
+        # measured and modelled; a wrong gradient is still off by order 1.
+        tolerance = max(tolerance, 3 * oracle.rel_error(f, b), 4 * oracle.rounding_share(m, b))
         assert err <= tolerance, f"gradient of a {tuple(leaf.shape)} input: rel error {err:.3g} for {spec}"
 
 
