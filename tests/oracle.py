@@ -177,7 +177,8 @@ def _scores(
 
 
 _PATTERN_DEFAULTS = dict(stride=1, dilation=1, causal=False, pattern="neighborhood", shift=0)
-_OPTIONAL_INPUTS = ("scale", "softcap", "rpb", "score_mod", "mask_mod", "kq_conv", "additional_keys", "additional_values")
+_OPTIONAL_INPUTS = ("scale", "softcap", "rpb", "score_mod", "mask_mod", "kq_conv", "additional_keys",
+                    "additional_values")
 
 # float32's unit roundoff: the largest relative error of one rounding
 FLOAT32_UNIT_ROUNDOFF = 2.0 ** -24
