@@ -26,8 +26,8 @@ ABLATIONS = {
          "      TileMask m{!tile_in(cursor, own.full_lo, own.full_hi), 0, 0};",
          "      TileMask m{false, 0, 0};"),
         ("neighborhood_backward_sm90.cu",
-         "        const bool masked = !tile_in(cursor, mine.full_lo, mine.full_hi);",
-         "        const bool masked = false;"),
+         "        if (kMaskEveryTile || !tile_in(cursor, mine.full_lo, mine.full_hi)) {",
+         "        if (false) {"),
     ],
 }
 
