@@ -326,12 +326,11 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         cute::warpgroup_commit_batch();
 
         // Partner tiles inside this half's common window need no mask. On grids of rank 2 and
-        // 3 the mask is built for them too (all ones there): without a branch in the loop
-        // ptxas schedules the two products' waits and the exponentials better, and the
-        // key-major loop's spills go, which saved more than the skipped masks cost (the
-        // backward 1.05-1.16x on every benchmark row of rank 2 and 3, also where no tile is
-        // masked; on 1-D, with 6 % of the tiles masked, the branch is 1.02x faster: RESULTS.md,
-        // 2026-12-02).
+        // 3 their mask (all ones) is built anyway: with no branch in the loop ptxas schedules
+        // the two products' waits and the exponentials better and the key-major loop's spills
+        // go, which gains more than those masks cost (the backward 1.05-1.16x on every
+        // benchmark row of rank 2 and 3, also where no tile is masked). On 1-D, with 6 % of the
+        // tiles masked, the branch is 1.02x faster (RESULTS.md, 2026-12-02).
         constexpr bool kMaskEveryTile = RANK >= 2;
         uint64_t mask_a = ~uint64_t{0}, mask_b = ~uint64_t{0};
         if (kMaskEveryTile || !tile_in(cursor, mine.full_lo, mine.full_hi)) {
