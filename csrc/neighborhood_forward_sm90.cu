@@ -364,8 +364,9 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
       accumulator_to_fragments<T>(s, pa);
     };
     auto rescale = [&](float alpha_a, float alpha_b) {
-      // Once the row maxima settle (after a chunk or two) the rescale is a no-op: skip it.
-      if (!__any_sync(0xffffffff, alpha_a != 1.f || alpha_b != 1.f)) return;
+      // Every step, although it is a no-op once the row maxima settle: skipping it took a vote
+      // and a branch per step, and with them the step ran 1.0-1.07x slower (RESULTS.md,
+      // 2026-12-02 16:33 UTC): the branch costs the schedule more than the multiplies it saves.
 #pragma unroll
       for (int j = 0; j < kORegs / 4; ++j) {
         o[4 * j + 0] *= alpha_a;
