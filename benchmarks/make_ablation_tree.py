@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABLATIONS = {
     "nomask": [
         ("neighborhood_forward_sm90.cu",
-         "      TileMask m{!tile_in(cursor, own.full_lo, own.full_hi), 0, 0};",
+         "      TileMask m{kMaskEveryTile || !tile_in(cursor, own.full_lo, own.full_hi), 0, 0};",
          "      TileMask m{false, 0, 0};"),
         ("neighborhood_backward_sm90.cu",
          "        if (kMaskEveryTile || !tile_in(cursor, mine.full_lo, mine.full_hi)) {",

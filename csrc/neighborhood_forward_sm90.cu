@@ -297,13 +297,18 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
     // computed on the tensor cores (between the issue and the wait, where the warp would
     // otherwise only wait): about 50-110 integer instructions and eight shared loads a masked
     // tile that are then off the softmax's path. `masked` is false for tiles inside every one of
-    // the half's rows' windows (one branch per tile, not per score).
+    // the half's rows' windows (one branch per tile, not per score), except on 3-D grids: there
+    // every tile's mask is built and applied (all ones inside the common window), so the loop has
+    // no branch left (with O rescaled on every step). That ran 3-D 1.02x, 3-D causal in time
+    // 0.99-1.02x and 3-D 3x7x7 at head dim 64 1.04x; on 2-D grids, with fewer tiles masked, it ran
+    // 0.89-0.98x (RESULTS.md, 2026-12-02 16:43-16:55 UTC).
     struct TileMask {
       bool masked;
       uint64_t a, b;  // bit 8j + e: this thread's score 4j + e (row a) or 4j + 2 + e (row b)
     };
+    constexpr bool kMaskEveryTile = RANK == 3;
     auto tile_mask = [&]() {
-      TileMask m{!tile_in(cursor, own.full_lo, own.full_hi), 0, 0};
+      TileMask m{kMaskEveryTile || !tile_in(cursor, own.full_lo, own.full_hi), 0, 0};
       if (m.masked) {
         int origin[kMaxRank];
 #pragma unroll
