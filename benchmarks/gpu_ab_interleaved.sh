@@ -5,7 +5,9 @@
 # other; differences of a few per cent between its trees were often within that drift.
 #
 # Each tree (the working tree's csrc/ as "new", then every directory of AB_BASES holding a csrc/,
-# named without its "ab_") is built once into a wheel and installed into a directory of its own;
+# named without its "ab_"; AB_BASES=none times the working tree alone, against TRITON's times,
+# when the device time left allows one build only) is built once into a wheel and installed into a
+# directory of its own;
 # then ROUNDS rounds run kernel_split.py on every tree in turn, each tree through PYTHONPATH.
 # ab_interleaved_summary.py prints each problem's median forward and backward time per tree and
 # the ratios to the first tree.
@@ -35,10 +37,15 @@ build() {  # $1: tree name; builds the current csrc/ into $SITES/$1
   echo "$1 built in $(( $(date +%s) - start )) s"
 }
 
+for dir in ${AB_BASES:-ab_base}; do  # before any build: a misnamed tree costs no device time
+  [ "$dir" = none ] || [ -d "$dir/csrc" ] || {
+    echo "AB_BASES: $dir has no csrc/ (untracked directories travel to the GPU machine, ignored ones do not)"; exit 1; }
+done
 trees="new"
 build new || exit 1
 mv csrc csrc_new
 for dir in ${AB_BASES:-ab_base}; do
+  [ "$dir" = none ] && continue
   name=${dir#ab_}
   rm -rf csrc && cp -r "$dir/csrc" csrc
   build "$name" && trees="$trees $name"
