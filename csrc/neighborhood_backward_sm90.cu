@@ -26,6 +26,7 @@
 #include <string>
 
 #include "attention_params.h"
+#include "fragment_sources.cuh"
 #include "kernel_launch.h"
 #include "key_tiles.cuh"
 #include "mma_fragments.cuh"
@@ -116,7 +117,8 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
     const PairTiles t = pair_tiles(p, shape, kt, pair, KEY_MAJOR);
     const TileWork& w = t.work;
     if (w.empty) continue;
-    // The own tiles are read until the pair's last product: the consumers release them then.
+    // The consumers release the own tiles once their fragments are in registers, or else after
+    // the pair's last product (consume's kOwnInRegisters).
     if (pair_count >= 1) Barrier::wait(own_empty, (pair_count - 1) & 1);
     const int halves = tile_half(w, shape, 1).work.empty ? 1 : 2;
     TxBarrier::arrive_and_expect_tx(own_full, 2 * halves * own_rows * D * sizeof(T));
@@ -260,6 +262,12 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
   constexpr int kAccRegs = D / 2;     // one gradient accumulator, 64 x D
   constexpr int kPartnerTiles = kChunk / 8;
   constexpr int kKSteps = kChunk / 16;
+  // S and dP read their own operand (the 64 own rows) from registers where they fit beside the
+  // accumulators: query-major (one 64 x D accumulator) and key-major at head dim 64. Read from
+  // shared memory, both operands of an m64n64k16 product take all of its bandwidth (128 bytes a
+  // cycle at the tensor cores' rate), beside the copies' writes and the other products' reads.
+  // Key-major at head dim 128, S, dP, dK and dV fill 192 of the 240 registers: no room.
+  constexpr bool kOwnInRegisters = !KEY_MAJOR || D <= 64;
   const int half = threadIdx.x / kWarpgroup - 1;
   const int tid = threadIdx.x % kWarpgroup;
   const int warp = tid / 32, lane = tid % 32;
@@ -300,6 +308,19 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
       const RowStats b = own_row_stats<T, D>(p, w, x_b, inside_b, a1, row_b, t);
       lse2_a = a.lse2, delta_a = a.delta, lse2_b = b.lse2, delta_b = b.delta;
     }
+    // Where the registers allow, the own tiles move to registers once (A fragments of S and
+    // dP), and their buffers go back to the producer at once, so it loads the next pair's while
+    // this one walks (see kOwnInRegisters).
+    uint32_t a0f[kOwnInRegisters ? D / 16 : 1][4], a1f[kOwnInRegisters ? D / 16 : 1][4];
+    if constexpr (kOwnInRegisters) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const TileCoord at = a_source(lane, 16 * warp, 16 * ks);
+        ldmatrix_x4(a0f[ks], a0 + swizzled_element<kHalfRows>(at.row, at.col / 8));
+        ldmatrix_x4(a1f[ks], a1 + swizzled_element<kHalfRows>(at.row, at.col / 8));
+      }
+      Barrier::arrive(own_empty);
+    }
 
     for (int hs = 0; hs < head_steps(p, KEY_MAJOR); ++hs) {
       TileCursor cursor{{0, 0, 0}};
@@ -317,12 +338,22 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         float s[kSRegs], dp[kSRegs];
         cute::warpgroup_arrive();
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks)
-          mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(a0, ks), k_major_descriptor<T, kChunk>(b0, ks), s, ks > 0);
+        for (int ks = 0; ks < D / 16; ++ks) {
+          if constexpr (kOwnInRegisters)
+            mma_rs_k<T, kChunk>(a0f[ks], k_major_descriptor<T, kChunk>(b0, ks), s, ks > 0);
+          else
+            mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(a0, ks), k_major_descriptor<T, kChunk>(b0, ks), s,
+                              ks > 0);
+        }
         cute::warpgroup_commit_batch();
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks)
-          mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(a1, ks), k_major_descriptor<T, kChunk>(b1, ks), dp, ks > 0);
+        for (int ks = 0; ks < D / 16; ++ks) {
+          if constexpr (kOwnInRegisters)
+            mma_rs_k<T, kChunk>(a1f[ks], k_major_descriptor<T, kChunk>(b1, ks), dp, ks > 0);
+          else
+            mma_ss<T, kChunk>(k_major_descriptor<T, kHalfRows>(a1, ks), k_major_descriptor<T, kChunk>(b1, ks), dp,
+                              ks > 0);
+        }
         cute::warpgroup_commit_batch();
 
         // Partner tiles inside this half's common window need no mask. On grids of rank 2 and
@@ -330,8 +361,12 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
         // the two products' waits and the exponentials better and the key-major loop's spills
         // go, which gains more than those masks cost (the backward 1.05-1.16x on every
         // benchmark row of rank 2 and 3, also where no tile is masked). On 1-D, with 6 % of the
-        // tiles masked, the branch is 1.02x faster (RESULTS.md, 2026-12-02).
-        constexpr bool kMaskEveryTile = RANK >= 2;
+        // tiles masked, the branch was 1.02x faster (RESULTS.md, 2026-12-02), but with the own
+        // fragments in registers ptxas 13.0 gave the 1-D kernels' P and dS fragments the own
+        // fragments' registers across that branch (at head dim 64; the next tile's S and dP
+        // then read P and dS: wrong gradients), so there every tile is masked too.
+        // tests/test_cuda_build.py checks the SASS for such reuse.
+        constexpr bool kMaskEveryTile = RANK >= 2 || kOwnInRegisters;
         uint64_t mask_a = ~uint64_t{0}, mask_b = ~uint64_t{0};
         if (kMaskEveryTile || !tile_in(cursor, mine.full_lo, mine.full_hi)) {
           int origin[kMaxRank];
@@ -393,10 +428,16 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
           fence_registers(acc1);
           fence_fragments(pf);
         }
+        if constexpr (kOwnInRegisters) {
+          // The own fragments stay live and unchanged from tile to tile (see kMaskEveryTile for
+          // what ptxas 13.0 did to them beside a branch).
+          fence_fragments(a0f);
+          fence_fragments(a1f);
+        }
         Barrier::arrive(&empty[stage]);
       }
     }
-    Barrier::arrive(own_empty);
+    if constexpr (!kOwnInRegisters) Barrier::arrive(own_empty);
     ++pair_count;
 
     // dQ = scale acc0 (query-major); dK = scale acc0 and dV = acc1 (key-major).
