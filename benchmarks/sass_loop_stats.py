@@ -8,6 +8,8 @@ waits, exponentials, maxima, masks, mbarrier waits and arrivals), runs of one ki
 how many exponentials each "wait for all but the newest group" leaves before the next full wait:
 the softmax work that runs under the product still in flight (ptxas schedules a wgmma wait as early
 as its basic block allows, so the source order alone does not decide it; RESULTS.md, 2026-12-02).
+With ``--fragments`` instead: the instructions that overwrite A fragments held in registers while
+a later product still reads them (tests/test_cuda_build.py runs this check on every build).
 
     nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -DHALOATTN_SM90A --expt-relaxed-constexpr \\
         -lineinfo -I<cutlass include> -Icsrc -cubin csrc/neighborhood_forward_sm90.cu -o fwd.cubin
@@ -84,6 +86,58 @@ def exponentials_under_products(runs: list) -> list:
     return counts
 
 
+LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+BRANCH_TARGET = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+# A K-major wgmma whose A operand comes from registers (S = Q K^T with Q's fragments held): its
+# fragments' first register. A ".tnspB" product (P V, dS K) takes fresh fragments each step.
+REGISTER_A = re.compile(r"HGMMA\.\S+ R\d+, R(\d+), gdesc\[\w+\](?!\.tnspB)")
+WRITTEN = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)\s+R(\d+)\b")
+# Instructions whose first register operand is read, not written.
+READS_FIRST = ("HGMMA", "ST", "BRA", "SYNCS", "RED", "ATOM")
+
+
+def listings(path: str) -> dict:
+    """Each function's lines, labels included (the loops' back edges are read from them)."""
+    found, current = {}, None
+    for line in open(path):
+        section = re.match(r"\s*\.section\s+\.text\.([^,\s]+)", line)
+        if section:
+            current = found.setdefault(section.group(1), [])
+        elif current is not None and (INSTRUCTION.search(line) or LABEL.match(line)):
+            current.append(line.rstrip("\n"))
+    return found
+
+
+def fragment_overwrites(lines: list) -> list:
+    """Instructions that write a register of held A fragments while a later product (in the code,
+    or through a loop's back edge) still reads them: from the fragments' first load (LDSM) to their
+    last read, or to the branch of a loop that jumps back before it. ptxas 13.0 did so across a
+    branch in the backward's 1-D kernels (RESULTS.md, 2026-12-02): the next tile's product then
+    read other values, with no warning."""
+    held, last = set(), -1
+    for i, line in enumerate(lines):
+        found = REGISTER_A.search(line)
+        if found:
+            held |= set(range(int(found.group(1)), int(found.group(1)) + 4))
+            last = i
+    if not held:
+        return []
+    labels = {LABEL.match(line).group(1): i for i, line in enumerate(lines) if LABEL.match(line)}
+    for i, line in enumerate(lines):
+        target = BRANCH_TARGET.search(line)
+        if target and i > last and labels.get(target.group(1), len(lines)) < last:
+            last = i
+    loads = [i for i, line in enumerate(lines) if "LDSM" in line and (m := re.search(r"LDSM\S* R(\d+)", line))
+             and int(m.group(1)) in held]
+    first = loads[0] if loads else 0
+    bad = []
+    for line in lines[first:last]:
+        written = WRITTEN.search(line)
+        if written and not written.group(1).startswith(("LDSM",) + READS_FIRST) and int(written.group(2)) in held:
+            bad.append(line.strip())
+    return bad
+
+
 def loop_stats(instructions: list) -> dict:
     span = wgmma_span(instructions)
     stats = {"total": len(instructions), "span": len(span)}
@@ -98,7 +152,15 @@ def main():
     parser.add_argument("--match", default="", help="only kernels whose mangled name contains this")
     parser.add_argument("--by-line", type=int, default=0, help="also the N busiest source lines of the span")
     parser.add_argument("--events", action="store_true", help="also the span's pipeline steps in order")
+    parser.add_argument("--fragments", action="store_true",
+                        help="only: per kernel, the writes to held A fragments that a later product reads")
     args = parser.parse_args()
+    if args.fragments:
+        for name, lines in listings(args.sass).items():
+            if args.match in name:
+                bad = fragment_overwrites(lines)
+                print(f"{'BAD ' + str(len(bad)) if bad else 'ok'} {name[-120:]}", *bad[:3], sep="\n  ")
+        return
     for name, instructions in functions(args.sass).items():
         if args.match in name and wgmma_span(instructions):
             stats = loop_stats(instructions)

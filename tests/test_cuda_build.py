@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from sass_loop_stats import REGISTER_A, fragment_overwrites, listings  # noqa: E402
+
 from haloattn.backends.cuda import module as cuda_module
 from haloattn.backends.cuda import plugin as cuda_plugin
 from haloattn.geometry import Axis, key_range, query_range, window_query_range
@@ -344,16 +347,43 @@ def test_hopper_kernels_keep_their_wgmma_asynchronous(tmp_path, source):
     accumulator redefined by other instructions before the wait), it waits for every wgmma right
     after its issue, in the whole kernel, and only says so in an info line (C7510-C7520). The
     kernel stays correct and runs 1.2-1.4x slower (a forward built so measured 0.74x on an H100,
-    2026-11-27). Compiles each Hopper source for sm_90a as the module does and fails on it."""
+    2026-11-27). Compiles each Hopper source for sm_90a as the module does and fails on it.
+
+    Then, from the disassembly, that no A fragment held in registers across a tile loop (Q in the
+    forward, the own tiles in the backward) is overwritten while a later product reads it: ptxas
+    13.0 did so without a word in the backward's 1-D kernels (wrong gradients)."""
     include = _cutlass_include()
     if include is None:
         pytest.skip("needs the nvidia-cutlass wheel's headers (pip install nvidia-cutlass)")
+    cubin = tmp_path / "kernel.cubin"
     result = subprocess.run(
         ["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-DHALOATTN_SM90A",
-         "--expt-relaxed-constexpr", "-I", str(include), "-I", str(ROOT / "csrc"), "-c", str(ROOT / "csrc" / source),
-         "-o", str(tmp_path / "kernel.o")],
+         "--expt-relaxed-constexpr", "-I", str(include), "-I", str(ROOT / "csrc"), "-cubin",
+         str(ROOT / "csrc" / source), "-o", str(cubin)],
         capture_output=True, text=True, timeout=1200,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     serialised = [line for line in (result.stdout + result.stderr).splitlines() if "instructions are serialized" in line]
     assert not serialised, "\n".join(serialised[:3])
+    nvdisasm = _nvdisasm()
+    assert nvdisasm, "no nvdisasm on PATH or in the triton wheel (backends/nvidia/bin) to check the fragments"
+    sass = tmp_path / "kernel.sass"
+    with open(sass, "w") as out:
+        subprocess.run([nvdisasm, "-c", str(cubin)], stdout=out, stderr=subprocess.DEVNULL, check=True, timeout=600)
+    kernels = listings(str(sass))
+    held = [name for name, lines in kernels.items() if any(REGISTER_A.search(line) for line in lines)]
+    assert held, "no kernel holds A fragments in registers: the check below would test nothing"
+    overwritten = {name[-90:]: bad[:2] for name, lines in kernels.items() if (bad := fragment_overwrites(lines))}
+    assert not overwritten, overwritten
+
+
+def _nvdisasm():
+    """nvdisasm from PATH, or the copy the triton wheel ships (CI has triton, not always a CUDA toolkit's)."""
+    import importlib.util
+
+    found = shutil.which("nvdisasm")
+    spec = importlib.util.find_spec("triton")
+    if found is None and spec is not None and spec.submodule_search_locations:
+        bundled = Path(spec.submodule_search_locations[0]) / "backends" / "nvidia" / "bin" / "nvdisasm"
+        found = str(bundled) if bundled.exists() else None
+    return found

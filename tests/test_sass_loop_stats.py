@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from make_ablation_tree import ABLATIONS, write_ablation  # noqa: E402
-from sass_loop_stats import exponentials_under_products, functions, pipeline_events  # noqa: E402
+from sass_loop_stats import exponentials_under_products, fragment_overwrites, functions, listings, pipeline_events  # noqa: E402
 
 # Two loop steps as nvdisasm -g -c lays them out: the first with its exponentials after the full
 # wait (none under the product), the second with two of them before it.
@@ -52,6 +52,32 @@ def test_events_give_the_loop_order_and_the_exponentials_under_each_product(tmp_
     # The span ends at the last wgmma: the exponential after it is not part of the loop.
     assert runs[-1] == ["HGMMA 64x128x16.F32.BF16", 1]
     assert exponentials_under_products(runs) == [0, 2]
+
+
+# A tile loop holding an operand's A fragments (R120-R123, loaded once before the loop): the
+# product of dS (R124-R127, packed in the loop) reads fresh fragments; REUSED packs dS into the held
+# registers instead, as ptxas 13.0 did across a branch, which the loop's next S product then reads.
+HELD_LOOP = """\
+\t.section\t.text.{name},"ax",@progbits
+        /*0010*/                   LDSM.16.M88.4 R120, [R32] ;
+.L_x_1:
+        /*0020*/                   WARPGROUP.ARRIVE ;
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R56, R120, gdesc[UR12], RZ, !UPT, gsb0 ;
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0050*/                   F2FP.BF16.F32.PACK_AB {packed}, R57, R56 ;
+        /*0060*/                   HGMMA.64x64x16.F32.BF16 R88, {packed}, gdesc[UR16].tnspB, R88, gsb0 ;
+        /*0070*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0080*/              @!P4 BRA `(.L_x_1) ;
+        /*0090*/                   MOV R121, R88 ;
+"""
+
+
+def test_fragment_check_finds_held_registers_overwritten_inside_the_loop(tmp_path):
+    path = tmp_path / "kernel.sass"
+    path.write_text(HELD_LOOP.format(name="fresh", packed="R124") + HELD_LOOP.format(name="reused", packed="R120"))
+    found = listings(str(path))
+    assert fragment_overwrites(found["fresh"]) == []  # the write after the loop's branch is free
+    assert [line.split()[1] for line in fragment_overwrites(found["reused"])] == ["F2FP.BF16.F32.PACK_AB"]
 
 
 def test_every_ablation_still_finds_its_lines_in_csrc(tmp_path):
