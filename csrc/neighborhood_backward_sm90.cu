@@ -64,9 +64,13 @@ struct RegisterSplit {
   static_assert(register_split_fits(kProducer, kConsumer), "the register split exceeds the launch allocation");
 };
 
-// The ring (sm90_common.cuh) holds four streamed tiles: a tile costs four (key-major) or three
+// The ring holds four streamed tiles at head dim 128: a tile costs four (key-major) or three
 // 64 x 64 x D products per consumer, two to three times a forward tile, so four stages hide the
-// copies' latency with room to spare.
+// copies' latency, and a fifth does not fit beside the own tiles. At head dim 64 it holds eight,
+// as the forward's does: both consumers release every stage, so the ring's depth bounds how far
+// one half may run ahead of the other.
+template <int D>
+constexpr int backward_stages() { return D <= 64 ? 2 * kStages : kStages; }
 
 // The tensor maps of one pass: own[0], own[1] are Q, dO (query-major) or K, V (key-major) with a
 // half tile's box; stream[0], stream[1] are K, V or Q, dO with the partner tile's box.
@@ -79,16 +83,18 @@ struct Smem {
   static constexpr int kOwnElems = kHalfRows * D;   // one half's [64][D] tile of one operand
   static constexpr int kTileElems = kChunk * D;     // one streamed [64][D] tile of one operand
   static constexpr size_t kTileBytes = kTileElems * sizeof(T);
+  static constexpr int kRing = backward_stages<D>();
   static constexpr size_t kOwn = 0;                                                 // [operand][half]
   static constexpr size_t kStream = kOwn + 2 * kConsumers * kOwnElems * sizeof(T);  // [operand][stage]
-  static constexpr size_t kStats = kStream + 2 * kStages * kTileBytes;              // [stage][kChunk] float2
-  static constexpr size_t kBelow = kStats + (KEY_MAJOR ? kStages * kChunk * sizeof(float2) : 0);
+  static constexpr size_t kStats = kStream + 2 * kRing * kTileBytes;              // [stage][kChunk] float2
+  static constexpr size_t kBelow = kStats + (KEY_MAJOR ? kRing * kChunk * sizeof(float2) : 0);
   static constexpr size_t kBarriers = kBelow + kMaxRank * kMaskEntries * sizeof(uint64_t);
   // own full, own empty, stream full[stages], stream empty[stages].
-  static constexpr int kBarrierCount = 2 + 2 * kStages;
+  static constexpr int kBarrierCount = 2 + 2 * kRing;
   static constexpr size_t kBytes = kBarriers + kBarrierCount * sizeof(uint64_t);
   static constexpr size_t kLaunchBytes = kBytes + 1024;  // tiles start 1024-byte aligned
   static_assert(kTileBytes % 1024 == 0, "tiles 1024-aligned");
+  static_assert(kLaunchBytes <= 227 * 1024, "more shared memory than a Hopper CTA may have");
 };
 
 // The streamed tiles' head for step `hs` of a pair of (KV) head `head`: key-major walks the
@@ -132,13 +138,13 @@ __device__ inline void produce(const AttentionParams& p, const TileShape& shape,
       const int head = streamed_head(p, w.head, hs, KEY_MAJOR);
       TileCursor cursor{{0, 0, 0}};
       for (int c = 0; c < t.chunks; ++c, ++chunk_count) {
-        const int n = chunk_count, stage = stage_of(n);
-        if (n >= kStages) Barrier::wait(&empty[stage], phase_of(n) ^ 1);
+        const int n = chunk_count, stage = stage_of<L::kRing>(n);
+        if (n >= L::kRing) Barrier::wait(&empty[stage], phase_of<L::kRing>(n) ^ 1);
         TxBarrier::arrive_and_expect_tx(&full[stage], 2 * L::kTileBytes);
         int x[kMaxRank];
         for (int a = 0; a < kMaxRank; ++a) x[a] = t.start[a] + cursor.i[a] * kt.n[a];
         for (int operand = 0; operand < 2; ++operand)
-          copy_box<D>(&maps.stream[operand], &full[stage], stream + (operand * kStages + stage) * L::kTileElems, kChunk,
+          copy_box<D>(&maps.stream[operand], &full[stage], stream + (operand * L::kRing + stage) * L::kTileElems, kChunk,
                       p, w, head, x, keep);
         step_tile(cursor, t.tiles);
       }
@@ -155,7 +161,7 @@ __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ?
 // delta] per token into the stage's statistics, warp `turn` taking every kStatsWarps-th stage,
 // then arrive on the stage's full barrier (the arrival releases the writes to the consumers that
 // wait there). Tokens outside the grid get finite values; their scores are masked.
-template <bool KEY_MAJOR>
+template <bool KEY_MAJOR, int RING>
 __device__ inline void gather_stats(const AttentionParams& p, const TileShape& shape, const KeyTiling& kt,
                                     int64_t pairs, int turn, float2* stats, uint64_t* full, uint64_t* empty) {
   const int lane = threadIdx.x % 32;
@@ -181,7 +187,7 @@ __device__ inline void gather_stats(const AttentionParams& p, const TileShape& s
       const int head = streamed_head(p, w.head, hs, KEY_MAJOR);
       TileCursor cursor{{0, 0, 0}};
       for (int c = 0; c < t.chunks; ++c, ++chunk_count, step_tile(cursor, t.tiles)) {
-        const int n = chunk_count, stage = stage_of(n);
+        const int n = chunk_count, stage = stage_of<RING>(n);
         if (n % kStatsWarps != turn) continue;
         // Both rows' loads are issued before either is used (and before the wait for the
         // stage), so a stage costs one round trip to memory, not two.
@@ -203,7 +209,7 @@ __device__ inline void gather_stats(const AttentionParams& p, const TileShape& s
           lse_of[r] = inside[r] ? lse[rows[r]] : 0.f;
           delta_of[r] = inside[r] ? delta[rows[r]] : 0.f;
         }
-        if (n >= kStages) Barrier::wait(&empty[stage], phase_of(n) ^ 1);
+        if (n >= RING) Barrier::wait(&empty[stage], phase_of<RING>(n) ^ 1);
 #pragma unroll
         for (int r = 0; r < kPerLane; ++r) {
           stats[stage * kChunk + lane + 32 * r] = make_float2(lse_log2(lse_of[r]), delta_of[r]);
@@ -325,14 +331,14 @@ __device__ inline void consume(const AttentionParams& p, const TileShape& shape,
     for (int hs = 0; hs < head_steps(p, KEY_MAJOR); ++hs) {
       TileCursor cursor{{0, 0, 0}};
       for (int c = 0; c < tiles.chunks; ++c, ++chunk_count, step_tile(cursor, tiles.tiles)) {
-        const int n = chunk_count, stage = stage_of(n);
-        Barrier::wait(&full[stage], phase_of(n));
+        const int n = chunk_count, stage = stage_of<L::kRing>(n);
+        Barrier::wait(&full[stage], phase_of<L::kRing>(n));
         if (!tile_in(cursor, mine.first, mine.end)) {  // outside this half's partner box
           Barrier::arrive(&empty[stage]);
           continue;
         }
-        const T* b0 = stream + (0 * kStages + stage) * L::kTileElems;
-        const T* b1 = stream + (1 * kStages + stage) * L::kTileElems;
+        const T* b0 = stream + (0 * L::kRing + stage) * L::kTileElems;
+        const T* b1 = stream + (1 * L::kRing + stage) * L::kTileElems;
         const float2* col_stats = stats + stage * kChunk;
 
         float s[kSRegs], dp[kSRegs];
@@ -475,14 +481,14 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const AttentionPa
   uint64_t* own_full = reinterpret_cast<uint64_t*>(smem + L::kBarriers);
   uint64_t* own_empty = own_full + 1;
   uint64_t* full = own_empty + 1;
-  uint64_t* empty = full + kStages;
+  uint64_t* empty = full + L::kRing;
 
   if (threadIdx.x == 0) {
     // Full barriers: the copy thread's arrival plus its bytes (and key-major one stats warp's);
     // empty ones: every consumer thread.
     Barrier::init(own_full, 1);
     Barrier::init(own_empty, kConsumers * kWarpgroup);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < L::kRing; ++s) {
       Barrier::init(&full[s], KEY_MAJOR ? 1 + 32 : 1);
       Barrier::init(&empty[s], kConsumers * kWarpgroup);
     }
@@ -500,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(const AttentionPa
     if (threadIdx.x == 0)
       produce<T, D, KEY_MAJOR>(p, shape, kt, pairs, maps, own, stream, own_full, own_empty, full, empty);
     else if (KEY_MAJOR && threadIdx.x / 32 >= kFirstStatsWarp)
-      gather_stats<KEY_MAJOR>(p, shape, kt, pairs, threadIdx.x / 32 - kFirstStatsWarp, stats, full, empty);
+      gather_stats<KEY_MAJOR, L::kRing>(p, shape, kt, pairs, threadIdx.x / 32 - kFirstStatsWarp, stats, full, empty);
   } else {
     cutlass::arch::warpgroup_reg_alloc<RegisterSplit<KEY_MAJOR, D>::kConsumer>();
     consume<T, D, RANK, KEY_MAJOR>(p, shape, kt, pairs, own, stream, stats, below, own_full, own_empty, full, empty);
