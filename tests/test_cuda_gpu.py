@@ -15,6 +15,7 @@ import torch
 
 import haloattn
 import oracle
+from large_offsets import check_past_int32_offsets
 from haloattn.dispatch import DISPATCHER
 
 pytestmark = pytest.mark.gpu
@@ -184,6 +185,17 @@ def test_each_backward_kernel_on_random_problems(kernel, seed, monkeypatch):
     monkeypatch.setenv("HALOATTN_CUDA_BACKWARD", kernel)
     options = random_problem(random.Random(seed))
     check_problem(options.pop("spatial"), options.pop("window"), seed=seed, **options)
+
+
+@requires_cuda_backend
+@pytest.mark.parametrize("kernel", ["portable", "hopper"])
+@pytest.mark.parametrize("spatial,window,tail", [((66_000,), 9, 256), ((257, 257), 7, 24)])
+def test_more_than_2_31_elements_in_query(kernel, spatial, window, tail, monkeypatch):
+    # B=2, H=128, D=128: 2.16e9 elements per tensor, so the kernels' element offsets (the
+    # portable kernels' pointers, the LSE and delta rows, the tensor maps' strides) need 64 bits.
+    monkeypatch.setenv("HALOATTN_CUDA_FORWARD", kernel)
+    monkeypatch.setenv("HALOATTN_CUDA_BACKWARD", kernel)
+    check_past_int32_offsets("cuda", spatial, window, tail=tail)
 
 
 @requires_cuda_backend
