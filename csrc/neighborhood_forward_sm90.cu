@@ -216,7 +216,9 @@ __device__ inline void consume(const AttentionParams& p, const KeyTiling& kt,
   // epilogues') is consumer h's turn; consumer 0 gets the first one. Only on 1-D grids, where
   // the halves walk long runs of the same tiles (forward 1.05-1.09x on walks of 18 and 33 tiles):
   // where their tiles differ (2-D, 3-D) each half waits at the other's run ends and passed-over
-  // tiles (0.82-0.98x), also with turns on the tiles both compute only. And only in pairs whose
+  // tiles (0.82-0.98x), also with turns on the tiles both compute only; and where both halves
+  // walk the same tiles (2-D 32x32 stride 16) turns gained nothing (1.00x) while their code cost
+  // the rank-2 loops 1-2.5 % (RESULTS.md, 2026-12-04). And only in pairs whose
   // walk has at least kTurnMinTiles tiles: on a walk of 6 (1-D window 255) the turns' waits cost
   // more than the overlap gains (0.95x). Both halves read the walk from the same plan, so they
   // agree on which pairs take turns; between such pairs the token stays where the last one left
