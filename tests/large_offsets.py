@@ -2,8 +2,8 @@
 offset a kernel computes must be 64-bit (NATTEN #335 and #347 are such overflows, the second one
 silent). Shared by the test files of the fused backends.
 
-The whole problem runs through the backend; the float32 reference backend then runs on a slice of
-the last batch element's trailing rows along the first spatial axis (the rows with the largest
+The whole problem runs through the backend; the reference backend then runs in float64 on a slice
+of the last batch element's trailing rows along the first spatial axis (the rows with the largest
 offsets), and only the rows whose windows and inverse windows lie inside the slice are compared."""
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ def check_past_int32_offsets(backend: str, spatial: tuple, window: int, batch: i
     rows = slice(last - tail, last)
     tol = oracle.TOLERANCE[torch.bfloat16]
 
-    def tail_of(t):  # the last batch element's trailing rows, as the reference's float32 input
-        return t.detach()[batch - 1:, rows].float()
+    def tail_of(t):  # the last batch element's trailing rows, as the reference's float64 input
+        return t.detach()[batch - 1:, rows].double()
 
     out = haloattn.attention(q, k, v, window, backend=backend)
     ref = haloattn.attention(*(tail_of(t) for t in (q, k, v)), window, backend="reference")
     # The slice's own first row shifts windows only within `window` rows of it.
-    err = oracle.rel_error(out[batch - 1:, last - tail + window:].float(), ref[:, window:])
+    err = oracle.rel_error(out[batch - 1:, last - tail + window:].double(), ref[:, window:])
     assert err <= tol, f"out: {err}"
     del out, ref
 
@@ -42,8 +42,8 @@ def check_past_int32_offsets(backend: str, spatial: tuple, window: int, batch: i
     del out
     ref_leaves = [tail_of(t).requires_grad_(True) for t in (q, k, v)]
     ref_out = haloattn.attention(*ref_leaves, window, backend="reference")
-    ref_grads = torch.autograd.grad(ref_out, ref_leaves, grad[batch - 1:, rows].float())
+    ref_grads = torch.autograd.grad(ref_out, ref_leaves, grad[batch - 1:, rows].double())
     inner = slice(2 * window, tail)  # keys near the slice's start are also seen by queries before it
     for name, g, rg in zip(("dq", "dk", "dv"), grads, ref_grads):
-        err = oracle.rel_error(g[batch - 1:, rows][:, inner].float(), rg[:, inner])
+        err = oracle.rel_error(g[batch - 1:, rows][:, inner].double(), rg[:, inner])
         assert err <= tol, f"{name}: {err}"
