@@ -10,4 +10,4 @@ s=$(date +%s); HALOATTN_CUDA=on python3 -m pip install -q --no-build-isolation -
 echo "built in $(( $(date +%s) - s )) s"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/device.txt; date -u | tee -a $OUT/device.txt
 timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider -k 2_31 --durations=8 tests/test_cuda_gpu.py tests/test_triton_gpu.py 2>&1 | tee $OUT/large_offsets.log | tail -15
 timeout 200 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -k "not 2_31" tests/test_cuda_gpu.py 2>&1 | tee $OUT/cuda_tests.log | tail -4
-HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3600:3660} timeout 150 python3 -m pytest -m gpu -q -n 10 -p no:cacheprovider tests/test_large_random_gpu.py 2>&1 | tee $OUT/random_3600.log | tail -4
+HALOATTN_RANDOM_SEEDS=${RANDOM_SEEDS:-3600:3660} timeout 150 python3 -m pytest -m gpu -q -n 10 -p no:cacheprovider tests/test_large_random_gpu.py 2>&1 | tee $OUT/random_seeds.log | tail -4
