@@ -125,7 +125,7 @@ def test_valid_call_after_invalid_one_is_not_cached_wrongly():
 def test_env_backend_unknown_raises(monkeypatch):
     q, k, v = qkv()
     monkeypatch.setenv("HALOATTN_BACKEND", "does_not_exist")
-    with pytest.raises(ValueError, match=re.escape("backend='does_not_exist' does not exist")):
+    with pytest.raises(ValueError, match=re.escape("HALOATTN_BACKEND='does_not_exist': backend='does_not_exist' does not exist")):
         haloattn.attention(q, k, v, 3)
 
 

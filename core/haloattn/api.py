@@ -12,7 +12,7 @@ from torch.autograd import forward_ad
 from . import flop_count, ops, sharding, tracing
 from .backend import AttentionInputs, Backend, on_device
 from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
-from .problem import build_problem
+from .problem import build_problem, cache_key
 from .tuning import AUTOTUNE_ENV, CACHE_DIR_ENV
 
 # Steady-state calls skip validation and dispatch: a dict keyed on everything they depend on.
@@ -200,9 +200,10 @@ def attention(
     call_key = (
         _tensor_key(query), _tensor_key(key), _tensor_key(value), _tensor_key(rpb), _tensor_key(kq_conv),
         _tensor_key(additional_keys), _tensor_key(additional_values),
-        _hashable(window), _hashable(stride), _hashable(dilation), _hashable(causal), pattern,
-        _hashable(shift), scale, softcap, score_mod, mask_mod, return_lse, backend, needs_grad,
-        torch.is_grad_enabled(), *_tuning_environment(),
+        # typed keys (problem.cache_key): after window=3, window=3.0 (equal, one hash) must still be refused
+        cache_key(window), cache_key(stride), cache_key(dilation), cache_key(causal), pattern,
+        cache_key(shift), cache_key(scale), cache_key(softcap), score_mod, mask_mod, cache_key(return_lse), backend,
+        needs_grad, torch.is_grad_enabled(), *_tuning_environment(),
     )
     entry, call_key = _kept(call_key)
     if entry is None:
@@ -260,7 +261,7 @@ def _transformed_call(tensors, needs_jvp: bool, options: dict, backend: Optional
     autograd function; validated and dispatched once per signature, as plain calls are (the
     logical shapes a transform shows key it like real tensors)."""
     entry, call_key = _kept(("transformed", needs_jvp, backend, *(_tensor_key(t) for t in tensors),
-                             *(_hashable(v) for v in options.values()), *_tuning_environment()))
+                             *(cache_key(v) for v in options.values()), *_tuning_environment()))
     if entry is None:
         query, key, value, rpb, kq_conv, additional_keys, additional_values = tensors
         problem = build_problem(

@@ -171,8 +171,19 @@ class Dispatcher:
         if not names:
             raise ValueError(f"{source}={value!r} names no backend")
         for n in names:
-            self.get(n)  # raises for unknown names
+            try:
+                self.get(n)
+            except ValueError as err:
+                if source == BACKEND_ENV:  # name the variable, not an argument the caller never passed
+                    raise ValueError(f"{BACKEND_ENV}={value!r}: {err}") from None
+                raise
         return source, names
+
+    def check_forced(self, forced: Optional[str]) -> None:
+        """Raise as a call would for a bad ``backend=`` argument or ``HALOATTN_BACKEND`` (wrong
+        type, unknown names); for calls that validate without dispatching (the custom op's fake,
+        on meta tensors and while torch.compile traces)."""
+        self._forced(forced)
 
     def explain(
         self, problem: Problem, forced: Optional[str] = None, autotune: bool = False, needs_grad: Optional[bool] = None,
@@ -202,6 +213,8 @@ class Dispatcher:
     ) -> Tuple[Backend, Config]:
         """The backend (and config) to run ``problem``, decided once per signature. ``needs_jvp``:
         the call carries tangents, so only backends with a forward-mode rule for it qualify."""
+        if forced is not None and not isinstance(forced, str):
+            self._forced(forced)  # raises naming it, before it is hashed into a key (a list is not hashable)
         env = os.environ.get(BACKEND_ENV)
         autotune = tuning.autotune_enabled() and not needs_jvp  # tuning times forwards and backwards only
         key = (problem, forced, env, autotune, needs_grad, needs_jvp)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .api import attention
+from .problem import check_window
 
 PerAxis = Union[int, Sequence[int]]
 
@@ -64,7 +65,7 @@ class _LocalAttention(nn.Module):
                 raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}; pass head_dim")
             head_dim = dim // num_heads
         self.dim, self.num_heads, self.head_dim, self.rank = dim, num_heads, head_dim, rank
-        self.window = _per_axis("window", window, rank)
+        self.window = check_window(window, rank)  # before it sizes the rpb table
         self.stride = _per_axis("stride", stride, rank)
         self.dilation = _per_axis("dilation", dilation, rank)
         self.causal = _per_axis("causal", causal, rank)

@@ -18,7 +18,7 @@ import torch
 from . import batching, second_order
 from .backend import AttentionInputs, on_device
 from .dispatch import DISPATCHER
-from .problem import build_problem
+from .problem import build_problem, cache_key
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -257,11 +257,20 @@ def assume_constant_result(fn):
 
 @assume_constant_result
 def spec_key(options: tuple) -> str:
-    """The spec of call options (names, values): their JSON, or a registered key with mods."""
-    key = _SPECS.get(("key", options))
+    """The spec of call options (names, values): their JSON, or a registered key with mods.
+    Looked up by typed values (problem.cache_key): window=3.0 and window=3 compare equal, and the
+    spec of a refused call, kept first, would otherwise be handed to the valid one."""
+    lookup = ("key", options[0], tuple(cache_key(v) for v in options[1]))
+    try:
+        key = _SPECS.get(lookup)
+    except TypeError:
+        # an unhashable argument (window=[[3]], backend={...}, a score_mod object without a hash),
+        # which no valid call has: a spec of its own, whose validation in the fake names it
+        key = lookup = None
     if key is None:
         key = _described(options) or f"spec{len(_SPECS)}"
-        _SPECS[("key", options)] = key
+        if lookup is not None:
+            _SPECS[lookup] = key
         _SPECS[key] = options
     return key
 
@@ -338,8 +347,12 @@ def problem_of_spec(spec: str, *tensors: Optional[torch.Tensor]):
     """The validated problem of a custom-op call: its tensors (any device, meta and fake ones
     too) and its spec's options."""
     options = _options(spec)
-    options.pop("backend")
-    return _problem(AttentionInputs(*tensors), options)
+    backend = options.pop("backend")
+    problem = _problem(AttentionInputs(*tensors), options)
+    # the forced backend is checked as an eager call checks it (the fake dispatches nothing, and
+    # meta-tensor calls ignored an unknown or ill-typed name)
+    DISPATCHER.check_forced(backend)
+    return problem
 
 
 @attention_op.register_fake

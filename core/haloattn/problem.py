@@ -131,6 +131,41 @@ def _per_axis(name: str, value: PerAxis, rank: int, kind: type) -> tuple:
     return tuple(out)
 
 
+def cache_key(value):
+    """``value`` as part of a key of the caches that let repeated calls skip validation (the call
+    cache in api.py, the custom op's specs in ops.py). Python calls 3 and 3.0, 1 and True, and
+    numpy's int64(3) and 3 equal, with one hash, though validation accepts only one of each
+    pair: keyed by value alone, a cached valid call let the other through unvalidated (window=3.0
+    ran as 3), and a refused call's spec, kept first, made the valid one fail. So every value but a
+    plain int or None carries its type; a list or tuple becomes a tuple of such keys."""
+    kind = type(value)
+    if kind is int or value is None:
+        return value
+    if kind is tuple or kind is list:
+        return tuple(x if type(x) is int else (type(x), x) for x in value)
+    return kind, value
+
+
+def check_window(window, rank: int) -> Tuple[int, ...]:
+    """``window`` as one int >= 1 per spatial axis (the checks that need no grid length), raising
+    as build_problem does; nn's blocks run it when they are built, before sizing their rpb
+    tables from it."""
+    windows = _per_axis("window", window, rank, int)
+    for axis, K in enumerate(windows):
+        if K < 1:
+            raise ValueError(f"window on axis {axis} is {K}; it must be >= 1")
+    return windows
+
+
+def _finite(x) -> bool:
+    """math.isfinite for an int or float, False for an int too large for a float (where
+    math.isfinite raises OverflowError)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
 def _check_tensor(name: str, t, *, min_dim: int = 1):
     if not torch.is_tensor(t):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -219,7 +254,7 @@ def build_problem(
 
     if not isinstance(pattern, str) or pattern not in PATTERNS:
         raise ValueError(f"pattern={pattern!r} is unknown; allowed: {', '.join(map(repr, PATTERNS))}")
-    windows = _per_axis("window", window, rank, int)
+    windows = check_window(window, rank)
     strides = _per_axis("stride", stride, rank, int)
     dilations = _per_axis("dilation", dilation, rank, int)
     causals = _per_axis("causal", causal, rank, bool)
@@ -227,8 +262,6 @@ def build_problem(
     axes = []
     for a in range(rank):
         L, K, S, Dl, s = spatial[a], windows[a], strides[a], dilations[a], shifts[a]
-        if K < 1:
-            raise ValueError(f"window on axis {a} is {K}; it must be >= 1")
         if Dl < 1:
             raise ValueError(f"dilation on axis {a} is {Dl}; it must be >= 1")
         if K * Dl > L:
@@ -254,10 +287,10 @@ def build_problem(
 
     if scale is None:
         scale = head_dim ** -0.5
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not _finite(scale):
         raise TypeError(f"scale={scale!r}; expected a finite float (or None for head_dim ** -0.5)")
     if softcap is not None:
-        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0 or not math.isfinite(softcap):
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0 or not _finite(softcap):
             raise ValueError(f"softcap={softcap!r}; expected a finite float > 0, or None")
         softcap = float(softcap)
 
@@ -311,9 +344,7 @@ def build_problem(
         if extra < 1:
             raise ValueError("additional_keys has no tokens (E = 0); pass None instead")
 
-    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    check_mods(score_mod, mask_mod)
     _check_score_mod(score_mod, heads, query.device)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
@@ -338,6 +369,26 @@ def build_problem(
         mask_mod=mask_mod,
         return_lse=return_lse,
     )
+
+
+def check_mods(score_mod, mask_mod) -> None:
+    """score_mod and mask_mod are callables (or None) that can be hashed: calls are cached and
+    dispatched by a key holding them (an unhashable one, such as an instance of a @dataclass with
+    __call__, whose generated __eq__ removes __hash__, failed inside the dispatcher)."""
+    for name, fn in (("score_mod", score_mod), ("mask_mod", mask_mod)):
+        if fn is None:
+            continue
+        if not callable(fn):
+            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        try:
+            hash(fn)
+        except TypeError as err:
+            raise TypeError(
+                f"{name} is a {type(fn).__name__} instance, which is not hashable ({err}); haloattn keys its "
+                "caches on the function: pass a plain function or functools.partial, or make the callable "
+                "hashable (a @dataclass with __call__ needs eq=False or frozen=True: its generated __eq__ "
+                "removes __hash__)"
+            ) from None
 
 
 def _check_score_mod(score_mod, heads: int, device) -> None:
