@@ -93,3 +93,44 @@ def test_submodules_are_reached_from_the_package_alone():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "no attribute 'no_such_thing'" in done.stdout
+
+
+class _NattenStyleBlock(torch.nn.Module):
+    """The parameters of NATTEN's NeighborhoodAttention{1,2,3}D (0.14-0.17, ``rel_pos_bias=True``;
+    0.20+ without ``rpb``): ``qkv`` (dim -> 3 dim, channels as [3, heads, head_dim]), ``rpb``
+    [heads, 2K-1 per axis] and ``proj``, with NATTEN's forward spelled out on the float64 oracle:
+    the projection reshaped to [..., 3, heads, head_dim] and split on the 3, scale
+    ``qk_scale or head_dim ** -0.5``, the bias added at key minus query + K - 1."""
+
+    def __init__(self, dim, num_heads, kernel_size, dilation, qk_scale=None):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.kernel_size, self.dilation, self.scale = kernel_size, dilation, qk_scale or self.head_dim ** -0.5
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.rpb = torch.nn.Parameter(torch.randn(num_heads, *(2 * k - 1 for k in kernel_size)))
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        x = x.double()
+        qkv = torch.nn.functional.linear(x, self.qkv.weight.double(), self.qkv.bias.double())
+        qkv = qkv.reshape(*x.shape[:-1], 3, self.num_heads, self.head_dim)
+        q, k, v = (qkv.select(-3, i) for i in range(3))
+        out, _ = oracle.attention(q, k, v, self.kernel_size, dilation=self.dilation, scale=self.scale,
+                                  rpb=self.rpb.double())
+        return torch.nn.functional.linear(out.flatten(-2), self.proj.weight.double(), self.proj.bias.double())
+
+
+@pytest.mark.parametrize("module_type, kernel, dilation, spatial", [
+    (hnn.NeighborhoodAttention1d, (5,), (2,), (13,)),
+    (hnn.NeighborhoodAttention2d, (3, 5), (1, 2), (6, 11)),
+    (hnn.NeighborhoodAttention3d, (3, 3, 2), (1, 1, 2), (4, 5, 6)),
+], ids=["1d", "2d", "3d"])
+def test_natten_checkpoints_load_as_they_are(module_type, kernel, dilation, spatial):
+    """A NATTEN module's state_dict (qkv, rpb, proj) loads strictly into the haloattn block of the
+    same rank and gives NATTEN's output (docs/migrating.md)."""
+    torch.manual_seed(len(spatial))
+    natten = _NattenStyleBlock(24, 3, kernel, dilation, qk_scale=0.3)
+    block = module_type(24, 3, kernel, dilation=dilation, rpb=True, scale=0.3)
+    block.load_state_dict(natten.state_dict(), strict=True)
+    x = torch.randn(2, *spatial, 24)
+    assert oracle.rel_error(block(x), natten(x)) < 1e-5
