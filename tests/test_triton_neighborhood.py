@@ -273,6 +273,24 @@ def test_tuning_candidates_are_distinct_and_as_run(spatial, window, options, hea
     assert len(configs) > 10 and all(configs.count(config) == 1 for config in configs)
 
 
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_wide_16bit_forward_candidates_fit_two_programs_a_multiprocessor(head_dim):
+    """At 192-256 channels in 16 bits the default forward tile (64 x 64 on two stages, about 164
+    KiB) lets one 4-warp program run on a Hopper multiprocessor; tuning also offers 64-query,
+    4-warp forwards that fit twice in its 227 KiB (64 x 32 on two stages, 64 x 64 on one)."""
+    q = torch.empty(2, 64, 64, 4, head_dim, dtype=torch.bfloat16, device="meta")
+    problem = build_problem(q, q, q, 17)
+    item, d, dv = tiles._operand_sizes(problem, "fwd")
+
+    def shared(fwd):
+        return tiles._shared_bytes("fwd", math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["stages"], d, dv, item)
+
+    assert shared(tiles.default_config(problem)["fwd"]) > 227 * 1024 // 2
+    twice = {(math.prod(c["fwd"]["kv"]), c["fwd"]["stages"]) for c in tiles.candidate_configs(problem)
+             if math.prod(c["fwd"]["q"]) == 64 and c["fwd"]["warps"] == 4 and shared(c["fwd"]) <= 227 * 1024 // 2}
+    assert twice >= {(32, 2), (64, 1)}
+
+
 def test_split_heads_not_with_additional_tokens():
     """The additional-token loop multiplies one padded block: problems with such tokens keep it."""
     q = torch.randn(1, 10, 2, 80)

@@ -763,8 +763,11 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     # 32 x 32 with one warp: the key box of a small window shrinks with the query tile (7x7: 10x14
     # keys for 4x8 queries against 14x14 for 8x8). With it the 7x7, D=32 forward ran 1.11x faster
     # on the H100 and every larger window slower (RESULTS.md, "Small tiles"): a candidate only.
+    # 64 x 32 on two stages and 64 x 64 on one: at 192-256 channels in 16 bits they take 98 and
+    # 64 KiB (226 and 246 registers, sm_90 builds), two programs a multiprocessor where the
+    # default's 164 KiB runs one; not yet timed (RESULTS.md, 2026-12-04), so candidates only.
     for bm, bn, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3),
-                                  (32, 32, 1, 2)):
+                                  (32, 32, 1, 2), (64, 32, 4, 2), (64, 64, 4, 1)):
         for tma in (False, True):
             fwd = {"q": fit(q_shape, ext, bm), "kv": fit(kv_shape, ext, bn), "warps": warps, "stages": stages,
                    "tma": tma, "lazy_rescale": base["fwd"]["lazy_rescale"]}
