@@ -49,7 +49,7 @@ def with_backends(*names):
 
 
 def check(backend, make, leaf_shapes, window, *, dtype=torch.float32, seed=0, grad="random",
-          no_grad=(), **options):
+          no_grad=(), device="cpu", **options):
     """Fresh random leaves (float64 draws, cast to ``dtype``); ``make(leaves)`` builds
     ``(query, key, value, extra_kwargs)`` from them (views, expansions, slices); the same ``make``
     on float64 copies of the leaves gives the oracle's inputs. Compares output, LSE and the
@@ -62,11 +62,12 @@ def check(backend, make, leaf_shapes, window, *, dtype=torch.float32, seed=0, gr
     gen = torch.Generator().manual_seed(seed)
     names = list(leaf_shapes)
     draws = {n: torch.randn(*leaf_shapes[n], generator=gen, dtype=torch.float64) for n in names}
-    leaves = {n: draws[n].to(dtype).requires_grad_(n not in no_grad) for n in names}
-    ref_leaves = {n: leaves[n].detach().double().requires_grad_(n not in no_grad) for n in names}
+    leaves = {n: draws[n].to(device=device, dtype=dtype).requires_grad_(n not in no_grad) for n in names}
+    ref_leaves = {n: leaves[n].detach().cpu().double().requires_grad_(n not in no_grad) for n in names}
 
     q, k, v, extra = make(leaves)
     out, lse = haloattn.attention(q, k, v, window, return_lse=True, backend=backend, **extra, **options)
+    out, lse = out.cpu(), lse.cpu()  # differentiable copies: the oracle and the comparisons run on the CPU
     rq, rk, rv, rextra = make(ref_leaves)
     ref_out, ref_lse = oracle.attention(rq, rk, rv, window, **rextra, **options)
     assert out.shape == ref_out.shape and out.dtype == dtype
@@ -121,6 +122,7 @@ def _compare_grads(names, grads, ref_grads, tol):
             assert g is None or not g.any(), n
             continue
         assert g is not None and g.shape == rg.shape, n
+        g = g.cpu()
         if rg.norm() == 0:
             if not g.double().norm().item() <= ZERO_GRADIENT_NOISE:
                 bad[n] = g.double().norm().item()
@@ -185,6 +187,52 @@ def test_layouts(backend, make, shapes, window, options):
     if backend == "triton_window":
         options = dict(options, pattern="window")
     check(backend, make, shapes, window, **options)
+
+
+# The same kind of layouts at a 16-bit head dim of 128, for the compiled kernels on a GPU: there
+# K/V tiles come through tensor descriptors (TMA) where every stride allows it and by pointer
+# where not (a 2-byte offset, a zero stride), and the cuda backend builds tensor maps from the
+# tensors' own strides; the CPU interpreter never takes the descriptors' alignment decisions.
+def _wide_layouts():
+    def qkv(spatial, heads=2, kv_heads=2):
+        return dict(q=(2, *spatial, heads, 128), k=(2, *spatial, kv_heads, 128), v=(2, *spatial, kv_heads, 128))
+
+    return [
+        pytest.param(lambda t: (*t["x"].unflatten(-1, (3, 2, 128)).unbind(-3), {}), dict(x=(2, 12, 13, 768)),
+                     (5, 7), id="packed-qkv-projection"),
+        pytest.param(lambda t: (t["q"], t["k"].expand(-1, -1, -1, 4, -1), t["v"].expand(-1, -1, -1, 4, -1), {}),
+                     qkv((12, 13), 4, 1), (5, 7), id="kv-expanded-heads"),
+        pytest.param(lambda t: (t["q"].expand(2, -1, -1, -1, -1), t["k"], t["v"], {}),
+                     dict(qkv((12, 13)), q=(1, 12, 13, 2, 128)), (5, 7), id="query-expanded-batch"),
+        pytest.param(lambda t: (t["q"], t["k"], t["v"].transpose(1, 2), {}),
+                     dict(qkv((12, 13)), v=(2, 13, 12, 2, 128)), (5, 7), id="value-axes-swapped"),
+        pytest.param(lambda t: (t["q"][..., 1:129], t["k"][..., 1:129], t["v"], {}),
+                     dict(qkv((12, 13)), q=(2, 12, 13, 2, 130), k=(2, 12, 13, 2, 130)), (5, 7),
+                     id="qk-2-byte-offset"),
+        pytest.param(lambda t: (t["q"], t["k"][:, ::2], t["v"][:, ::2], {}),
+                     dict(qkv((12, 13)), k=(2, 24, 13, 2, 128), v=(2, 24, 13, 2, 128)), (5, 7),
+                     id="kv-every-other-row"),
+        pytest.param(lambda t: (t["q"].permute(0, 2, 1, 3), t["k"].permute(0, 2, 1, 3), t["v"], {}),
+                     dict(qkv((300,)), q=(2, 2, 300, 128), k=(2, 2, 300, 128)), 65, id="qk-from-BHLD"),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend_name", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("make,shapes,window", _wide_layouts())
+def test_wide_layouts_compiled(backend_name, dtype, make, shapes, window, monkeypatch):
+    """Strided, expanded, offset and permuted inputs at head dim 128 through the compiled kernels
+    (Triton, and the cuda backend where it is built), forward, LSE and every gradient against
+    the float64 oracle."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    unavailable = DISPATCHER.get(backend_name).available()
+    if unavailable:  # the cuda module not built on this machine, say
+        pytest.skip(f"{backend_name}: {'; '.join(unavailable)}")
+    check(backend_name, make, shapes, window, dtype=dtype, device="cuda", seed=4)
 
 
 def _additional(t):
