@@ -1,2 +1,3 @@
-"""Drop-in adapters that make third-party models run their attention on haloattn
-(``haloattn.integrations.timm.patch_swin``). Each adapter imports its library lazily."""
+"""Adapters for code written against other libraries: ``timm.patch_swin`` runs timm's Swin window
+attention on haloattn, ``natten`` offers NATTEN's functional API (fused and unfused). Each adapter
+imports its library lazily, if at all."""
