@@ -102,6 +102,9 @@ def test_descriptor_loads_need_aligned_strides():
     assert not launch.use_descriptors(True, False, q.float())  # 32-bit data
     odd = torch.randn(1, 8, 2, 36).bfloat16()[..., :30]  # head stride 72 bytes
     assert not launch.use_descriptors(True, False, odd)
+    # expanded heads or tokens (stride 0): read by pointer, never through a descriptor
+    assert not launch.use_descriptors(True, False, torch.randn(1, 8, 1, 32).bfloat16().expand(1, 8, 4, 32))
+    assert not launch.use_descriptors(True, False, torch.randn(1, 1, 2, 32).bfloat16().expand(1, 8, 2, 32))
 
 
 def test_descriptor_backward_with_a_large_bias():

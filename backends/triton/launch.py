@@ -89,7 +89,10 @@ def exact_float32_products(precision: str) -> bool:
 def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     """Whether K/V tiles can come through tensor descriptors (TMA): asked for by the config, a
     Hopper-or-newer GPU (or the interpreter), 16-bit data, int32 coordinates, and every batch,
-    token and head stride a multiple of 16 bytes, as the copy engine requires."""
+    token and head stride a multiple of 16 bytes, as the copy engine requires, and none of them 0:
+    an expanded tensor is read by pointer (the driver's map encoder refuses zero strides, which
+    csrc/tensor_maps.h works around; the descriptors built here on the device would take them
+    unchecked, and no GPU run has shown what the copy engine then reads)."""
     if not wanted or large:
         return False
     first = tensors[0]
@@ -98,7 +101,7 @@ def use_descriptors(wanted: bool, large: bool, *tensors: torch.Tensor) -> bool:
     if not interpreting() and not has_copy_engine(first.device):
         return False
     for t in tensors:
-        if t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+        if t.data_ptr() % 16 or any(s == 0 or (s * t.element_size()) % 16 for s in t.stride()[:-1]):
             return False
     if not interpreting():
         ensure_allocator()
