@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from haloattn.backend import AttentionInputs
+from haloattn.backend import AttentionInputs, recording_autograd
 from haloattn.problem import Problem
 
 
@@ -179,7 +179,10 @@ class _Scores:
             b, h, q_idx = blk.idx
             if for_backward:
                 pre = s.detach().requires_grad_(True)
-                with torch.enable_grad():
+                # not torch.enable_grad(): inside the haloattn::attention_backward custom op (torch.compile,
+                # meta/fake tensors, dispatch modes) autograd's keys are excluded from dispatch, and
+                # the score_mod's graph was not recorded (its gradient then failed)
+                with recording_autograd():
                     modded = blk.to_heads(problem.score_mod(blk.to_rows(pre), b, h, q_idx, kv_idx), X)
                 s = modded.detach().clone(memory_format=torch.contiguous_format)
             else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Callable, Optional, Sequence
@@ -320,6 +321,13 @@ def merge_attentions(outputs: Sequence[torch.Tensor], lses: Sequence[torch.Tenso
             f"and {len(lses)} lses"
         )
     for i, (o, l) in enumerate(zip(outputs, lses)):
+        for name, t in (("outputs", o), ("lses", l)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"merge_attentions: {name}[{i}] must be a floating torch.Tensor, got "
+                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+            if t.device != outputs[0].device:
+                raise ValueError(f"merge_attentions: {name}[{i}] is on {t.device} but outputs[0] is on "
+                                 f"{outputs[0].device}; every part must be on one device")
         if o.shape[:-1] != l.shape or o.shape != outputs[0].shape:
             raise ValueError(
                 f"outputs[{i}] has shape {tuple(o.shape)} and lses[{i}] {tuple(l.shape)}; every output must "
@@ -334,4 +342,7 @@ def merge_attentions(outputs: Sequence[torch.Tensor], lses: Sequence[torch.Tenso
     merged_lse = torch.where(empty, torch.full_like(total, -math.inf), top + torch.log(torch.where(empty, torch.ones_like(total), total)))
     share = weights / torch.where(empty, torch.ones_like(total), total)
     out = sum(share[i].unsqueeze(-1) * outputs[i].to(share.dtype) for i in range(len(outputs)))
-    return out.to(outputs[0].dtype), merged_lse
+    # the outputs' promoted dtype, as torch's arithmetic gives: outputs[0]'s alone made the
+    # result's dtype depend on the parts' order (float32 + float64 gave float32, float64 + float32
+    # float64)
+    return out.to(functools.reduce(torch.promote_types, (o.dtype for o in outputs))), merged_lse

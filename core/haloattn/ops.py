@@ -9,6 +9,7 @@ implementations that validate the problem and give output shapes, so a model com
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sys
 from typing import List, Optional, Sequence
@@ -45,6 +46,24 @@ def _full_grads(problem, backend, config, inputs, out, lse, grad_out, grad_lse, 
         return backend.backward(problem, inputs, out, lse, grad_out, grad_lse, needs, config)
 
 
+_is_legacy_batched = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", lambda t: False)
+
+
+def _refuse_legacy_vmap(tensors, what: str) -> None:
+    """Raise where a rule meets torch's legacy vmap (``torch.autograd.grad(..., is_grads_batched=True)``,
+    ``torch.autograd.functional.jacobian(..., vectorize=True)``, gradcheck's batched checks): it
+    runs no Function's vmap rule, and the backends' in-place accumulation into unbatched buffers
+    failed deep inside with a vmap error that asked for a torch bug report."""
+    if any(t is not None and _is_legacy_batched(t) for t in tensors):
+        raise NotImplementedError(
+            f"haloattn.attention: the {what} received batched {'gradients' if what == 'backward' else 'tangents'} "
+            "from torch's legacy vmap (torch.autograd.grad(..., is_grads_batched=True), "
+            "torch.autograd.functional.jacobian/hessian(..., vectorize=True), gradcheck's check_batched_grad / "
+            "check_batched_forward_grad), which haloattn does not support. Use torch.func instead: "
+            "torch.func.jacrev / jacfwd, or torch.func.vmap over torch.func.vjp / jvp (folded into the batch)"
+        )
+
+
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, problem, backend, config, *tensors):
@@ -63,6 +82,7 @@ class AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
+        _refuse_legacy_vmap((grad_out, grad_lse), "backward")
         *tensors, out, lse = ctx.saved_tensors
         needs = ctx.needs_input_grad[3:]
 
@@ -141,6 +161,7 @@ class TransformableAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         # Through a Function of its own, so that the backward has a vmap rule too (vmap over grad:
         # per-sample gradients).
+        _refuse_legacy_vmap((grad_out, grad_lse), "backward")
         out_lse, inputs = TransformableAttentionFunction._saved(ctx)
         grads = _AttentionBackward.apply(ctx.problem, ctx.backend, ctx.config, tuple(ctx.needs_input_grad[3:]),
                                          grad_out, grad_lse, *out_lse, *inputs)
@@ -149,6 +170,7 @@ class TransformableAttentionFunction(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, _problem, _backend, _config, *tangents):
         # Through a Function of its own, so that the rule has a vmap rule too (jacfwd).
+        _refuse_legacy_vmap(tangents, "JVP")
         out_lse, inputs = TransformableAttentionFunction._saved(ctx)
         tangents = [t if p else None for t, p in zip(tangents, ctx.present)]
         # A backward that reaches these tangents meets _AttentionJvp's, which raises.
@@ -243,6 +265,10 @@ _NOT_DIFFERENTIABLE_TANGENT = (
 # process only.
 _SPECS: dict = {}
 _RESOLVED: dict = {}
+# Numbers of the keys of specs with mods: next() of a count is one step under the GIL, where
+# f"spec{len(_SPECS)}" let two threads registering at once both take spec{n}, and the later
+# one's options replace the earlier's (that call then ran with another call's mods).
+_SPEC_NUMBERS = itertools.count()
 
 
 def assume_constant_result(fn):
@@ -268,7 +294,7 @@ def spec_key(options: tuple) -> str:
         # which no valid call has: a spec of its own, whose validation in the fake names it
         key = lookup = None
     if key is None:
-        key = _described(options) or f"spec{len(_SPECS)}"
+        key = _described(options) or f"spec{next(_SPEC_NUMBERS)}"
         if lookup is not None:
             _SPECS[lookup] = key
         _SPECS[key] = options
@@ -414,6 +440,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, grad_lse):
+    _refuse_legacy_vmap((grad_out, grad_lse), "backward")
     saved = list(ctx.saved_tensors)
     out, lse = saved[-2:]
     it = iter(saved[:-2])

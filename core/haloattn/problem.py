@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .geometry import Axis
 
@@ -401,17 +402,43 @@ def _check_score_mod(score_mod, heads: int, device) -> None:
     flow through it.)"""
     if score_mod is None:
         return
+    # On real tensors, outside any dispatch mode: under a FakeTensorMode (torch.compile's tracing,
+    # the custom op's fake) fake probe indices into a captured real table raised inside torch, so
+    # a score_mod reading a captured tensor did not compile (nor run under FakeTensorMode).
+    with _disable_current_modes():
+        try:
+            probe = _probe(score_mod, heads, device)
+        except RuntimeError as first:
+            if torch.device(device).type != "meta":
+                raise
+            # meta inputs (shape inference) beside captured tables that hold data: probe on the
+            # CPU, where meta indices cannot meet a CPU table (the first error if this fails too)
+            try:
+                probe = _probe(score_mod, heads, "cpu")
+            except RuntimeError:
+                raise first from None
+    _check_probe(probe, heads)
+
+
+def _probe(score_mod, heads: int, device):
+    """score_mod on a single score per head at index 0, on ``device``."""
     index = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
     heads_index = torch.arange(heads, device=device).view(1, 1, heads, 1)
     scores = torch.zeros(1, 1, heads, 1, device=device)
-    probe = score_mod(scores, index, heads_index, index, index)
+    return score_mod(scores, index, heads_index, index, index)
+
+
+def _check_probe(probe, heads: int) -> None:
+    """The probe's result: floating scores of the probe's shape, not depending on a tensor that
+    requires grad (see _check_score_mod)."""
+    shape = (1, 1, heads, 1)
     if not torch.is_tensor(probe) or not probe.is_floating_point():
         got = f"dtype {probe.dtype}" if torch.is_tensor(probe) else f"a {type(probe).__name__}"
         raise TypeError(f"score_mod returned {got}; it must return the modified scores, a floating tensor "
                         "shaped like its first argument")
-    if probe.shape != scores.shape:
+    if probe.shape != shape:
         raise ValueError(
-            f"score_mod returned shape {tuple(probe.shape)} for scores of shape {tuple(scores.shape)} (one score "
+            f"score_mod returned shape {tuple(probe.shape)} for scores of shape {shape} (one score "
             "per head); it must act elementwise, as FlexAttention applies it to one score at a time: no reductions "
             "over the scores, and captured per-head tensors indexed by h (e.g. bias[h]), not added whole")
     if torch.is_grad_enabled() and probe.requires_grad:
