@@ -180,3 +180,61 @@ def test_the_modules_recipe_runs_through_haloattn_only():
     attn = natten.natten2dqkrpb(q * 8 ** -0.5, k, block.rpb, 3, 2).softmax(dim=-1)
     out = natten.natten2dav(attn, v, 3, 2).permute(0, 2, 3, 1, 4).reshape(b, hh, ww, c)
     assert oracle.rel_error(block.proj(out), block(x)) < 1e-5
+
+
+def _natten_module_class(rank):
+    """A stand-in for NATTEN 0.17's NeighborhoodAttention{rank}D: its attributes and parameters,
+    and its forward spelled out on the float64 oracle (NATTEN itself is not installed here)."""
+
+    class Module(torch.nn.Module):
+        def __init__(self, dim, num_heads, kernel_size, dilation, is_causal, rel_pos_bias, attn_drop=0.0):
+            super().__init__()
+            self.num_heads, self.head_dim = num_heads, dim // num_heads
+            self.scale = self.head_dim ** -0.5
+            self.kernel_size, self.dilation, self.is_causal = kernel_size, dilation, is_causal
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.rpb = torch.nn.Parameter(torch.randn(num_heads, *(2 * k - 1 for k in kernel_size))) \
+                if rel_pos_bias else None
+            self.attn_drop_rate = attn_drop
+            self.proj = torch.nn.Linear(dim, dim)
+            self.proj_drop = torch.nn.Dropout(0.0)
+
+        def forward(self, x):
+            x = x.double()
+            qkv = torch.nn.functional.linear(x, self.qkv.weight.double(), self.qkv.bias.double())
+            q, k, v = qkv.reshape(*x.shape[:-1], 3, self.num_heads, self.head_dim).unbind(-3)
+            out, _ = oracle.attention(q, k, v, self.kernel_size, dilation=self.dilation, causal=self.is_causal,
+                                      scale=self.scale, rpb=None if self.rpb is None else self.rpb.double())
+            return torch.nn.functional.linear(out.flatten(-2), self.proj.weight.double(), self.proj.bias.double())
+
+    Module.__name__ = Module.__qualname__ = f"NeighborhoodAttention{rank}D"
+    Module.__module__ = f"natten.na{rank}d"
+    return Module
+
+
+@pytest.mark.parametrize("rank,kernel,dilation,causal,rpb,spatial", [
+    (1, (5,), (2,), (True,), False, (17,)),
+    (2, (3, 5), (2, 1), (False, False), True, (7, 9)),
+    (3, (2, 3, 3), (1, 1, 2), (True, False, False), False, (4, 5, 6)),
+])
+def test_patch_natten_runs_natten_modules_on_haloattn(rank, kernel, dilation, causal, rpb, spatial):
+    torch.manual_seed(rank)
+    natten_type = _natten_module_class(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), natten_type(16, 2, kernel, dilation, causal, rpb))
+    x = torch.randn(2, *spatial, 16)
+    want = model[1](model[0](x))
+    keys = model.state_dict().keys()
+    assert natten.patch_natten(model) is model
+    got = model(x)
+    assert model.state_dict().keys() == keys
+    assert oracle.rel_error(got, want) < 1e-5
+    got.square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_patch_natten_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="has no NATTEN NeighborhoodAttention1D/2D/3D module"):
+        natten.patch_natten(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    dropout = _natten_module_class(2)(16, 2, (3, 3), (1, 1), (False, False), False, attn_drop=0.1)
+    with pytest.raises(ValueError, match="attention dropout 0.1; haloattn has none"):
+        natten.patch_natten(dropout)

@@ -23,12 +23,15 @@ both APIs on every device haloattn runs on::
   are explicit. Causal windows are not offered unfused (NATTEN's slot layout for their missing
   keys is not reproduced here): ``na*d`` and :func:`haloattn.attention` take ``causal``.
 * ``merge_attentions``.
+* ``patch_natten(model)``: NATTEN's own modules (``NeighborhoodAttention{1,2,3}D``) in a model run
+  their attention on haloattn, in place, with their own parameters.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+import types
+from typing import Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -41,7 +44,7 @@ from ..problem import build_problem
 __all__ = [
     "na1d", "na2d", "na3d", "na1d_qk", "na2d_qk", "na3d_qk", "na1d_av", "na2d_av", "na3d_av",
     "natten1dqkrpb", "natten2dqkrpb", "natten3dqkrpb", "natten1dqk", "natten2dqk", "natten3dqk",
-    "natten1dav", "natten2dav", "natten3dav", "merge_attentions",
+    "natten1dav", "natten2dav", "natten3dav", "merge_attentions", "patch_natten",
 ]
 
 # NATTEN's keywords that choose or tune its kernels and do not change the result.
@@ -361,3 +364,49 @@ def natten2dav(attn, value, kernel_size, dilation):
 
 def natten3dav(attn, value, kernel_size_d, kernel_size, dilation_d, dilation):
     return na3d_av(attn, value, (kernel_size_d, kernel_size, kernel_size), (dilation_d, dilation, dilation))
+
+
+# -- NATTEN's modules -------------------------------------------------------------------------------
+
+NATTEN_MODULES = ("NeighborhoodAttention1D", "NeighborhoodAttention2D", "NeighborhoodAttention3D")
+
+
+def _natten_module_forward(module, x: torch.Tensor) -> torch.Tensor:
+    """NATTEN's ``NeighborhoodAttention{1,2,3}D.forward`` (``x``: ``[B, *spatial, C]``) as one
+    haloattn call on the module's own ``qkv``, ``rpb``, scale and ``proj``."""
+    q, k, v = module.qkv(x).unflatten(-1, (3, module.num_heads, module.head_dim)).unbind(-3)
+    out = attention(q, k, v, module.kernel_size, stride=getattr(module, "stride", 1),
+                    dilation=getattr(module, "dilation", None) or 1, causal=getattr(module, "is_causal", False),
+                    scale=module.scale, rpb=getattr(module, "rpb", None))
+    return module.proj_drop(module.proj(out.flatten(-2)))
+
+
+def _attention_dropout(module) -> float:
+    rate = getattr(module, "attn_drop_rate", None)  # NATTEN >= 0.15
+    if rate is None:
+        rate = getattr(getattr(module, "attn_drop", None), "p", 0.0)  # older modules keep the Dropout only
+    return float(rate or 0.0)
+
+
+def patch_natten(model: torch.nn.Module) -> torch.nn.Module:
+    """Make every NATTEN ``NeighborhoodAttention{1,2,3}D`` module of ``model`` run on haloattn.
+
+    Patches each module's ``forward`` in place (parameters, ``state_dict`` and the module tree stay
+    as they are; NATTEN itself is not imported) and returns ``model``. Raises ``ValueError`` when
+    ``model`` has no such module or one has attention dropout, which haloattn does not have. An
+    input smaller than ``kernel_size * dilation`` on an axis is then an error, where NATTEN <= 0.14's
+    modules padded it.
+    """
+    patched = 0
+    for module in model.modules():
+        if type(module).__name__ not in NATTEN_MODULES or not type(module).__module__.startswith("natten"):
+            continue
+        rate = _attention_dropout(module)
+        if rate > 0:
+            raise ValueError(f"a NATTEN {type(module).__name__} has attention dropout {rate}; haloattn has none "
+                             "(build it with attn_drop=0)")
+        module.forward = types.MethodType(_natten_module_forward, module)
+        patched += 1
+    if not patched:
+        raise ValueError(f"{type(model).__name__} has no NATTEN NeighborhoodAttention1D/2D/3D module to patch")
+    return model
