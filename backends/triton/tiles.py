@@ -937,10 +937,14 @@ def normalise(config, problem: Problem) -> Dict:
     ext = group_extents(problem)
     out = {}
     for kernel, default in base.items():
-        given = dict(default, **(config.get(kernel) or {}))
+        stored = config.get(kernel)
+        given = dict(default, **(stored if isinstance(stored, dict) else {}))
         for part in ("q", "kv"):
-            shape = list(given[part])
-            if len(shape) != problem.rank:
+            shape = given[part]
+            # a stale or hand-edited cache entry: anything but rank positive ints takes the default
+            # (a 0 made fit() loop forever, a str failed deep inside the launch)
+            if not (isinstance(shape, (list, tuple)) and len(shape) == problem.rank
+                    and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in shape)):
                 shape = default[part]
             given[part] = fit(shape, ext, pow2_ceil(math.prod(shape)))
         if kernel == "fwd":

@@ -304,7 +304,7 @@ def clear_caches() -> None:
 
 def backends(all: bool = False):
     """Names of installed backends that can run on this machine (``all=True``: every installed one)."""
-    return [b.name for b in DISPATCHER.backends() if all or not b.available()]
+    return [b.name for b in DISPATCHER.backends() if all or not DISPATCHER.unavailable_reasons(b)]
 
 
 def merge_attentions(outputs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]):

@@ -23,17 +23,39 @@ DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfl
 
 
 # -- argument parsing -----------------------------------------------------------------------------
+class UsageError(Exception):
+    """A bad option value found after parsing; main() prints it like argparse's own errors."""
+
+
 def _ints(text: str) -> List[int]:
+    # every part must be an int: "64x" or "x" is a typo, not a shorter grid
     try:
-        return [int(t) for t in text.lower().replace(",", "x").split("x") if t]
+        return [int(t) for t in text.lower().replace(",", "x").split("x")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of ints like 64x64 or 7") from None
+
+
+def _positive_ints(text: str) -> List[int]:
+    values = _ints(text)
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: it must be >= 1")
+    return value
 
 
 def _bools(text: str) -> List[bool]:
     table = {"1": True, "t": True, "true": True, "y": True, "0": False, "f": False, "false": False, "n": False}
     try:
-        return [table[t] for t in text.lower().replace(",", "x").split("x") if t]
+        return [table[t] for t in text.lower().replace(",", "x").split("x")]
     except KeyError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of booleans like 1x0 or true") from None
 
@@ -42,32 +64,47 @@ def _per_axis(values: List, rank: int, name: str):
     if len(values) == 1:
         return values * rank
     if len(values) != rank:
-        raise SystemExit(f"haloattn: --{name} has {len(values)} values but --shape has {rank} axes")
+        raise UsageError(f"argument --{name}: has {len(values)} values but --shape has {rank} axes; give 1 or {rank}")
     return values
 
 
+def _device(text: Optional[str]) -> torch.device:
+    """The --device, checked here: torch's own errors (an AssertionError for cuda on a CPU-only
+    build) come from deep inside, and meta tensors hold no data to time or check."""
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+        if device.type == "meta":
+            raise ValueError("meta tensors hold no data to run")
+        torch.empty(1, device=device)
+    except Exception as exc:
+        raise UsageError(f"argument --device: {text!r} cannot be used here ({type(exc).__name__}: {exc}); "
+                         f"allowed: cpu{', cuda' if torch.cuda.is_available() else ''}") from None
+    return device
+
+
 def _problem_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", type=_ints, default=[64, 64], help="token grid, e.g. 64x64 (default) or 32768 or 16x48x48")
-    parser.add_argument("--window", type=_ints, default=[7], help="window per axis (default 7)")
-    parser.add_argument("--stride", type=_ints, default=[1])
-    parser.add_argument("--dilation", type=_ints, default=[1])
+    parser.add_argument("--shape", type=_positive_ints, default=[64, 64],
+                        help="token grid, e.g. 64x64 (default) or 32768 or 16x48x48")
+    parser.add_argument("--window", type=_positive_ints, default=[7], help="window per axis (default 7)")
+    parser.add_argument("--stride", type=_positive_ints, default=[1], help="per axis (default 1)")
+    parser.add_argument("--dilation", type=_positive_ints, default=[1], help="per axis (default 1)")
     parser.add_argument("--causal", type=_bools, default=[False], help="per axis, e.g. 1x0")
     parser.add_argument("--pattern", choices=("neighborhood", "window"), default="neighborhood")
     parser.add_argument("--shift", type=_ints, default=[0], help="window pattern only")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=None, help="GQA/MQA key/value heads (default: --heads)")
-    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--batch", type=_positive_int, default=2)
+    parser.add_argument("--heads", type=_positive_int, default=4)
+    parser.add_argument("--kv-heads", type=_positive_int, default=None,
+                        help="GQA/MQA key/value heads (default: --heads)")
+    parser.add_argument("--head-dim", type=_positive_int, default=32)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    parser.add_argument("--backward", action="store_true", help="also time forward+backward")
-    parser.add_argument("--jvp", action="store_true",
-                        help="profile: also time forward-mode AD (tangents of q, k, v) where a backend has a rule")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def _make_inputs(args):
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(args.device)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     rank = len(args.shape)
     kv_heads = args.kv_heads or args.heads
@@ -90,9 +127,20 @@ def _make_inputs(args):
     return (q, k, v), options
 
 
+def _build_problem(tensors, options):
+    """build_problem's ValueError names the bad value and what is allowed: show it as a usage
+    error (a window larger than the grid, a stride above the window), not as a traceback."""
+    try:
+        return build_problem(*tensors, **options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 # -- info -------------------------------------------------------------------------------------------
 def _cache_summary(device: torch.device) -> str:
     path = tuning.cache_path(device)
+    if os.path.exists(tuning.cache_dir()) and not os.path.isdir(tuning.cache_dir()):
+        return f"{path} (unusable: {tuning.cache_dir()} is not a directory; set {tuning.CACHE_DIR_ENV})"
     if not os.path.exists(path):
         return f"{path} (empty: no file yet)"
     entries = len(tuning.tuning_file(device).entries)
@@ -124,7 +172,7 @@ def cmd_info(args) -> int:
         print("  cuda: none visible to torch")
     print("backends (priority order):")
     for backend in DISPATCHER.backends():
-        reasons = backend.available()
+        reasons = DISPATCHER.unavailable_reasons(backend)  # a plugin's check that raises is a reason too
         verdict = "available" if not reasons else "unavailable: " + "; ".join(reasons)
         print(f"  {backend.name:<14} priority {backend.priority:>4}  {verdict}")
         if backend.description:
@@ -149,7 +197,7 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def cmd_profile(args) -> int:
     tensors, options = _make_inputs(args)
-    problem = build_problem(*tensors, **options)
+    problem = _build_problem(tensors, options)
     inputs = AttentionInputs(*tensors)
     pairs = attended_pairs(problem.axes, problem.pattern) * problem.batch * problem.heads
     fwd_flops = 2 * pairs * (problem.head_dim + problem.value_dim)
@@ -219,19 +267,32 @@ def _jvp_columns(backend, problem, inputs, tangents, out, lse, ref_tangent, repe
 
 # -- tune / show ------------------------------------------------------------------------------------
 def cmd_tune(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.export_path:
-        n = tuning.export_cache(device, args.export_path)
+    device = _device(args.device)
+    for option, path in (("--export", args.export_path), ("--import", args.import_path)):
+        if path == "":  # an empty path is falsy: it would silently tune instead
+            raise UsageError(f"argument {option}: expected a file path, got ''")
+    if args.export_path is not None:
+        try:
+            n = tuning.export_cache(device, args.export_path)
+        except OSError as exc:
+            raise UsageError(f"argument --export: cannot write {args.export_path!r} ({exc})") from None
         print(f"exported {n} entries to {args.export_path}")
         return 0
-    if args.import_path:
-        n = tuning.import_cache(device, args.import_path)
+    if args.import_path is not None:
+        try:
+            n = tuning.import_cache(device, args.import_path)
+        except ValueError as exc:
+            raise UsageError(f"argument --import: {exc}") from None
         clear_caches()
         print(f"imported {n} entries from {args.import_path}")
         return 0
     tensors, options = _make_inputs(args)
-    problem = build_problem(*tensors, **options)
-    candidates = [b for b in DISPATCHER.backends() if DISPATCHER.verdict(b, problem).can_run]
+    problem = _build_problem(tensors, options)
+    verdicts = {b.name: DISPATCHER.verdict(b, problem) for b in DISPATCHER.backends()}
+    candidates = [b for b in DISPATCHER.backends() if verdicts[b.name].can_run]
+    if not candidates:
+        raise UsageError(f"no installed backend can run {problem.describe()}: " + " | ".join(
+            f"{name}: {'; '.join(v.reasons)}" for name, v in verdicts.items()))
     backend, config = tuning.autotune(problem, candidates, AttentionInputs(*tensors), args.backward)
     entry = tuning.cached_entry(problem, args.backward)
     defaults = set(entry.get("defaults", {}).values())
@@ -248,15 +309,24 @@ def cmd_tune(args) -> int:
         print(f"re-timed (median of {tuning.ROUNDS} interleaved rounds):")
         listing(finalists)
     default_label = entry.get("defaults", {}).get(backend.name)
-    if default_label in finalists:  # the winner's backend's default is always re-timed
+    # the winner's backend's default is always re-timed; against itself the ratio says nothing
+    if default_label in finalists and len(finalists) > 1:
         print(f"{backend.name}'s default config takes {finalists[default_label] / entry['ms']:.2f}x the winner's time")
-    print(f"winner: {backend.name}{' ' + json.dumps(config) if config else ''} -> {tuning.cache_path(problem.device)}")
+    for name, verdict in verdicts.items():  # on a CPU that is every fast backend: say why
+        if not verdict.can_run:
+            print(f"not tuned: {name}: {'; '.join(verdict.reasons)}")
+    stored = tuning.tuning_file(problem.device)
+    if stored.write_error:
+        print(f"haloattn tune: error: winner {backend.name} not stored: cannot write {stored.path} "
+              f"({stored.write_error}); set {tuning.CACHE_DIR_ENV} to a writable directory", file=sys.stderr)
+        return 1
+    print(f"winner: {backend.name}{' ' + json.dumps(config) if config else ''} -> {stored.path}")
     clear_caches()
     return 0
 
 
 def cmd_show(args) -> int:
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(args.device)
     tf = tuning.tuning_file(device)
     print(f"{tf.path}: {len(tf.entries)} entries")
     print(json.dumps(tf.metadata, indent=1))
@@ -271,20 +341,32 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="versions, devices, backends and why each can or cannot run, tuning cache")
     profile = sub.add_parser("profile", help="time every backend that can run a problem and check it against the reference")
     _problem_arguments(profile)
-    profile.add_argument("--repeat", type=int, default=10, help="timed repetitions (median reported)")
+    profile.add_argument("--backward", action="store_true", help="also time forward+backward")
+    profile.add_argument("--jvp", action="store_true",
+                         help="also time forward-mode AD (tangents of q, k, v) where a backend has a rule")
+    profile.add_argument("--repeat", type=_positive_int, default=10, help="timed repetitions (median reported)")
     tune = sub.add_parser("tune", help="autotune one problem into the on-disk cache, or export/import the cache")
     _problem_arguments(tune)
-    tune.add_argument("--export", dest="export_path", metavar="PATH", help="write this device's cache to PATH")
-    tune.add_argument("--import", dest="import_path", metavar="PATH", help="merge an exported cache into this device's")
+    tune.add_argument("--backward", action="store_true", help="tune forward+backward (for training)")
+    # one action per call: with both, one of them used to be dropped without a word
+    move = tune.add_mutually_exclusive_group()
+    move.add_argument("--export", dest="export_path", metavar="PATH",
+                      help="write this device's cache to PATH (problem options are not used)")
+    move.add_argument("--import", dest="import_path", metavar="PATH",
+                      help="merge an exported cache into this device's (problem options are not used)")
     show = sub.add_parser("show", help="print the tuning cache of a device")
-    show.add_argument("--device", default=None)
+    show.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"info": cmd_info, "profile": cmd_profile, "tune": cmd_tune, "show": cmd_show}[args.command]
-    return handler(args)
+    try:
+        return handler(args)
+    except UsageError as exc:  # exit status 2 and this form, as argparse's own errors
+        print(f"haloattn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -42,12 +42,23 @@ class Registry:
         self.backends: Dict[str, Backend] = {}
 
     def add(self, backend: Backend) -> None:
+        if isinstance(backend, type) and issubclass(backend, Backend):
+            raise TypeError(f"registry.add expects a haloattn.Backend instance, got the class {backend.__name__}; "
+                            f"pass {backend.__name__}()")
         if not isinstance(backend, Backend):
             raise TypeError(f"registry.add expects a haloattn.Backend instance, got {type(backend).__name__}")
-        if not backend.name or not isinstance(backend.name, str):
-            raise ValueError(f"backend {backend!r} has no name")
-        if backend.name in self.backends and self.backends[backend.name] is not backend:
-            raise ValueError(f"a backend named {backend.name!r} is already registered")
+        name, kind = backend.name, type(backend).__name__
+        # A name is what backend= and HALOATTN_BACKEND (a comma list, stripped) select by, so one
+        # with a comma or a space could never be forced; "unnamed" is Backend's own placeholder.
+        if not isinstance(name, str) or not name or name == Backend.name:
+            raise ValueError(f"backend {kind} has name={name!r}; set its class attribute name to a non-empty str")
+        if "," in name or name != "".join(name.split()):
+            raise ValueError(f"backend {kind} has name={name!r}; names may not contain commas or whitespace")
+        # priorities are sorted against the built-ins' ints: a str would break every later dispatch
+        if isinstance(backend.priority, bool) or not isinstance(backend.priority, int):
+            raise TypeError(f"backend {name!r} has priority={backend.priority!r}; it must be an int")
+        if name in self.backends and self.backends[name] is not backend:
+            raise ValueError(f"a backend named {name!r} is already registered ({self.backends[name]!r})")
         self.backends[backend.name] = backend
 
 
@@ -105,16 +116,33 @@ class Dispatcher:
         manager = pluggy.PluginManager(PROJECT)
         manager.add_hookspecs(BackendSpecs)
         disabled = {n.strip() for n in os.environ.get(DISABLED_ENV, "").split(",") if n.strip()}
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if ep.name in disabled or manager.is_registered(ep.name):
+        # haloattn's own backends load first, and hooks run in load order (pluggy's own order is
+        # the reverse): a third-party plugin whose entry point or backend reuses a built-in's name
+        # then fails to register, instead of displacing the built-in (the reference backend is the
+        # oracle and the fallback), whatever order sys.path lists the distributions in.
+        def builtin_first(ep):
+            return getattr(getattr(ep, "dist", None), "name", None) != PROJECT
+
+        loaded: Dict[str, str] = {}
+        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=builtin_first):
+            if ep.name in disabled:
+                continue
+            if ep.name in loaded:
+                if loaded[ep.name] != ep.value:  # the same entry point seen twice on sys.path is no error
+                    error = f"entry point name {ep.name!r} is already taken by {loaded[ep.name]}"
+                    self.plugin_errors[f"{ep.name} ({ep.value})"] = error
+                    log.warning("haloattn: skipping backend plugin %r (%s): %s", ep.name, ep.value, error)
                 continue
             try:
                 plugin = ep.load()
                 manager.register(plugin, name=ep.name)
+                loaded[ep.name] = ep.value
             except Exception as exc:  # a broken plugin must never break the host
                 self.plugin_errors[ep.name] = f"{type(exc).__name__}: {exc}"
                 log.warning("haloattn: skipping backend plugin %r (%s): %s", ep.name, ep.value, exc)
-        for impl in manager.hook.haloattn_register_backends.get_hookimpls():
+        order = list(loaded)
+        impls = manager.hook.haloattn_register_backends.get_hookimpls()
+        for impl in sorted(impls, key=lambda i: order.index(i.plugin_name) if i.plugin_name in order else len(order)):
             try:
                 impl.function(registry=self.registry)
             except Exception as exc:
@@ -144,18 +172,25 @@ class Dispatcher:
             return self.registry.backends[name]
         except KeyError:
             known = ", ".join(sorted(self.registry.backends)) or "none"
-            raise ValueError(f"backend={name!r} does not exist; installed backends: {known}") from None
+            # a plugin of that name that failed to load is the likelier story than a typo
+            failed = f" (plugin {name!r} failed to load: {self.plugin_errors[name]})" if name in self.plugin_errors else ""
+            raise ValueError(f"backend={name!r} does not exist{failed}; installed backends: {known}") from None
 
     # -- choice --------------------------------------------------------------------------------
     def verdict(self, backend: Backend, problem: Problem, needs_jvp: bool = False) -> Verdict:
         """Whether ``backend`` can run ``problem`` (and, with ``needs_jvp``, its forward-mode rule
         too: a call carrying tangents), with every reason it cannot."""
-        reasons = list(backend.available())
+        reasons = self.unavailable_reasons(backend)
         if not reasons:
             reasons = _asked(backend.not_supported_reasons, problem)
         if not reasons and needs_jvp:
             reasons = [f"forward-mode AD: {r}" for r in _asked(backend.jvp_not_supported_reasons, problem)]
         return Verdict(backend.name, backend.priority, reasons)
+
+    def unavailable_reasons(self, backend: Backend) -> List[str]:
+        """``backend.available()``, guarded: a plugin whose check raises or returns no list of
+        strings cannot run anything, and says so, rather than breaking every dispatch."""
+        return _asked(backend.available)
 
     def _forced(self, forced: Optional[str]) -> Optional[Tuple[str, Tuple[str, ...]]]:
         if forced is not None:
@@ -267,7 +302,7 @@ class Dispatcher:
         declined = [
             f"{v.name}: {'; '.join(v.reasons)}"
             for v in explanation.verdicts
-            if v.name != chosen.name and v.reasons and not self.get(v.name).available()
+            if v.name != chosen.name and v.reasons and not self.unavailable_reasons(self.get(v.name))
         ]
         if declined:
             warnings.warn(
@@ -284,12 +319,17 @@ class Dispatcher:
             self._logged.clear()
 
 
-def _asked(method, problem: Problem) -> List[str]:
-    """A backend's reasons; a plugin whose check itself fails cannot run the problem either."""
+def _asked(method, *args) -> List[str]:
+    """A backend's reasons; a plugin whose check itself fails, or answers with anything but a list
+    of strings (a bare str would read as one reason per character, None as "can run"), cannot
+    run the problem either."""
     try:
-        return list(method(problem))
+        reasons = method(*args)
     except Exception as exc:
         return [f"{method.__name__} raised {type(exc).__name__}: {exc}"]
+    if not isinstance(reasons, (list, tuple)) or not all(isinstance(r, str) for r in reasons):
+        return [f"{method.__name__} returned {reasons!r}; it must return a list of str (empty: can run)"]
+    return list(reasons)
 
 
 def _debug_logger() -> logging.Logger:

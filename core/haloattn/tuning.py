@@ -134,13 +134,14 @@ class TuningFile:
     def __init__(self, path: str, metadata: Dict[str, str]):
         self.path = path
         self.metadata = metadata
+        self.write_error: Optional[str] = None  # why the last store() could not reach the disk
         self.entries: Dict[str, dict] = self._read()
 
     def _read(self) -> Dict[str, dict]:
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # nothing stored yet (store() says if it cannot write)
             return {}
         except (OSError, ValueError) as exc:
             warnings.warn(f"haloattn: ignoring unreadable tuning cache {self.path} ({exc}); it will be rewritten")
@@ -151,10 +152,24 @@ class TuningFile:
                 "version (or is malformed); it will be rewritten"
             )
             return {}
-        return data["entries"]
+        return valid_entries(data["entries"], self.path)
 
     def store(self, new_entries: Dict[str, dict]) -> None:
-        """Merge ``new_entries`` with the file's current content and replace it atomically."""
+        """Merge ``new_entries`` with the file's current content and replace it atomically. A cache
+        that cannot be written (a read-only directory, a file where the directory should be) only
+        costs the results' reuse by other processes: warn, keep them in memory, and carry on."""
+        try:
+            self._store(new_entries)
+            self.write_error = None
+        except OSError as exc:
+            self.write_error = f"{type(exc).__name__}: {exc}"
+            self.entries = dict(self.entries, **new_entries)
+            warnings.warn(
+                f"haloattn: cannot write the tuning cache {self.path} ({self.write_error}); its results are "
+                f"kept for this process only (set {CACHE_DIR_ENV} to a writable directory)"
+            )
+
+    def _store(self, new_entries: Dict[str, dict]) -> None:
         from filelock import FileLock
 
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -171,6 +186,21 @@ class TuningFile:
                     os.unlink(tmp)
                 raise
             self.entries = merged
+
+
+def valid_entries(entries: dict, source: str) -> Dict[str, dict]:
+    """The well-formed entries of a cache (``{"backend": str, "config": dict or None, ...}``); a
+    malformed one (hand-edited, or from another release) is dropped with a warning, not handed to
+    the dispatcher or a backend, where it would fail far from its cause."""
+    valid = {}
+    for key, entry in entries.items():
+        if (isinstance(entry, dict) and isinstance(entry.get("backend"), str)
+                and (entry.get("config") is None or isinstance(entry.get("config"), dict))):
+            valid[key] = entry
+        else:
+            warnings.warn(f"haloattn: ignoring malformed tuning cache entry in {source}: {key!r}: {entry!r} "
+                          '(expected {"backend": <name>, "config": <dict or null>, ...})')
+    return valid
 
 
 def tuning_file(device: torch.device) -> TuningFile:
@@ -367,14 +397,24 @@ def export_cache(device: torch.device, destination: str) -> int:
 
 
 def import_cache(device: torch.device, source: str) -> int:
-    """Merge the entries of an exported file into this device's cache (same metadata only)."""
-    with open(source, encoding="utf-8") as f:
-        data = json.load(f)
+    """Merge the entries of an exported file into this device's cache (same metadata only).
+    Raises ValueError naming the file when it cannot be read or is no exported cache."""
+    try:
+        with open(source, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot import {source!r}: {exc}") from None
     tf = tuning_file(device)
-    if not isinstance(data, dict) or data.get("_metadata") != tf.metadata:
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        raise ValueError(f"cannot import {source!r}: it is not an exported tuning cache "
+                         '(expected {"_metadata": {...}, "entries": {...}}, as haloattn tune --export writes)')
+    if data.get("_metadata") != tf.metadata:
         raise ValueError(
-            f"{source} was tuned for {data.get('_metadata') if isinstance(data, dict) else 'unknown'}; "
+            f"{source} was tuned for {data.get('_metadata')}; "
             f"this machine is {tf.metadata}: import refuses results from another device or version"
         )
-    tf.store(data.get("entries", {}))
-    return len(data.get("entries", {}))
+    entries = valid_entries(data["entries"], source)
+    tf.store(entries)
+    if tf.write_error:
+        raise ValueError(f"cannot import {source!r} into {tf.path}: {tf.write_error}")
+    return len(entries)
