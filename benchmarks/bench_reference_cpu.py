@@ -45,6 +45,13 @@ def _problems():
             qkv(1, (32, 32), 4, 32),
             dict(window=7, score_mod=lambda s, b, h, qi, ki: s + 0.01 * (qi - ki).float()),
         ),
+        # Multi-Token Attention's kernel size (c_q 6, c_k 11)
+        ("1-D 4096 w127 kq_conv 6x11 B1 H4 D64", qkv(1, (4096,), 4, 64), dict(window=127, kq_conv=0.1 * randn(4, 6, 11))),
+        (
+            "1-D 2048 w255 causal kq_conv 6x11 B1 H4 D64",
+            qkv(1, (2048,), 4, 64),
+            dict(window=255, causal=True, kq_conv=0.1 * randn(4, 6, 11)),
+        ),
     ]
 
 

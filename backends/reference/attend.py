@@ -17,8 +17,8 @@ import torch
 from haloattn.backend import AttentionInputs, recording_autograd
 from haloattn.problem import Problem
 
-from . import tiled
-from .blocks import GatheredRows, TilePlan, mix_rows
+from . import conv_tiles, tiled
+from .blocks import TilePlan
 
 # Bytes one block's gathered keys/values and scores may take; bounds peak memory.
 CHUNK_BYTES = 256 * 2**20
@@ -32,41 +32,22 @@ def _bytes_per_row(problem: Problem, keys: int, keys_shared_by: int) -> int:
     """Memory one query row costs: scores and their softmax intermediates per head, plus its
     share of gathered keys/values (shared by ``keys_shared_by`` rows in a tile)."""
     itemsize = 8 if problem.dtype == torch.float64 else 4
-    conv = problem.kq_conv_shape[0] * problem.kq_conv_shape[1] if problem.kq_conv_shape else 1
-    scores = 6 * problem.heads * (keys * conv + problem.extra_tokens) + 2 * keys
+    scores = 6 * problem.heads * (keys + problem.extra_tokens) + 2 * keys
     gathered = keys * problem.kv_heads * (problem.head_dim + problem.value_dim) / keys_shared_by
     return int(problem.batch * itemsize * (scores + gathered)) + 16 * keys * (problem.rank + 2)
 
 
 def blocks(problem: Problem, device):
-    """The blocks of query rows that together cover the grid, each within CHUNK_BYTES."""
-    if problem.kq_conv_shape is None:
-        plan = TilePlan(problem, device)
-        per_tile = plan.rows_per_tile * _bytes_per_row(problem, plan.keys_per_tile, plan.rows_per_tile)
-        step = max(1, CHUNK_BYTES // per_tile)
-        for start in range(0, plan.tiles, step):
-            yield plan.block(start, min(start + step, plan.tiles))
+    """The blocks of query rows that together cover the grid, each within CHUNK_BYTES (a
+    key-query convolution's in conv_tiles' own blocks)."""
+    if problem.kq_conv_shape is not None:
+        yield from conv_tiles.blocks(problem, device, CHUNK_BYTES)
         return
-    step = max(1, min(problem.tokens, CHUNK_BYTES // _bytes_per_row(problem, problem.window_tokens, 1)))
-    for start in range(0, problem.tokens, step):
-        yield ConvRows(problem, start, min(start + step, problem.tokens), device)
-
-
-class ConvRows:
-    """Rows ``[start, stop)`` for the key-query convolution: it also needs the scores of the
-    ``c_q - 1`` rows before the block, so those are gathered too (``pad`` of them)."""
-
-    def __init__(self, problem: Problem, start: int, stop: int, device):
-        self.pad = problem.kq_conv_shape[0] - 1
-        self.extended = torch.arange(start - self.pad, stop, device=device)
-        self.gathered = GatheredRows(problem, self.extended.clamp(min=0))
-        self.rows = self.gathered.rows[self.pad:]
-        self.row_valid = None
-        self.kv_index = self.gathered.kv_index[self.pad:]
-        self.relative = [r[self.pad:] for r in self.gathered.relative]
-
-    def mix(self, weights, v, kv_heads):
-        return mix_rows(weights, v, self.kv_index, kv_heads)
+    plan = TilePlan(problem, device)
+    per_tile = plan.rows_per_tile * _bytes_per_row(problem, plan.keys_per_tile, plan.rows_per_tile)
+    step = max(1, CHUNK_BYTES // per_tile)
+    for start in range(0, plan.tiles, step):
+        yield plan.block(start, min(start + step, plan.tiles))
 
 
 def _mod_indices(problem: Problem, device, rows: torch.Tensor):
@@ -85,50 +66,10 @@ def _apply_mask_mod(problem: Problem, keep: torch.Tensor, b, h, q_idx, kv_idx) -
     return (keep & allowed.bool()).expand(problem.batch, -1, problem.heads, -1)
 
 
-def _key_query_conv(problem: Problem, s0: torch.Tensor, block: ConvRows, weight):
-    """Section 6: convolve the (masked, scaled) scores over (query, key) offsets, rank 1.
-
-    ``s0`` holds the scores of the block's extended rows over their own candidate keys; a source
-    pair (i', j') outside i''s candidates has S0 = 0.
-    """
-    axis = problem.axes[0]
-    c_q, c_k = problem.kq_conv_shape
-    half = (c_k - 1) // 2
-    pad = block.pad
-    n = block.extended.numel() - pad
-    group, lo, hi = block.gathered.ranges[0]
-    target_keys = block.kv_index  # [n, K] flat = coordinate on a rank-1 grid
-    out = torch.zeros_like(s0[:, pad:])
-    for a in range(c_q):
-        src = slice(a, a + n)
-        src_group, src_lo, src_hi = group[src, None], lo[src, None], hi[src, None]
-        src_in_grid = (block.extended[src] >= 0)[:, None]
-        for t in range(c_k):
-            j = target_keys + (t - half)
-            pos = j // axis.dilation - src_lo
-            ok = (
-                src_in_grid
-                & (j >= 0)
-                & (j < axis.length)
-                & (j % axis.dilation == src_group)
-                & (pos >= 0)
-                & (pos < src_hi - src_lo)
-            )
-            index = pos.clamp(0, axis.window - 1)[None, :, None, :].expand_as(out)
-            picked = s0[:, src].gather(-1, index) * ok[None, :, None, :]
-            out = out + weight[:, a, t].view(1, 1, -1, 1) * picked
-    return out
-
-
-def _convolved_scores(problem: Problem, inputs: AttentionInputs, block: ConvRows, b, h):
+def _convolved_scores(problem: Problem, inputs: AttentionInputs, block: conv_tiles.ConvTiles, b, h, q_idx, kv_idx):
     """Scores of the block's rows after the key-query convolution, and the pattern/mask keep."""
-    extended = block.gathered
-    _, _, q_ext = _mod_indices(problem, inputs.query.device, extended.rows)
-    keep = _apply_mask_mod(problem, extended.keep[None, :, None, :], b, h, q_ext, extended.kv_index[None, :, None, :])
-    raw = extended.scores(inputs.query, inputs.key, problem.kv_heads) * problem.scale
-    s0 = torch.where(keep, raw, torch.zeros((), dtype=raw.dtype, device=raw.device))
-    scores = _key_query_conv(problem, s0, block, inputs.kq_conv.to(raw.dtype))
-    return scores, keep[:, block.pad:]
+    keep = _apply_mask_mod(problem, block.keep[None, :, None, :], b, h, q_idx, kv_idx)
+    return conv_tiles.convolved_scores(problem, inputs, block, b, h), keep
 
 
 def attend_block(problem: Problem, inputs: AttentionInputs, block):
@@ -142,7 +83,7 @@ def attend_block(problem: Problem, inputs: AttentionInputs, block):
     needs_kv_index = problem.has_mods
     kv_idx = block.kv_index[None, :, None, :] if needs_kv_index else None
     if problem.kq_conv_shape is not None:
-        scores, keep = _convolved_scores(problem, inputs, block, b, h)
+        scores, keep = _convolved_scores(problem, inputs, block, b, h, q_idx, kv_idx)
     else:
         keep = _apply_mask_mod(problem, block.keep[None, :, None, :], b, h, q_idx, kv_idx)
         scores = block.scores(q, inputs.key, problem.kv_heads) * problem.scale

@@ -4,8 +4,9 @@
   keys covering every neighbourhood in the tile. Scores are one small matrix product per tile
   (fast on CPUs and GPUs), and only the pattern mask is per element. Tiles live inside one
   dilation group per axis, so dilation costs nothing extra.
-* :class:`GatheredRows`: every query row with its own list of at most ``window`` keys per axis.
-  Needed by the key-query convolution, which looks up scores of neighbouring rows by key.
+* :class:`GatheredRows`: every query row with its own list of at most ``window`` keys per axis,
+  for the general (autograd-recorded) JVP rule and traced forwards, which want plain per-row
+  operations. (The key-query convolution has tiles of its own, conv_tiles.py.)
 
 Both expose the same interface to attend.py: ``rows`` (flat query indices), ``row_valid``,
 ``keep`` ``[n, P]``, ``kv_index`` ``[n, P]``, ``relative`` (per-axis rpb indices ``[n, P]``),
@@ -236,10 +237,9 @@ class GatheredRows:
         self.rows = rows
         self.row_valid = None
         coords = unravel(rows, problem.spatial)
-        key_coords, valid, rel, self.ranges = [], [], [], []
+        key_coords, valid, rel = [], [], []
         for a, axis in enumerate(problem.axes):
             group, lo, hi = key_range(axis, problem.pattern, coords[a])
-            self.ranges.append((group, lo, hi))
             y = lo[:, None] + torch.arange(axis.window, device=rows.device)[None, :]
             ok = y < hi[:, None]
             j = (y * axis.dilation + group[:, None]).clamp(max=axis.length - 1)

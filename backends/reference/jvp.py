@@ -20,8 +20,8 @@ import torch
 from haloattn.backend import AttentionInputs, recording_autograd
 from haloattn.problem import Problem
 
-from . import tiled, tiled_jvp
-from .attend import (CHUNK_BYTES, ConvRows, _bytes_per_row, _no_autocast, attend_block, blocks, compute_dtype, flatten,
+from . import conv_tiles, tiled, tiled_jvp
+from .attend import (CHUNK_BYTES, _bytes_per_row, _no_autocast, attend_block, blocks, compute_dtype, flatten,
                      lse_dtype)
 from .blocks import GatheredRows
 
@@ -31,16 +31,16 @@ GRAPH_FACTOR = 4
 
 
 def row_blocks(problem: Problem, device):
-    """Blocks of query rows, each with its own keys gathered (GatheredRows, or ConvRows with the
-    rows before it that the key-query convolution reads)."""
+    """Blocks of consecutive query rows, in order, each with its own keys gathered (GatheredRows;
+    with a key-query convolution, conv_tiles' blocks)."""
+    if problem.kq_conv_shape is not None:
+        yield from conv_tiles.blocks(problem, device, CHUNK_BYTES // GRAPH_FACTOR)
+        return
     per_row = GRAPH_FACTOR * _bytes_per_row(problem, problem.window_tokens, 1)
     step = max(1, min(problem.tokens, CHUNK_BYTES // per_row))
     for start in range(0, problem.tokens, step):
         stop = min(start + step, problem.tokens)
-        if problem.kq_conv_shape is not None:
-            yield ConvRows(problem, start, stop, device)
-        else:
-            yield GatheredRows(problem, torch.arange(start, stop, device=device))
+        yield GatheredRows(problem, torch.arange(start, stop, device=device))
 
 
 def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs,
