@@ -33,8 +33,9 @@ class FlatIndices:
 
 
 def mod_result_tensor(value, like: torch.Tensor, dtype) -> torch.Tensor:
-    """Mods may return Python numbers/bools (the reference accepts them); Flex needs tensors."""
-    return value if torch.is_tensor(value) else torch.full_like(like, value, dtype=dtype)
+    """Mods may return Python numbers/bools (the reference accepts them); Flex needs tensors, in
+    ``dtype`` (a score_mod's result in the score's dtype, as Problem.apply_score_mod gives it)."""
+    return value.to(dtype) if torch.is_tensor(value) else torch.full_like(like, value, dtype=dtype)
 
 
 def mask_mod(problem: Problem, order: TokenOrder, tables: List[AxisTables], flat: Optional[FlatIndices]):

@@ -91,7 +91,7 @@ def attend_block(problem: Problem, inputs: AttentionInputs, block):
         bias = inputs.rpb.to(scores.dtype)[(slice(None), *block.relative)]  # [H, n, P]
         scores = scores + bias.permute(1, 0, 2).unsqueeze(0)
     if problem.score_mod is not None:
-        scores = problem.score_mod(scores, b, h, q_idx, kv_idx)
+        scores = problem.apply_score_mod(scores, b, h, q_idx, kv_idx)
     grid_keys = scores.shape[-1]
 
     if problem.extra_tokens:
@@ -103,7 +103,7 @@ def attend_block(problem: Problem, inputs: AttentionInputs, block):
         extra = extra.reshape(*q_rows.shape[:3], -1) * problem.scale
         extra_idx = (problem.tokens + torch.arange(problem.extra_tokens, device=device)).view(1, 1, 1, -1)
         if problem.score_mod is not None:
-            extra = problem.score_mod(extra, b, h, q_idx, extra_idx)
+            extra = problem.apply_score_mod(extra, b, h, q_idx, extra_idx)
         extra_keep = _apply_mask_mod(
             problem, torch.ones(1, 1, 1, problem.extra_tokens, dtype=torch.bool, device=device), b, h, q_idx, extra_idx
         )

@@ -183,10 +183,10 @@ class _Scores:
                 # meta/fake tensors, dispatch modes) autograd's keys are excluded from dispatch, and
                 # the score_mod's graph was not recorded (its gradient then failed)
                 with recording_autograd():
-                    modded = blk.to_heads(problem.score_mod(blk.to_rows(pre), b, h, q_idx, kv_idx), X)
+                    modded = blk.to_heads(problem.apply_score_mod(blk.to_rows(pre), b, h, q_idx, kv_idx), X)
                 s = modded.detach().clone(memory_format=torch.contiguous_format)
             else:
-                s = blk.to_heads(problem.score_mod(blk.to_rows(s), b, h, q_idx, kv_idx), X).contiguous()
+                s = blk.to_heads(problem.apply_score_mod(blk.to_rows(s), b, h, q_idx, kv_idx), X).contiguous()
         tanh = None
         if problem.softcap is not None:
             tanh = torch.tanh(s / problem.softcap)

@@ -107,7 +107,7 @@ class TritonBackend(Backend):
         if problem.mask_mod is not None:
             reasons.append("mask_mod is not supported (an arbitrary Python function per pair: the flex backend runs it on CUDA, the reference backend elsewhere)")
         if problem.kq_conv_shape is not None:
-            reasons.append("kq_conv (key-query convolution) is not supported by this kernel")
+            reasons.append("kq_conv (key-query convolution) is not supported by this kernel (the reference backend runs it)")
         return reasons
 
     def configs(self, problem):

@@ -72,10 +72,12 @@ class TritonWindowBackend(Backend):
         for flag, name in (
             (problem.score_mod is not None, "score_mod"),
             (problem.mask_mod is not None, "mask_mod"),
-            (problem.kq_conv_shape is not None, "kq_conv"),
         ):
             if flag:
                 reasons.append(f"{name} is not supported (the flex backend runs it on CUDA, the reference backend elsewhere)")
+        if problem.kq_conv_shape is not None:
+            # not flex's either: a per-score Flex mod cannot see the neighbouring scores it mixes
+            reasons.append("kq_conv is not supported (the reference backend runs it)")
         return reasons
 
     def forward(self, problem, inputs, config=None):

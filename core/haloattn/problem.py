@@ -4,6 +4,7 @@ the argument, the axis, the value and what is allowed."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Tuple, Union
@@ -73,6 +74,13 @@ class Problem:
     @property
     def has_mods(self) -> bool:
         return self.score_mod is not None or self.mask_mod is not None
+
+    def apply_score_mod(self, scores: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
+        """score_mod on ``scores``, its result in the scores' dtype (the compute dtype), as
+        FlexAttention's kernels keep it: a score_mod reading a captured float64 table (numpy's
+        default dtype) on float32 scores, or casting to 16 bits, otherwise failed inside a
+        backend's matrix products with a dtype mismatch."""
+        return self.score_mod(scores, b, h, q_idx, kv_idx).to(scores.dtype)
 
     @property
     def window_tokens(self) -> int:
@@ -347,6 +355,7 @@ def build_problem(
 
     check_mods(score_mod, mask_mod)
     _check_score_mod(score_mod, heads, query.device)
+    _check_mask_mod(mask_mod, heads, query.device)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
 
@@ -381,6 +390,7 @@ def check_mods(score_mod, mask_mod) -> None:
             continue
         if not callable(fn):
             raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        _check_arity(name, fn)
         try:
             hash(fn)
         except TypeError as err:
@@ -390,6 +400,32 @@ def check_mods(score_mod, mask_mod) -> None:
                 "hashable (a @dataclass with __call__ needs eq=False or frozen=True: its generated __eq__ "
                 "removes __hash__)"
             ) from None
+
+
+_MOD_ARGUMENTS = {
+    "score_mod": ("score", "b", "h", "q_idx", "kv_idx"),
+    "mask_mod": ("b", "h", "q_idx", "kv_idx"),
+}
+
+
+def _check_arity(name: str, fn) -> None:
+    """``fn`` accepts the positional arguments haloattn calls it with (FlexAttention's
+    signatures): a mask_mod written as a score_mod or the other way round otherwise failed
+    inside a backend with a TypeError naming neither. Callables whose signature Python cannot
+    read (some builtins) are left to the call itself."""
+    arguments = _MOD_ARGUMENTS[name]
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError as err:
+        raise TypeError(
+            f"{name} {getattr(fn, '__name__', type(fn).__name__)}{signature} cannot be called as "
+            f"{name}({', '.join(arguments)}) ({err}); haloattn calls it with these {len(arguments)} positional "
+            "arguments, as FlexAttention does"
+        ) from None
 
 
 def _check_score_mod(score_mod, heads: int, device) -> None:
@@ -418,6 +454,54 @@ def _check_score_mod(score_mod, heads: int, device) -> None:
             except RuntimeError:
                 raise first from None
     _check_probe(probe, heads)
+
+
+def _check_mask_mod(mask_mod, heads: int, device) -> None:
+    """One probe call, as for score_mod: the result must be booleans (a tensor of dtype bool, or
+    a Python bool) that broadcast against one pair per head. mask_mod's verdict was taken with
+    ``.bool()`` before, so a float mask written the additive way (0 keep, -inf drop) kept exactly
+    the pairs it meant to drop, and a function returning None masked every pair: silently. A
+    captured [N, N] table returned whole instead of indexed by q_idx and kv_idx failed deep
+    inside a backend's broadcasting."""
+    if mask_mod is None:
+        return
+    with _disable_current_modes():  # as in _check_score_mod
+        try:
+            probe = _probe_mask(mask_mod, heads, device)
+        except RuntimeError as first:
+            if torch.device(device).type != "meta":
+                raise
+            try:
+                probe = _probe_mask(mask_mod, heads, "cpu")
+            except RuntimeError:
+                raise first from None
+    if isinstance(probe, bool):
+        return
+    if not torch.is_tensor(probe) or probe.dtype != torch.bool:
+        got = f"dtype {probe.dtype}" if torch.is_tensor(probe) else f"a {type(probe).__name__}"
+        raise TypeError(
+            f"mask_mod returned {got}; it must return booleans (a bool tensor, True where the pair is kept), "
+            "as FlexAttention's mask_mod does: an additive float mask (0 / -inf) belongs in score_mod"
+        )
+    shape = (1, 1, heads, 1)
+    try:
+        fits = torch.broadcast_shapes(probe.shape, shape) == shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask_mod returned shape {tuple(probe.shape)} for one pair per head (b, q_idx, kv_idx of shape "
+            f"(1, 1, 1, 1), h of shape {shape}); it must act elementwise on its index tensors, as FlexAttention "
+            "applies it to one pair at a time: captured tables indexed by them (e.g. allowed[q_idx, kv_idx]), "
+            "not returned whole"
+        )
+
+
+def _probe_mask(mask_mod, heads: int, device):
+    """mask_mod on a single pair per head at index 0, on ``device``."""
+    index = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    heads_index = torch.arange(heads, device=device).view(1, 1, heads, 1)
+    return mask_mod(index, heads_index, index, index)
 
 
 def _probe(score_mod, heads: int, device):
