@@ -304,3 +304,56 @@ def test_mods_match_the_dense_oracle(spatial, options, dtype, tol):
     windows = window if isinstance(window, tuple) else (window,) * len(spatial)
     tensors = _inputs(spatial, H=H, Hkv=Hkv, E=E, kq=kq, rpb_window=windows if rpb else None, seed=len(spatial))
     _compare(tensors, dtype, tol, **options)
+
+
+# --- DTensor shards: the mods see global batch and head indices ----------------------------------
+
+
+def _dtensor_inputs():
+    g = torch.Generator().manual_seed(5)
+    make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    return make(3, 9, 4, 8), make(3, 9, 2, 8), make(3, 9, 2, 8)  # batch 3: uneven over two ranks
+
+
+def score_by_global_head_and_batch(score, b, h, q_idx, kv_idx):
+    return score + 0.5 * h - 0.3 * b
+
+
+def mask_by_global_head_and_batch(b, h, q_idx, kv_idx):
+    return (q_idx + kv_idx + h + b) % 3 != 0
+
+
+def _dtensor_ranks(rank, init_file, results):
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        q, k, v = _dtensor_inputs()
+        options = dict(score_mod=score_by_global_head_and_batch, mask_mod=mask_by_global_head_and_batch)
+        expected, _ = dense_oracle(q, k, v, 3, **options)
+        errors = {}
+        for label, placement in (("heads", Shard(2)), ("batch", Shard(0))):
+            sharded = [distribute_tensor(t, mesh, [placement]) for t in (q, k, v)]
+            out = haloattn.attention(*sharded, 3, **options).full_tensor()
+            errors[label] = rel_error(out, expected)
+        results[rank] = errors
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("plain_cpu_environment")
+def test_dtensor_shards_call_the_mods_with_global_batch_and_head_indices(tmp_path):
+    """Each rank ran its shard with local indices: head 0 of rank 1 is global head 2, and a
+    score_mod reading a per-head slope with h (or a mask_mod using b) silently used rank 0's."""
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.spawn(_dtensor_ranks, args=(str(tmp_path / "init"), results), nprocs=2, join=True)
+    for rank in range(2):
+        for label, error in results[rank].items():
+            assert error <= 1e-10, (rank, label, error)

@@ -13,7 +13,7 @@ from torch.autograd import forward_ad
 from . import flop_count, ops, sharding, tracing
 from .backend import AttentionInputs, Backend, on_device
 from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
-from .problem import build_problem, cache_key
+from .problem import build_problem, cache_key, check_mods
 from .tuning import AUTOTUNE_ENV, CACHE_DIR_ENV
 
 # Steady-state calls skip validation and dispatch: a dict keyed on everything they depend on.
@@ -154,11 +154,14 @@ def attention(
     compiling = torch.compiler.is_compiling()
     plain = type(query) is torch.Tensor  # not a subclass (DTensor, FakeTensor, Parameter)
     if not compiling and not plain and sharding.is_dtensor(query):
-        # Each rank runs its shards through the plain call below (sharding.py).
-        def local_call(q, k, v, local_rpb, local_kq_conv, local_keys, local_values):
+        # Each rank runs its shards through the plain call below (sharding.py), its mods seeing
+        # global batch and head indices (``mods`` shifts them by the shard's first ones).
+        def local_call(q, k, v, local_rpb, local_kq_conv, local_keys, local_values, mods):
+            check_mods(score_mod, mask_mod)  # named errors before the shifted mods' cache hashes them
+            local_score_mod, local_mask_mod = mods(score_mod, mask_mod)
             return attention(q, k, v, window, stride=stride, dilation=dilation, causal=causal, pattern=pattern,
-                             shift=shift, scale=scale, softcap=softcap, rpb=local_rpb, score_mod=score_mod,
-                             mask_mod=mask_mod, kq_conv=local_kq_conv, additional_keys=local_keys,
+                             shift=shift, scale=scale, softcap=softcap, rpb=local_rpb, score_mod=local_score_mod,
+                             mask_mod=local_mask_mod, kq_conv=local_kq_conv, additional_keys=local_keys,
                              additional_values=local_values, return_lse=True, backend=backend)
 
         return sharding.attention(tensors, local_call, return_lse)

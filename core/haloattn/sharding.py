@@ -15,7 +15,8 @@ on ``import haloattn``.
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+import functools
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -97,7 +98,9 @@ def attention(tensors: Sequence, call: Callable, return_lse: bool):
         placements = [_placement(kind, role, t.ndim) for kind in kinds]
         grads = [_placement(kind, role, t.ndim, gradient=True) for kind in kinds]
         local.append(t.redistribute(mesh, placements).to_local(grad_placements=grads))
-    out, lse = call(*local)
+    batch_offset, head_offset = _first_index(query.shape, mesh, [_placement(kind, "tokens", query.ndim) for kind in kinds],
+                                             (0, query.ndim - 2))
+    out, lse = call(*local, mods=functools.partial(shifted_mods, batch_offset=batch_offset, head_offset=head_offset))
     value = tensors[2]
     out_shape = (*query.shape[:-1], value.shape[-1])
     out = DTensor.from_local(out, mesh, [_placement(kind, "tokens", len(out_shape)) for kind in kinds],
@@ -110,6 +113,44 @@ def attention(tensors: Sequence, call: Callable, return_lse: bool):
     lse = DTensor.from_local(lse, mesh, [_placement(kind, "tokens", len(lse_shape) + 1) for kind in kinds],
                              run_check=False, shape=torch.Size(lse_shape), stride=_contiguous(lse_shape))
     return out, lse
+
+
+def _first_index(shape, mesh, placements, dims) -> Tuple[int, ...]:
+    """This rank's first global index along each of ``dims`` of a tensor of global ``shape`` so
+    placed: DTensor's Shard splits an axis as torch.chunk does (ceil-sized chunks, the last ones
+    short or empty), mesh dimensions in order, each splitting what the ones before left."""
+    from torch.distributed.tensor import Shard
+
+    length, first = list(shape), [0] * len(shape)
+    coordinate = mesh.get_coordinate()
+    for mesh_dim, placement in enumerate(placements):
+        if isinstance(placement, Shard):
+            d = placement.dim % len(shape)
+            chunk = -(-length[d] // mesh.size(mesh_dim))
+            start = min(coordinate[mesh_dim] * chunk, length[d])
+            first[d] += start
+            length[d] = min(chunk, length[d] - start)
+    return tuple(first[d] for d in dims)
+
+
+@functools.lru_cache(maxsize=256)
+def shifted_mods(score_mod: Optional[Callable], mask_mod: Optional[Callable], batch_offset: int,
+                 head_offset: int) -> Tuple[Optional[Callable], Optional[Callable]]:
+    """The mods as one rank's shard must call them: its local batch and head indices shifted to
+    the global ones the user's functions expect (a per-head ALiBi slope read with ``h``, a mask
+    that depends on ``b``), which the unshifted local indices silently got wrong on every rank but
+    the first. Cached, so that a rank's calls keep one function (haloattn's call and plan caches
+    are keyed on it)."""
+    if batch_offset == 0 and head_offset == 0:
+        return score_mod, mask_mod
+    shifted_score = shifted_mask = None
+    if score_mod is not None:
+        def shifted_score(score, b, h, q_idx, kv_idx):
+            return score_mod(score, b + batch_offset, h + head_offset, q_idx, kv_idx)
+    if mask_mod is not None:
+        def shifted_mask(b, h, q_idx, kv_idx):
+            return mask_mod(b + batch_offset, h + head_offset, q_idx, kv_idx)
+    return shifted_score, shifted_mask
 
 
 def _contiguous(shape) -> tuple:
