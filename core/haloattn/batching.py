@@ -11,6 +11,7 @@ runs once per vmapped index instead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -31,7 +32,23 @@ def fold(problem: Problem, size: int, tensors, dims, shared: Sequence[int] = SHA
             continue
         t = t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(size, *t.shape)
         folded.append(t.reshape(size * t.shape[1], *t.shape[2:]))
-    return dataclasses.replace(problem, batch=size * problem.batch), folded
+    score_mod, mask_mod = _per_call_batch_index(problem.score_mod, problem.mask_mod, problem.batch)
+    return dataclasses.replace(problem, batch=size * problem.batch, score_mod=score_mod, mask_mod=mask_mod), folded
+
+
+@functools.lru_cache(maxsize=256)
+def _per_call_batch_index(score_mod, mask_mod, batch: int):
+    """The mods of a folded call: folded batch index ``v * B + b`` back to the ``b`` each
+    vmapped call's mods expect (``b`` read a per-element table out of range, or a mask using
+    ``b`` was silently another element's). Cached: the folded problem keys the backends' caches."""
+    score = mask = None
+    if score_mod is not None:
+        def score(s, b, h, q_idx, kv_idx):
+            return score_mod(s, b % batch, h, q_idx, kv_idx)
+    if mask_mod is not None:
+        def mask(b, h, q_idx, kv_idx):
+            return mask_mod(b % batch, h, q_idx, kv_idx)
+    return score, mask
 
 
 def unfold(size: int, t: torch.Tensor) -> torch.Tensor:
