@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .geometry import Axis
+
+_functorch = getattr(torch._C, "_functorch", None)  # torch.func's internals (a mod's probe may be transformed)
 
 PATTERNS = ("neighborhood", "window")
 FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -477,6 +480,7 @@ def _check_mask_mod(mask_mod, heads: int, device) -> None:
                 raise first from None
     if isinstance(probe, bool):
         return
+    _check_not_vmapped(probe, "mask_mod")
     if not torch.is_tensor(probe) or probe.dtype != torch.bool:
         got = f"dtype {probe.dtype}" if torch.is_tensor(probe) else f"a {type(probe).__name__}"
         raise TypeError(
@@ -531,6 +535,36 @@ def _check_probe(probe, heads: int) -> None:
             "and would give it no gradient. Pass a learned relative bias as rpb= (it gets a gradient), "
             "or capture a detached tensor if no gradient is wanted"
         )
+    # Forward-mode AD ignores grad mode: a captured dual tensor's tangent was dropped whatever the
+    # mode (torch.func.jvp of a call whose score_mod read a tensor with a tangent gave the tangent
+    # of the other inputs alone, without a word).
+    if forward_ad.unpack_dual(probe).tangent is not None:
+        raise ValueError(
+            "score_mod reads a tensor that carries a forward-mode tangent (torch.func.jvp, jacfwd, "
+            "torch.autograd.forward_ad); haloattn treats captured tensors as constants and would drop its "
+            "tangent. Pass a learned relative bias as rpb= (its tangent is followed), or capture the primal "
+            "alone (torch.autograd.forward_ad.unpack_dual(t).primal) if no tangent is wanted"
+        )
+    _check_not_vmapped(probe, "score_mod")
+
+
+def _check_not_vmapped(probe, name: str) -> None:
+    """A mod's probe result must not be batched by torch.func.vmap at any level (a captured
+    tensor that is vmapped over, such as per-sample lengths): backends treat captured tensors as
+    constants, and the reference's in-place writes then failed deep inside torch with vmap errors
+    that asked for a torch bug report."""
+    is_wrapped = getattr(_functorch, "is_functorch_wrapped_tensor", None)
+    if is_wrapped is None or not torch.is_tensor(probe):
+        return
+    while is_wrapped(probe):
+        if _functorch.is_batchedtensor(probe):
+            raise ValueError(
+                f"{name} reads a tensor that torch.func.vmap batches; haloattn treats captured tensors as "
+                "constants and cannot batch over them. Fold the vmapped dimension into the batch axis of "
+                "query/key/value and index the captured tensor by b, run one call per vmapped index, or "
+                "pass a learned relative bias as rpb= (which may be vmapped)"
+            )
+        probe = _functorch.get_unwrapped(probe)
 
 
 def _same_place(name: str, t: torch.Tensor, query: torch.Tensor, parameter: bool = False):
