@@ -10,7 +10,7 @@ weights). Outputs equal the stock model's up to the -100 mask (e^-100 is below f
 
 from __future__ import annotations
 
-import types
+import functools
 
 import torch
 
@@ -54,11 +54,16 @@ def patch_swin(model: torch.nn.Module) -> torch.nn.Module:
     blocks = [m for m in model.modules() if isinstance(m, SwinTransformerBlock)]
     if not blocks:
         raise ValueError(f"{type(model).__name__} has no timm SwinTransformerBlock (Swin V1) to patch")
+    # Check every block before patching any: a refused model is left as it was, not half patched.
     for block in blocks:
         if block.attn.attn_drop.p > 0:
             raise ValueError(
                 f"a Swin block has attention dropout {block.attn.attn_drop.p}; haloattn has none (build the "
                 "model with attn_drop_rate=0)"
             )
-        block._attn = types.MethodType(_haloattn_attn, block)
+    for block in blocks:
+        # A partial, not types.MethodType: pickle stores a bound method as getattr(block, "_haloattn_attn"),
+        # which fails on load, so torch.save(model) wrote a file torch.load could not read. The partial
+        # pickles as this module's function plus the block (and deep-copies onto the copied block).
+        block._attn = functools.partial(_haloattn_attn, block)
     return model
