@@ -131,3 +131,46 @@ def test_patched_timm_block_matches_swin_roll_oracle():
     ref = attn.proj(_swin_roll_attention(q, k, v, (7, 7), (3, 3), attn.relative_position_bias_table).flatten(-2))
     with torch.no_grad():
         assert oracle.rel_error(block._attn(x), ref) < 1e-10
+
+
+# --- haloattn.nn argument checks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build, error, message", [
+    (lambda nn: nn.WindowAttention(32, 2, 7, shift=7), ValueError,
+     r"shift on axis 0 is 7; allowed: 0 <= shift < window \(7\)"),
+    (lambda nn: nn.WindowAttention(32, 2, (4, 7), shift=(0, -1)), ValueError,
+     r"shift on axis 1 is -1; allowed: 0 <= shift < window \(7\)"),
+    (lambda nn: nn.WindowAttention(32, 2, 7, stride=2), ValueError,
+     r"stride on axis 0 is 2 but pattern 'window' has no stride"),
+    (lambda nn: nn.NeighborhoodAttention2d(32, 2, 7, shift=3), ValueError,
+     r"shift on axis 0 is 3 but pattern is 'neighborhood'"),
+    (lambda nn: nn.WindowAttention(32, 2, 7, dilation=(1, 0)), ValueError, r"dilation on axis 1 is 0; it must be >= 1"),
+    (lambda nn: nn.WindowAttention(32, 2, 7, shift=3.0), TypeError, r"shift on axis 0 is 3.0 \(float\)"),
+    (lambda nn: nn.WindowAttention(32, 2, 7, causal=1), TypeError, r"causal on axis 0 is 1; expected a bool"),
+    (lambda nn: nn.WindowAttention(32, 2, 7, softcap=-1.0), ValueError, r"softcap=-1.0"),
+    (lambda nn: nn.WindowAttention(32, 0, 7), ValueError, r"num_heads=0; expected an int >= 1"),
+    (lambda nn: nn.WindowAttention(32, 2, 7, head_dim=0), ValueError, r"head_dim=0; expected an int >= 1"),
+    (lambda nn: nn.WindowAttention(32, 2, (7, 7, 7, 7)), ValueError,
+     r"window=\(7, 7, 7, 7\) gives 4 spatial axes; allowed: 1, 2 or 3"),
+], ids=["shift_eq_window", "negative_shift_axis1", "stride", "shift_neighborhood", "dilation0", "float_shift",
+        "int_causal", "softcap", "zero_heads", "zero_head_dim", "rank4"])
+def test_modules_check_their_options_when_built(build, error, message):
+    """These were accepted by the constructor and failed only at the first forward (num_heads=0
+    with a ZeroDivisionError, a rank-4 window with an error about the query's dimensions)."""
+    import haloattn.nn as hnn
+
+    with pytest.raises(error, match=message):
+        build(hnn)
+
+
+def test_module_options_valid_for_any_grid_still_build():
+    """The construction check uses the smallest grid the window and dilation allow: nothing valid
+    is refused, and the block then runs on larger grids, partial windows included."""
+    import haloattn.nn as hnn
+
+    module = hnn.WindowAttention(8, 2, (3, 2), shift=(2, 1), dilation=(2, 3), causal=(True, False)).double()
+    hnn.NeighborhoodAttention1d(8, 2, 5, stride=5, dilation=4)
+    hnn.WindowAttention(8, 1, 1)
+    x = torch.randn(1, 11, 7, 8, dtype=torch.float64)
+    assert module(x).shape == x.shape

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .api import attention
-from .problem import check_window
+from .problem import build_problem, check_window
 
 PerAxis = Union[int, Sequence[int]]
 
@@ -60,6 +60,10 @@ class _LocalAttention(nn.Module):
     ):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
+        if not 1 <= rank <= 3:
+            raise ValueError(f"window={window!r} gives {rank} spatial axes; allowed: 1, 2 or 3")
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"num_heads={num_heads!r}; expected an int >= 1")
         if head_dim is None:
             if dim % num_heads:
                 raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}; pass head_dim")
@@ -71,6 +75,7 @@ class _LocalAttention(nn.Module):
         self.causal = _per_axis("causal", causal, rank)
         self.shift = _per_axis("shift", shift, rank)
         self.scale, self.softcap = scale, softcap
+        self._check_options(head_dim)
         inner = num_heads * head_dim
         self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias, **factory)
         self.proj = nn.Linear(inner, dim, bias=proj_bias, **factory)
@@ -81,6 +86,23 @@ class _LocalAttention(nn.Module):
             nn.init.trunc_normal_(self.rpb, std=0.02)
         else:
             self.register_parameter("rpb", None)
+
+    def _check_options(self, head_dim: int) -> None:
+        """Validate every option that does not depend on the grid now, as ``attention`` would, so
+        that a bad shift, stride, dilation, causal, scale or softcap fails when the block is built
+        (with attention's message naming the argument, axis, value and range) instead of at its
+        first forward: a probe problem on the smallest grid the window and dilation allow."""
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+            raise ValueError(f"head_dim={head_dim!r}; expected an int >= 1")
+        lengths = [
+            k * d if type(d) is int and d >= 1 else k  # a bad dilation is reported by build_problem
+            for k, d in zip(self.window, self.dilation)
+        ]
+        probe = torch.empty(1, *lengths, self.num_heads, head_dim, device="meta")
+        build_problem(
+            probe, probe, probe, self.window, stride=self.stride, dilation=self.dilation, causal=self.causal,
+            pattern=self.pattern, shift=self.shift, scale=self.scale, softcap=self.softcap,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[B, *spatial, dim]`` -> ``[B, *spatial, dim]``."""
