@@ -1,6 +1,8 @@
 """haloattn.integrations.natten: NATTEN's fused and unfused functional APIs, against the float64
 oracle (SEMANTICS.md computed independently in tests/oracle.py), forward, gradients and JVPs."""
 
+import functools
+
 import pytest
 import torch
 
@@ -238,3 +240,35 @@ def test_patch_natten_refuses_what_it_cannot_run():
     dropout = _natten_module_class(2)(16, 2, (3, 3), (1, 1), (False, False), False, attn_drop=0.1)
     with pytest.raises(ValueError, match="attention dropout 0.1; haloattn has none"):
         natten.patch_natten(dropout)
+
+
+def test_a_patched_natten_model_survives_torch_save_and_load(monkeypatch, tmp_path):
+    """The patched forward pickles (a bound method pickled by name did not load back), and the
+    loaded model still runs on haloattn."""
+    import sys
+    import types
+
+    natten_type = _natten_module_class(2)
+    package, home = types.ModuleType("natten"), types.ModuleType("natten.na2d")
+    home.NeighborhoodAttention2D = natten_type  # where pickle looks the class up
+    package.na2d = home
+    monkeypatch.setitem(sys.modules, "natten", package)
+    monkeypatch.setitem(sys.modules, "natten.na2d", home)
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(natten_type(16, 2, (3, 3), (1, 1), (False, False), True))
+    x = torch.randn(2, 6, 7, 16)
+    want = model(x)
+    natten.patch_natten(model)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert isinstance(loaded[0].forward, functools.partial)
+    assert oracle.rel_error(loaded(x), want) < 1e-5
+
+
+def test_a_refused_natten_model_is_left_unpatched():
+    first = _natten_module_class(1)(16, 2, (3,), (1,), (False,), False)
+    second = _natten_module_class(1)(16, 2, (3,), (1,), (False,), False, attn_drop=0.1)
+    model = torch.nn.Sequential(first, second)
+    with pytest.raises(ValueError, match="attention dropout"):
+        natten.patch_natten(model)
+    assert "forward" not in vars(first)

@@ -29,8 +29,8 @@ both APIs on every device haloattn runs on::
 
 from __future__ import annotations
 
+import functools
 import math
-import types
 from typing import Sequence
 
 import torch
@@ -397,16 +397,17 @@ def patch_natten(model: torch.nn.Module) -> torch.nn.Module:
     input smaller than ``kernel_size * dilation`` on an axis is then an error, where NATTEN <= 0.14's
     modules padded it.
     """
-    patched = 0
-    for module in model.modules():
-        if type(module).__name__ not in NATTEN_MODULES or not type(module).__module__.startswith("natten"):
-            continue
+    modules = [m for m in model.modules()
+               if type(m).__name__ in NATTEN_MODULES and type(m).__module__.startswith("natten")]
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no NATTEN NeighborhoodAttention1D/2D/3D module to patch")
+    for module in modules:  # all checked before any is patched: a refused model stays as it was
         rate = _attention_dropout(module)
         if rate > 0:
             raise ValueError(f"a NATTEN {type(module).__name__} has attention dropout {rate}; haloattn has none "
                              "(build it with attn_drop=0)")
-        module.forward = types.MethodType(_natten_module_forward, module)
-        patched += 1
-    if not patched:
-        raise ValueError(f"{type(model).__name__} has no NATTEN NeighborhoodAttention1D/2D/3D module to patch")
+    for module in modules:
+        # A partial, not types.MethodType: pickle stores a bound method by its name on the module,
+        # which a loaded module does not have (torch.save of the whole model then failed to load).
+        module.forward = functools.partial(_natten_module_forward, module)
     return model

@@ -1,4 +1,4 @@
-"""Review of pattern "window", haloattn.nn's window modules and the timm integration: regressions
+"""Pattern "window", haloattn.nn's window modules and the timm integration: regressions
 for the bugs found, each checked against a float64 computation written from SEMANTICS.md section 4
 (Swin's roll -> partition -> region mask -> reverse -> roll, or explicitly enumerated windows) on
 fresh random inputs."""
