@@ -441,22 +441,7 @@ def _check_score_mod(score_mod, heads: int, device) -> None:
     flow through it.)"""
     if score_mod is None:
         return
-    # On real tensors, outside any dispatch mode: under a FakeTensorMode (torch.compile's tracing,
-    # the custom op's fake) fake probe indices into a captured real table raised inside torch, so
-    # a score_mod reading a captured tensor did not compile (nor run under FakeTensorMode).
-    with _disable_current_modes():
-        try:
-            probe = _probe(score_mod, heads, device)
-        except RuntimeError as first:
-            if torch.device(device).type != "meta":
-                raise
-            # meta inputs (shape inference) beside captured tables that hold data: probe on the
-            # CPU, where meta indices cannot meet a CPU table (the first error if this fails too)
-            try:
-                probe = _probe(score_mod, heads, "cpu")
-            except RuntimeError:
-                raise first from None
-    _check_probe(probe, heads)
+    _check_probe(_probe_call(_probe, score_mod, heads, device), heads)
 
 
 def _check_mask_mod(mask_mod, heads: int, device) -> None:
@@ -468,16 +453,7 @@ def _check_mask_mod(mask_mod, heads: int, device) -> None:
     inside a backend's broadcasting."""
     if mask_mod is None:
         return
-    with _disable_current_modes():  # as in _check_score_mod
-        try:
-            probe = _probe_mask(mask_mod, heads, device)
-        except RuntimeError as first:
-            if torch.device(device).type != "meta":
-                raise
-            try:
-                probe = _probe_mask(mask_mod, heads, "cpu")
-            except RuntimeError:
-                raise first from None
+    probe = _probe_call(_probe_mask, mask_mod, heads, device)
     if isinstance(probe, bool):
         return
     _check_not_vmapped(probe, "mask_mod")
@@ -499,6 +475,25 @@ def _check_mask_mod(mask_mod, heads: int, device) -> None:
             "applies it to one pair at a time: captured tables indexed by them (e.g. allowed[q_idx, kv_idx]), "
             "not returned whole"
         )
+
+
+def _probe_call(probe, mod, heads: int, device):
+    """``probe(mod, heads, device)`` on real tensors, outside any dispatch mode: under a
+    FakeTensorMode (torch.compile's tracing, the custom op's fake) fake probe indices into a
+    captured real table raised inside torch, so a mod reading a captured tensor did not compile
+    (nor run under FakeTensorMode). Meta inputs (shape inference) beside captured tables that hold
+    data are probed on the CPU, where meta indices cannot meet a CPU table (the first error if
+    that fails too)."""
+    with _disable_current_modes():
+        try:
+            return probe(mod, heads, device)
+        except RuntimeError as first:
+            if torch.device(device).type != "meta":
+                raise
+            try:
+                return probe(mod, heads, "cpu")
+            except RuntimeError:
+                raise first from None
 
 
 def _probe_mask(mask_mod, heads: int, device):
