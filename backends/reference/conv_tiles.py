@@ -20,7 +20,7 @@ traced (out-of-place) forwards all write a block's rows as they come.
 
 from __future__ import annotations
 
-import math
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from haloattn.backend import AttentionInputs
 from haloattn.geometry import Axis, attends, key_range
 from haloattn.problem import Problem
+from haloattn.tracing import untraced
 
 # Tile rows: the T of the candidates below that minimises an estimated cost per query row,
 #   (T + c_q - 1) / T * (P_T + c_k - 1) + GATHER_COST * (T + c_q - 1 + P_T + c_k - 1) / T,
@@ -59,18 +60,24 @@ def _box_width(axis: Axis, pattern: str, rows: torch.Tensor) -> int:
 
 def tile_rows(problem: Problem) -> int:
     """T for this problem (see GATHER_COST); at most the grid's length."""
-    axis = problem.axes[0]
-    c_q, c_k = problem.kq_conv_shape
+    return _tiling(problem.axes[0], problem.pattern, *problem.kq_conv_shape)[0]
+
+
+# Cached per geometry (calls repeat it; a long grid costs a few ms of index arithmetic), and run
+# outside any torch.jit trace (tracing.untraced), as blocks.py's cached helpers are.
+@functools.lru_cache(maxsize=256)
+@untraced
+def _tiling(axis: Axis, pattern: str, c_q: int, c_k: int):
+    """(T, P): the tile rows (see GATHER_COST) and the widest target run of those tiles."""
     L = axis.length
-    best, best_cost = L, math.inf
+    best = None
     for T in sorted({t for t in TILE_ROWS if t < L} | {min(L, TILE_ROWS[-1])}):
         count = L // T
-        rows = torch.arange(count * T).view(count, T)
-        P = _box_width(axis, problem.pattern, rows)
+        P = _box_width(axis, pattern, torch.arange(count * T).view(count, T))
         cost = (T + c_q - 1) / T * (P + c_k - 1) + GATHER_COST * (T + c_q - 1 + P + c_k - 1) / T
-        if cost < best_cost:
-            best, best_cost = T, cost
-    return best
+        if best is None or cost < best[0]:
+            best = (cost, T, P)
+    return best[1:]
 
 
 class ConvTiles:
@@ -128,9 +135,8 @@ def blocks(problem: Problem, device, max_bytes: int):
     """ConvTiles covering the grid in order, each holding at most ``max_bytes`` of S0-sized
     buffers, and at least one tile."""
     L = problem.axes[0].length
-    T = tile_rows(problem)  # <= L
     c_q, c_k = problem.kq_conv_shape
-    P = _box_width(problem.axes[0], problem.pattern, torch.arange(L // T * T).view(-1, T))
+    T, P = _tiling(problem.axes[0], problem.pattern, c_q, c_k)  # T <= L
     itemsize = 8 if problem.dtype == torch.float64 else 4
     per_tile = BUFFERS * itemsize * problem.batch * problem.heads * (T + c_q - 1) * (P + c_k - 1)
     step = max(1, max_bytes // per_tile)
