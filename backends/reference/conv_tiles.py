@@ -183,7 +183,12 @@ def convolved_scores(problem: Problem, inputs: AttentionInputs, block: ConvTiles
         keep = keep & _source_mask_mod(problem, block, b, h)
     s0 = torch.where(keep, s0, torch.zeros((), dtype=s0.dtype, device=s0.device))
     weight = inputs.kq_conv.to(s0.dtype).view(H, 1, c_q, c_k)
-    scores = F.conv2d(s0.reshape(B * c, H, Tq, Pk), weight, groups=H)  # [B * c, H, T, P]
+    s0 = s0.reshape(B * c, H, Tq, Pk)
+    if s0.device.type == "cpu":
+        # oneDNN's depthwise convolution is several times faster on channels-last inputs: 6.5x
+        # forward and 3x backward on a 2-core EPYC at MTA's 6x11 (the copy costs about 1 %)
+        s0 = s0.contiguous(memory_format=torch.channels_last)
+    scores = F.conv2d(s0, weight, groups=H)  # [B * c, H, T, P]
     T, P = scores.shape[-2:]
     return scores.view(B, c, H, T, P).permute(0, 1, 3, 2, 4).reshape(B, c * T, H, P)
 
