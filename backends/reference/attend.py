@@ -60,16 +60,8 @@ def _mod_indices(problem: Problem, device, rows: torch.Tensor):
 def _apply_mask_mod(problem: Problem, keep: torch.Tensor, b, h, q_idx, kv_idx) -> torch.Tensor:
     if problem.mask_mod is None:
         return keep.expand(problem.batch, -1, problem.heads, -1)
-    allowed = problem.mask_mod(b, h, q_idx, kv_idx)
-    if not torch.is_tensor(allowed):
-        allowed = torch.tensor(bool(allowed), device=keep.device)
-    return (keep & allowed.bool()).expand(problem.batch, -1, problem.heads, -1)
-
-
-def _convolved_scores(problem: Problem, inputs: AttentionInputs, block: conv_tiles.ConvTiles, b, h, q_idx, kv_idx):
-    """Scores of the block's rows after the key-query convolution, and the pattern/mask keep."""
-    keep = _apply_mask_mod(problem, block.keep[None, :, None, :], b, h, q_idx, kv_idx)
-    return conv_tiles.convolved_scores(problem, inputs, block, b, h), keep
+    allowed = problem.apply_mask_mod(b, h, q_idx, kv_idx)
+    return (keep & allowed).expand(problem.batch, -1, problem.heads, -1)
 
 
 def attend_block(problem: Problem, inputs: AttentionInputs, block):
@@ -82,10 +74,10 @@ def attend_block(problem: Problem, inputs: AttentionInputs, block):
     b, h, q_idx = _mod_indices(problem, device, block.rows)
     needs_kv_index = problem.has_mods
     kv_idx = block.kv_index[None, :, None, :] if needs_kv_index else None
+    keep = _apply_mask_mod(problem, block.keep[None, :, None, :], b, h, q_idx, kv_idx)
     if problem.kq_conv_shape is not None:
-        scores, keep = _convolved_scores(problem, inputs, block, b, h, q_idx, kv_idx)
+        scores = conv_tiles.convolved_scores(problem, inputs, block, b, h)
     else:
-        keep = _apply_mask_mod(problem, block.keep[None, :, None, :], b, h, q_idx, kv_idx)
         scores = block.scores(q, inputs.key, problem.kv_heads) * problem.scale
     if inputs.rpb is not None:
         bias = inputs.rpb.to(scores.dtype)[(slice(None), *block.relative)]  # [H, n, P]

@@ -154,12 +154,7 @@ def _source_mask_mod(problem: Problem, block: ConvTiles, b, h) -> torch.Tensor:
     Pk = block.src_cols.shape[1]
     q_idx = block.src_rows.reshape(1, c * Tq, 1, 1)
     kv_idx = block.src_cols[:, None, :].expand(c, Tq, Pk).reshape(1, c * Tq, 1, Pk)
-    allowed = problem.mask_mod(b, h, q_idx, kv_idx)
-    if not torch.is_tensor(allowed):
-        allowed = torch.tensor(bool(allowed), device=q_idx.device)
-    allowed = allowed.bool()
-    while allowed.dim() < 4:
-        allowed = allowed.unsqueeze(0)
+    allowed = problem.apply_mask_mod(b, h, q_idx, kv_idx)
     B, H = problem.batch, problem.heads
     allowed = allowed.expand(B, c * Tq, H, Pk).reshape(B, c, Tq, H, Pk)
     return allowed.permute(0, 1, 3, 2, 4)

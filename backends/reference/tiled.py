@@ -123,13 +123,7 @@ def _mask_mod(problem: Problem, blk: _Block, kv_idx, X: int) -> Optional[torch.T
     if problem.mask_mod is None:
         return None
     b, h, q_idx = blk.idx
-    allowed = problem.mask_mod(b, h, q_idx, kv_idx)
-    if not torch.is_tensor(allowed):
-        allowed = torch.tensor(bool(allowed), device=b.device)
-    allowed = allowed.bool()
-    while allowed.dim() < 4:
-        allowed = allowed.unsqueeze(0)
-    return blk.to_heads(allowed, X)
+    return blk.to_heads(problem.apply_mask_mod(b, h, q_idx, kv_idx), X)
 
 
 class _Scores:

@@ -85,6 +85,16 @@ class Problem:
         backend's matrix products with a dtype mismatch."""
         return self.score_mod(scores, b, h, q_idx, kv_idx).to(scores.dtype)
 
+    def apply_mask_mod(self, b, h, q_idx, kv_idx) -> torch.Tensor:
+        """mask_mod's verdict as a 4-D bool tensor that broadcasts like its index tensors (the
+        probe at validation admits a bool tensor or a Python bool)."""
+        allowed = self.mask_mod(b, h, q_idx, kv_idx)
+        if not torch.is_tensor(allowed):
+            allowed = torch.tensor(bool(allowed), device=q_idx.device)
+        while allowed.dim() < 4:
+            allowed = allowed.unsqueeze(0)
+        return allowed
+
     @property
     def window_tokens(self) -> int:
         """Keys each query sees at most (window volume)."""
