@@ -83,6 +83,12 @@ BAD_PROFILE_OPTIONS = [
     (["--device", ""], "argument --device: '' cannot be used here"),
     (["--device", "meta"], "argument --device: 'meta' cannot be used here"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--softcap", "0"], "argument --softcap: '0': it must be a finite number > 0"),
+    (["--softcap", "inf"], "argument --softcap: 'inf': it must be a finite number > 0"),
+    (["--extra-tokens", "-1"], "argument --extra-tokens: '-1': it must be >= 0"),
+    (["--kq-conv", "3"], "argument --kq-conv: '3': expected c_q x c_k, e.g. 6x11"),
+    (["--kq-conv", "2x4"], "kq_conv kernel is c_q=2 x c_k=4; c_q >= 1 and c_k must be odd"),
+    (["--kq-conv", "2x3", "--shape", "8x8"], "kq_conv needs a rank-1 token grid"),
 ]
 
 
@@ -130,6 +136,18 @@ def test_profile_runs_the_reference_and_says_why_the_rest_do_not(cache_dir, caps
     assert "fwd+bwd ms" in header and "jvp rel err" in header
     assert float(row.split()[-3]) < 1e-12  # float64 against the float64 reference
     assert "not run: triton:" in out
+
+
+def test_profile_takes_the_learned_tables_and_additional_tokens(cache_dir, capsys):
+    """--rpb, --softcap, --extra-tokens and --kq-conv reach the problem (its description names
+    them) and the float64 check, forward, backward (the tables' gradients included) and JVP."""
+    code, out, err = run_cli(capsys, "profile", "--shape", "24", "--window", "5", "--heads", "2", "--head-dim", "8",
+                             "--rpb", "--softcap", "20", "--extra-tokens", "3", "--kq-conv", "2x3", "--repeat", "1",
+                             "--backward", "--jvp", "--dtype", "fp64")
+    assert code == 0, err
+    assert "rpb, softcap, kq_conv, +3 tokens" in out
+    row = next(ln for ln in out.splitlines() if ln.startswith("reference "))
+    assert float(row.split()[-3]) < 1e-12  # float64 against the float64 reference
 
 
 def test_tune_on_the_cpu_tunes_what_can_run_and_says_why_not_the_rest(cache_dir, capsys):

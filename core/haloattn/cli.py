@@ -52,6 +52,33 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: it must be >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: it must be a finite number > 0")
+    return value
+
+
+def _kernel_size(text: str) -> List[int]:
+    values = _positive_ints(text)
+    if len(values) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected c_q x c_k, e.g. 6x11")
+    return values
+
+
 def _bools(text: str) -> List[bool]:
     table = {"1": True, "t": True, "true": True, "y": True, "0": False, "f": False, "false": False, "n": False}
     try:
@@ -101,37 +128,57 @@ def _problem_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--seed", type=int, default=0)
+    # the features that change which backends run and what they compute
+    parser.add_argument("--rpb", action="store_true", help="add a relative position bias table")
+    parser.add_argument("--softcap", type=_positive_float, default=None, help="softcap * tanh(s / softcap)")
+    parser.add_argument("--extra-tokens", type=_nonnegative_int, default=0,
+                        help="additional keys/values every query attends to (default 0)")
+    parser.add_argument("--kq-conv", type=_kernel_size, default=None, metavar="CQxCK",
+                        help="Multi-Token-Attention key-query convolution, e.g. 6x11 (1-D grids)")
 
 
 def _make_inputs(args):
+    """(AttentionInputs, options) of the problem the arguments describe, random normal tensors."""
     device = _device(args.device)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     rank = len(args.shape)
     kv_heads = args.kv_heads or args.heads
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
 
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    def randn(*shape, scale=1.0, table=False):
+        # learned tables stay float32 beside 16-bit tokens, as under autocast
+        return (scale * torch.randn(*shape, generator=gen, dtype=torch.float32)).to(
+            device=device, dtype=torch.float32 if table and dtype != torch.float64 else dtype)
 
+    window = _per_axis(args.window, rank, "window")
     q = randn(args.batch, *args.shape, args.heads, args.head_dim)
     k = randn(args.batch, *args.shape, kv_heads, args.head_dim)
     v = randn(args.batch, *args.shape, kv_heads, args.head_dim)
+    rpb = randn(args.heads, *(2 * w - 1 for w in window), scale=0.5, table=True) if args.rpb else None
+    kq_conv = randn(args.heads, *args.kq_conv, scale=0.3, table=True) if args.kq_conv else None
+    extra_keys = extra_values = None
+    if args.extra_tokens:
+        extra_keys = randn(args.batch, args.extra_tokens, kv_heads, args.head_dim)
+        extra_values = randn(args.batch, args.extra_tokens, kv_heads, args.head_dim)
     options = dict(
-        window=_per_axis(args.window, rank, "window"),
+        window=window,
         stride=_per_axis(args.stride, rank, "stride"),
         dilation=_per_axis(args.dilation, rank, "dilation"),
         causal=_per_axis(args.causal, rank, "causal"),
         pattern=args.pattern,
         shift=_per_axis(args.shift, rank, "shift"),
+        softcap=args.softcap,
     )
-    return (q, k, v), options
+    return AttentionInputs(q, k, v, rpb, kq_conv, extra_keys, extra_values), options
 
 
-def _build_problem(tensors, options):
+def _build_problem(inputs: AttentionInputs, options):
     """build_problem's ValueError names the bad value and what is allowed: show it as a usage
     error (a window larger than the grid, a stride above the window), not as a traceback."""
     try:
-        return build_problem(*tensors, **options)
+        return build_problem(inputs.query, inputs.key, inputs.value, rpb=inputs.rpb, kq_conv=inputs.kq_conv,
+                             additional_keys=inputs.additional_keys, additional_values=inputs.additional_values,
+                             **options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -196,21 +243,20 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def cmd_profile(args) -> int:
-    tensors, options = _make_inputs(args)
-    problem = _build_problem(tensors, options)
-    inputs = AttentionInputs(*tensors)
+    inputs, options = _make_inputs(args)
+    problem = _build_problem(inputs, options)
     pairs = attended_pairs(problem.axes, problem.pattern) * problem.batch * problem.heads
     fwd_flops = 2 * pairs * (problem.head_dim + problem.value_dim)
     print(f"problem: {problem.describe()}")
     print(f"attended pairs: {pairs:,} ({fwd_flops / 1e9:.3f} GFLOP forward)")
 
     reference = DISPATCHER.get("reference")
-    exact = AttentionInputs(*(t.detach().double() for t in tensors), None, None, None, None)
-    ref_problem = build_problem(*exact[:3], **options)
+    exact = AttentionInputs(*(None if t is None else t.detach().double() for t in inputs))
+    ref_problem = _build_problem(exact, options)
     ref_out, ref_lse = reference.forward(ref_problem, exact)
     grad_out = torch.randn_like(ref_out)
     if args.jvp:
-        tangents = AttentionInputs(*(torch.randn_like(t) for t in tensors))
+        tangents = AttentionInputs(*(torch.randn_like(t) for t in inputs[:3]))
         exact_tangents = AttentionInputs(*(t.double() for t in tangents[:3]))
         ref_tangent, _ = reference.jvp(ref_problem, exact, exact_tangents, ref_out, ref_lse)
 
@@ -226,7 +272,7 @@ def cmd_profile(args) -> int:
         row = [backend.name, f"{fwd_ms:.3f}", f"{fwd_flops / fwd_ms / 1e9:.4g}"]
         if args.backward:
             go = grad_out.to(out.dtype)
-            needs = (True, True, True, False, False, False, False)
+            needs = tuple(t is not None for t in inputs)  # the learned tables' gradients too
 
             def step():
                 o, l = backend.forward(problem, inputs, None)
@@ -286,14 +332,14 @@ def cmd_tune(args) -> int:
         clear_caches()
         print(f"imported {n} entries from {args.import_path}")
         return 0
-    tensors, options = _make_inputs(args)
-    problem = _build_problem(tensors, options)
+    inputs, options = _make_inputs(args)
+    problem = _build_problem(inputs, options)
     verdicts = {b.name: DISPATCHER.verdict(b, problem) for b in DISPATCHER.backends()}
     candidates = [b for b in DISPATCHER.backends() if verdicts[b.name].can_run]
     if not candidates:
         raise UsageError(f"no installed backend can run {problem.describe()}: " + " | ".join(
             f"{name}: {'; '.join(v.reasons)}" for name, v in verdicts.items()))
-    backend, config = tuning.autotune(problem, candidates, AttentionInputs(*tensors), args.backward)
+    backend, config = tuning.autotune(problem, candidates, inputs, args.backward)
     entry = tuning.cached_entry(problem, args.backward)
     defaults = set(entry.get("defaults", {}).values())
 
