@@ -42,24 +42,20 @@ def _positive_ints(text: str) -> List[int]:
     return values
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: it must be >= 1")
-    return value
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: it must be >= {minimum}")
+        return value
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: it must be >= 0")
-    return value
+_positive_int = _int_at_least(1)
+_nonnegative_int = _int_at_least(0)
 
 
 def _positive_float(text: str) -> float:
