@@ -102,3 +102,16 @@ def test_tiles_share_gathers_among_rows():
     q = k = v = torch.randn(1, 4096, 2, 16)
     problem = build_problem(q, k, v, 127, kq_conv=torch.randn(2, 6, 11))
     assert conv_tiles.tile_rows(problem) >= 16
+
+
+def test_tiles_shrink_to_fit_the_block_bound():
+    """A tile of the cheapest size would hold more than a block may: a smaller one is taken."""
+    q = k = v = torch.randn(1, 2048, 2, 16)
+    problem = build_problem(q, k, v, 1023, kq_conv=torch.randn(2, 6, 11))
+    cheapest = conv_tiles.tile_rows(problem)
+    budget = 4 * 2**20
+    blocks = list(conv_tiles.blocks(problem, "cpu", budget))
+    assert blocks[0].T < cheapest
+    for block in blocks:
+        Tq, Pk = block.src_rows.shape[1], block.src_cols.shape[1]
+        assert block.tiles == 1 or conv_tiles.BUFFERS * 4 * 2 * block.tiles * Tq * Pk <= budget

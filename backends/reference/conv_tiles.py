@@ -60,24 +60,24 @@ def _box_width(axis: Axis, pattern: str, rows: torch.Tensor) -> int:
 
 def tile_rows(problem: Problem) -> int:
     """T for this problem (see GATHER_COST); at most the grid's length."""
-    return _tiling(problem.axes[0], problem.pattern, *problem.kq_conv_shape)[0]
+    return _tilings(problem.axes[0], problem.pattern, *problem.kq_conv_shape)[0][0]
 
 
 # Cached per geometry (calls repeat it; a long grid costs a few ms of index arithmetic), and run
 # outside any torch.jit trace (tracing.untraced), as blocks.py's cached helpers are.
 @functools.lru_cache(maxsize=256)
 @untraced
-def _tiling(axis: Axis, pattern: str, c_q: int, c_k: int):
-    """(T, P): the tile rows (see GATHER_COST) and the widest target run of those tiles."""
+def _tilings(axis: Axis, pattern: str, c_q: int, c_k: int):
+    """Every candidate (T, P), cheapest first (see GATHER_COST): the tile rows and the widest
+    target run of such tiles."""
     L = axis.length
-    best = None
+    ranked = []
     for T in sorted({t for t in TILE_ROWS if t < L} | {min(L, TILE_ROWS[-1])}):
         count = L // T
         P = _box_width(axis, pattern, torch.arange(count * T).view(count, T))
         cost = (T + c_q - 1) / T * (P + c_k - 1) + GATHER_COST * (T + c_q - 1 + P + c_k - 1) / T
-        if best is None or cost < best[0]:
-            best = (cost, T, P)
-    return best[1:]
+        ranked.append((cost, T, P))
+    return [(T, P) for _, T, P in sorted(ranked)]
 
 
 class ConvTiles:
@@ -136,10 +136,17 @@ def blocks(problem: Problem, device, max_bytes: int):
     buffers, and at least one tile."""
     L = problem.axes[0].length
     c_q, c_k = problem.kq_conv_shape
-    T, P = _tiling(problem.axes[0], problem.pattern, c_q, c_k)  # T <= L
     itemsize = 8 if problem.dtype == torch.float64 else 4
-    per_tile = BUFFERS * itemsize * problem.batch * problem.heads * (T + c_q - 1) * (P + c_k - 1)
-    step = max(1, max_bytes // per_tile)
+
+    def tile_bytes(T: int, P: int) -> int:
+        return BUFFERS * itemsize * problem.batch * problem.heads * (T + c_q - 1) * (P + c_k - 1)
+
+    # The cheapest tiling whose single tile fits the bound (long windows with many heads), else
+    # the one with the smallest tile.
+    tilings = _tilings(problem.axes[0], problem.pattern, c_q, c_k)
+    T, P = next(((T, P) for T, P in tilings if tile_bytes(T, P) <= max_bytes),
+                min(tilings, key=lambda tp: tile_bytes(*tp)))  # T <= L
+    step = max(1, max_bytes // tile_bytes(T, P))
     whole = L // T
     for first in range(0, whole, step):
         count = min(step, whole - first)
