@@ -417,6 +417,117 @@ def test_haloattn_backend_env_forces_a_runtime_plugin(registered, monkeypatch):
         haloattn.attention(q, k, v, 3)
 
 
+def _misreturning(name, method, bad):
+    """A _Runs backend whose ``method`` returns ``bad(correct result)``."""
+    def wrapped(self, *args):
+        return bad(getattr(_Runs, method)(self, *args))
+
+    return type(name, (_Runs,), {"name": name, method: wrapped})()
+
+
+@pytest.mark.parametrize("method, bad, message", [
+    ("forward", lambda r: (r[0][:, :-1], r[1]), "returned out [1, 7, 2, 4] float32 on cpu and lse [1, 8, 2] float32"),
+    ("forward", lambda r: (r[0].double(), r[1]), "out [1, 8, 2, 4] float64 on cpu and lse [1, 8, 2] float32"),
+    ("forward", lambda r: (r[0], r[1].half()), "lse [1, 8, 2] float16 on cpu from its forward; expected (out, lse)"),
+    ("forward", lambda r: r[0], "returned [1, 8, 2, 4] float32 on cpu from its forward; expected (out, lse)"),
+    ("backward", lambda g: g[:3], "returned a tuple of 3 from its backward; expected 7 gradients"),
+    ("backward", lambda g: (g[0], None, *g[2:]), "returned NoneType as the gradient of key, which needs one"),
+    ("backward", lambda g: (g[0][:, :-1], *g[1:]), "returned [1, 7, 2, 4] float32 on cpu as the gradient of query"),
+], ids=["out-shape", "out-dtype", "lse-dtype", "no-pair", "grad-count", "grad-missing", "grad-shape"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_backend_results_that_break_the_contract_raise_naming_the_backend(registered, method, bad, message,
+                                                                          compiled):
+    """A plugin's forward or backward result of the wrong shape, dtype or count raises a
+    RuntimeError naming the backend, eagerly and under torch.compile. Before: eager calls returned
+    the wrong tensors as they were; the compiled op passed a wrong dtype on past its fake's promise
+    and failed on a wrong shape blaming haloattn's fake; a gradient left out (None) read as "no
+    gradient" (autograd.grad: "appears to not have been used in the graph"; the custom op:
+    AttributeError deep inside); a short list gave "expected 10, got 6"."""
+    backend = registered(_misreturning(f"test_bad_{method}", method, bad))
+    q, k, v = (t.requires_grad_(method == "backward") for t in _qkv())
+
+    def call(q, k, v):
+        return haloattn.attention(q, k, v, 3, backend=backend.name)
+
+    run = torch.compile(call, backend="eager", fullgraph=True) if compiled else call
+    with pytest.raises(RuntimeError, match=re.escape(message)) as info:
+        out = run(q, k, v)
+        if method == "backward":
+            torch.autograd.grad(out.sum(), (q, k, v))
+    assert f"haloattn: backend {backend.name!r} returned" in str(info.value)
+
+
+def test_profile_reports_a_failing_backend_and_runs_the_others(registered, capsys):
+    """``haloattn profile`` with a plugin whose forward raises, or returns the wrong shape: a
+    'failed:' line naming it, every other row still printed, exit status 1 (it used to end with the
+    plugin's traceback, or a shape error from inside the error column, and no table)."""
+    class Raises(_Runs):
+        name = "test_raises"
+
+        def forward(self, problem, inputs, config=None):
+            raise RuntimeError("kernel exploded")
+
+    registered(Raises())
+    registered(_misreturning("test_short", "forward", lambda r: (r[0][:, :-1], r[1])))
+    code, out, err = run_cli(capsys, "profile", *SMALL, "--backward", "--repeat", "1")
+    assert code == 1, err
+    assert "failed: test_raises: RuntimeError: kernel exploded" in out
+    assert "failed: test_short: RuntimeError: haloattn: backend 'test_short' returned out [1, 7, 1, 4]" in out
+    assert re.search(r"^reference +[0-9.]+ ", out, re.M)
+
+
+@pytest.mark.parametrize("configs, warning", [
+    (RuntimeError("configs broke"), "configs() failed (RuntimeError: configs broke); tuning its default (None) only"),
+    (None, "configs() failed (TypeError: returned None; it must return a list"),
+    ([], "offered no usable config; tuning its default (None)"),
+    ([None, "fast"], "offered config 'fast', which is neither None nor a dict of JSON values"),
+    ([None, {"dtype": torch.float16}], "offered config {'dtype': torch.float16}, which is neither None nor a dict"),
+], ids=["raises", "none", "empty", "str", "not-json"])
+def test_autotune_survives_a_plugins_bad_configs(registered, monkeypatch, configs, warning):
+    """Under HALOATTN_AUTOTUNE=1, a plugin whose configs() raises or answers with no list of
+    None/JSON dicts is tuned on its default and warned about. Before: every call raised (even those
+    other backends would run), a str config was stored and refused by every later read, and an
+    empty list left the backend out of the tuning silently."""
+    class Offers(_Runs):
+        name = "test_configs"
+
+        def configs(self, problem):
+            if isinstance(configs, Exception):
+                raise configs
+            return configs
+
+    registered(Offers())
+    monkeypatch.setenv("HALOATTN_AUTOTUNE", "1")
+    q, k, v = _qkv()
+    with pytest.warns(UserWarning, match=re.escape(warning)):
+        haloattn.attention(q, k, v, 3)
+    entry = tuning.cached_entry(haloattn.build_problem(q, k, v, 3))
+    assert any(label.startswith("test_configs") for label in entry["candidates_ms"])
+    assert entry["config"] is None or isinstance(entry["config"], dict)
+
+
+def test_autotune_hands_a_config_over_as_the_cache_stores_it(registered, monkeypatch):
+    """A config with a tuple is timed as JSON gives it back ({"tile": [64, 64]}), so the process
+    that tuned runs what every later one reads from the cache."""
+    seen = []
+
+    class Tuples(_Runs):
+        name = "test_tuples"
+
+        def configs(self, problem):
+            return [{"tile": (64, 64)}]
+
+        def forward(self, problem, inputs, config=None):
+            seen.append(config)
+            return _Runs.forward(self, problem, inputs, config)
+
+    registered(Tuples())
+    monkeypatch.setenv("HALOATTN_AUTOTUNE", "1")
+    q, k, v = _qkv()
+    haloattn.attention(q, k, v, 3, backend="test_tuples")
+    assert seen and all(c == {"tile": [64, 64]} for c in seen)
+
+
 # -- plugins installed through entry points ------------------------------------------------------------
 PLUGIN = '''
 from haloattn import Backend, hookimpl

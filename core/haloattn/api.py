@@ -11,7 +11,7 @@ import torch
 from torch.autograd import forward_ad
 
 from . import flop_count, ops, sharding, tracing
-from .backend import AttentionInputs, Backend, on_device
+from .backend import AttentionInputs, Backend, checked_outputs, on_device
 from .dispatch import BACKEND_ENV, DISPATCHER, Explanation
 from .problem import build_problem, cache_key, check_mods
 from .tuning import AUTOTUNE_ENV, CACHE_DIR_ENV
@@ -210,7 +210,8 @@ def attention(
         needs_grad, torch.is_grad_enabled(), *_tuning_environment(),
     )
     entry, call_key = _kept(call_key)
-    if entry is None:
+    first = entry is None  # a backend's first result per signature is checked against the contract
+    if first:
         problem = build_problem(
             query, key, value, window, stride=stride, dilation=dilation, causal=causal, pattern=pattern,
             shift=shift, scale=scale, softcap=softcap, rpb=rpb, score_mod=score_mod, mask_mod=mask_mod,
@@ -222,10 +223,11 @@ def attention(
         _remember(call_key, entry)
     problem, chosen, config = entry
     if needs_grad:
-        out, lse = ops.AttentionFunction.apply(problem, chosen, config, *tensors)
+        result = ops.AttentionFunction.apply(problem, chosen, config, *tensors)
     else:
         with on_device(query.device):
-            out, lse = chosen.forward(problem, AttentionInputs(*tensors), config)
+            result = chosen.forward(problem, AttentionInputs(*tensors), config)
+    out, lse = checked_outputs(chosen, AttentionInputs(*tensors), result) if first else result
     return (out, lse) if return_lse else out
 
 

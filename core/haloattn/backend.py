@@ -122,6 +122,62 @@ class Backend:
         return f"<haloattn backend {self.name!r} priority {self.priority}>"
 
 
+def checked_outputs(backend: Backend, inputs: AttentionInputs, result):
+    """``result`` as ``(out, lse)`` if it keeps the contract of :meth:`Backend.forward` (out
+    ``[B, *spatial, H, D_v]`` in the query's dtype, lse ``[B, *spatial, H]`` in float32, float64
+    for float64 inputs, both on the query's device); otherwise a RuntimeError naming the backend.
+    The core checks a backend's first result per call signature and every result of the custom
+    op, whose fake promised these shapes to torch.compile: a plugin's wrong dtype there went
+    through unnoticed, and a wrong shape failed in the compiled graph, blaming the fake."""
+    query = inputs.query
+    want_out = (*query.shape[:-1], inputs.value.shape[-1])
+    want_lse = tuple(query.shape[:-1])
+    lse_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        out, lse = result
+        if (isinstance(out, torch.Tensor) and isinstance(lse, torch.Tensor) and out.shape == want_out
+                and lse.shape == want_lse and out.dtype == query.dtype and lse.dtype == lse_dtype
+                and out.device == query.device and lse.device == query.device):
+            return out, lse
+        got = f"out {_described(out)} and lse {_described(lse)}"
+    else:
+        got = _described(result)
+    raise RuntimeError(
+        f"haloattn: backend {backend.name!r} returned {got} from its forward; expected (out, lse) with out "
+        f"{list(want_out)} {_dtype_name(query.dtype)} and lse {list(want_lse)} {_dtype_name(lse_dtype)}, "
+        f"on {query.device} (docs/plugins.md)")
+
+
+def checked_gradients(backend: Backend, inputs: AttentionInputs, grads, needs_grad: Sequence[bool]):
+    """``grads`` if it keeps the contract of :meth:`Backend.backward`: one entry per field of
+    :class:`AttentionInputs`, a tensor shaped like its input wherever ``needs_grad`` asks for one
+    (autograd reads a None there as "no gradient": the input's gradient was silently left out, and
+    the custom op failed on it deep inside); otherwise a RuntimeError naming the backend."""
+    if not isinstance(grads, (tuple, list)) or len(grads) != len(AttentionInputs._fields):
+        raise RuntimeError(
+            f"haloattn: backend {backend.name!r} returned {_described(grads)} from its backward; expected "
+            f"{len(AttentionInputs._fields)} gradients, one per field of haloattn.AttentionInputs "
+            "(None where needs_grad is false) (docs/plugins.md)")
+    for name, grad, tensor, needed in zip(AttentionInputs._fields, grads, inputs, needs_grad):
+        if needed and not (isinstance(grad, torch.Tensor) and grad.shape == tensor.shape):
+            raise RuntimeError(
+                f"haloattn: backend {backend.name!r} returned {_described(grad)} as the gradient of {name}, "
+                f"which needs one of shape {list(tensor.shape)} (docs/plugins.md)")
+    return grads
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _described(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{list(value.shape)} {_dtype_name(value.dtype)} on {value.device}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
 def cuda_capability(device: torch.device) -> Optional[tuple]:
     """(major, minor) of a CUDA device, or None for other devices."""
     if device.type != "cuda":

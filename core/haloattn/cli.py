@@ -13,7 +13,7 @@ import torch
 
 from . import __version__, tuning
 from .api import clear_caches
-from .backend import AttentionInputs
+from .backend import AttentionInputs, checked_gradients, checked_outputs, on_device
 from .dispatch import DISPATCHER
 from .geometry import attended_pairs
 from .problem import build_problem
@@ -256,30 +256,20 @@ def cmd_profile(args) -> int:
         exact_tangents = AttentionInputs(*(t.double() for t in tangents[:3]))
         ref_tangent, _ = reference.jvp(ref_problem, exact, exact_tangents, ref_out, ref_lse)
 
-    rows, skipped = [], []
+    rows, skipped, failed = [], [], []
     for backend in DISPATCHER.backends():
         verdict = DISPATCHER.verdict(backend, problem)
         if not verdict.can_run:
             skipped.append((backend.name, verdict.reasons))
             continue
-        out, lse = backend.forward(problem, inputs, None)
-        error = _rel(out, ref_out)
-        fwd_ms = tuning.time_call(lambda: backend.forward(problem, inputs, None), problem.device, repeat=args.repeat)
-        row = [backend.name, f"{fwd_ms:.3f}", f"{fwd_flops / fwd_ms / 1e9:.4g}"]
-        if args.backward:
-            go = grad_out.to(out.dtype)
-            needs = tuple(t is not None for t in inputs)  # the learned tables' gradients too
-
-            def step():
-                o, l = backend.forward(problem, inputs, None)
-                backend.backward(problem, inputs, o, l, go, None, needs, None)
-
-            both_ms = tuning.time_call(step, problem.device, repeat=args.repeat)
-            row += [f"{both_ms:.3f}", f"{3.5 * fwd_flops / both_ms / 1e9:.4g}"]
-        row.append(f"{error:.2e}")
-        if args.jvp:
-            row += _jvp_columns(backend, problem, inputs, tangents, out, lse, ref_tangent, args.repeat)
-        rows.append(row)
+        # a backend that raises (or breaks the forward's contract) is reported and the others still
+        # run: a plugin's bug used to end the command with its traceback, and every other row with it
+        try:
+            with on_device(problem.device):  # as a call runs it: the inputs' device current
+                rows.append(_profile_row(backend, problem, inputs, args, fwd_flops, ref_out, grad_out,
+                                         tangents if args.jvp else None, ref_tangent if args.jvp else None))
+        except Exception as exc:
+            failed.append((backend.name, f"{type(exc).__name__}: {exc}"))
 
     header = ["backend", "fwd ms", "fwd TFLOP/s"]
     if args.backward:
@@ -287,13 +277,38 @@ def cmd_profile(args) -> int:
     header.append("rel err vs fp64 reference")
     if args.jvp:
         header += ["jvp ms", "jvp rel err"]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    for name, error in failed:
+        print(f"failed: {name}: {error}")
     for name, reasons in skipped:
         print(f"not run: {name}: {'; '.join(reasons)}")
-    return 0
+    return 1 if failed else 0
+
+
+def _profile_row(backend, problem, inputs, args, fwd_flops, ref_out, grad_out, tangents, ref_tangent) -> list:
+    """One backend's row of ``haloattn profile``: its times and its errors against the reference."""
+    out, lse = checked_outputs(backend, inputs, backend.forward(problem, inputs, None))
+    error = _rel(out, ref_out)
+    fwd_ms = tuning.time_call(lambda: backend.forward(problem, inputs, None), problem.device, repeat=args.repeat)
+    row = [backend.name, f"{fwd_ms:.3f}", f"{fwd_flops / fwd_ms / 1e9:.4g}"]
+    if args.backward:
+        go = grad_out.to(out.dtype)
+        needs = tuple(t is not None for t in inputs)  # the learned tables' gradients too
+
+        def step():
+            o, l = backend.forward(problem, inputs, None)
+            return backend.backward(problem, inputs, o, l, go, None, needs, None)
+
+        checked_gradients(backend, inputs, step(), needs)
+        both_ms = tuning.time_call(step, problem.device, repeat=args.repeat)
+        row += [f"{both_ms:.3f}", f"{3.5 * fwd_flops / both_ms / 1e9:.4g}"]
+    row.append(f"{error:.2e}")
+    if args.jvp:
+        row += _jvp_columns(backend, problem, inputs, tangents, out, lse, ref_tangent, args.repeat)
+    return row
 
 
 def _jvp_columns(backend, problem, inputs, tangents, out, lse, ref_tangent, repeat) -> list:

@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from . import batching, second_order
-from .backend import AttentionInputs, on_device
+from .backend import AttentionInputs, checked_gradients, checked_outputs, on_device
 from .dispatch import DISPATCHER
 from .problem import build_problem, cache_key
 
@@ -72,9 +72,17 @@ class AttentionFunction(torch.autograd.Function):
         ctx.state = None
         with on_device(inputs.query.device):
             if backend.keeps_state and any(needs):
-                out, lse, ctx.state = backend.forward_with_state(problem, inputs, needs, config)
+                result = backend.forward_with_state(problem, inputs, needs, config)
+                if not (isinstance(result, tuple) and len(result) == 3):
+                    raise RuntimeError(f"haloattn: backend {backend.name!r} returned {type(result).__name__} from "
+                                       "forward_with_state; expected a tuple (out, lse, state) (docs/plugins.md)")
+                out, lse, ctx.state = result
             else:
-                out, lse = backend.forward(problem, inputs, config)
+                result = backend.forward(problem, inputs, config)
+                # the first result per signature is checked in full (api.attention); this one only
+                # needs to unpack
+                out, lse = result if isinstance(result, tuple) and len(result) == 2 else checked_outputs(
+                    backend, inputs, result)
         ctx.problem, ctx.backend, ctx.config = problem, backend, config
         ctx.save_for_backward(*tensors, out, lse)
         ctx.set_materialize_grads(False)
@@ -98,9 +106,10 @@ class AttentionFunction(torch.autograd.Function):
             with on_device(out.device):
                 grads = second_order.gradients(ctx.backend, ctx.problem, AttentionInputs(*tensors),
                                                *_output_gradients(grad_out, grad_lse, out), needs, first_order)
-            return (None, None, None, *grads)
-        with torch.no_grad():
-            return (None, None, None, *first_order())
+        else:
+            with torch.no_grad():
+                grads = first_order()
+        return (None, None, None, *checked_gradients(ctx.backend, AttentionInputs(*tensors), grads, needs))
 
 
 def _outside_transforms():
@@ -364,7 +373,7 @@ def attention_op(
     inputs = AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values)
     problem, backend, config = _resolve(spec, inputs)
     with on_device(query.device):
-        out, lse = backend.forward(problem, inputs, config)
+        out, lse = checked_outputs(backend, inputs, backend.forward(problem, inputs, config))
     # The fake promises contiguous outputs; a backend may return other layouts.
     return out.contiguous(), lse.contiguous()
 
@@ -407,14 +416,18 @@ def attention_backward_op(
 ) -> List[torch.Tensor]:
     inputs = AttentionInputs(query, key, value, rpb, kq_conv, additional_keys, additional_values)
     problem, backend, config = _resolve(spec, inputs)
-    grads = _full_grads(problem, backend, config, inputs, out, lse, grad_out, grad_lse, needs)
+    grads = checked_gradients(backend, inputs, _full_grads(problem, backend, config, inputs, out, lse, grad_out,
+                                                           grad_lse, needs), needs)
     return [_laid_out_like_fake(g, t) for g, t, n in zip(grads, inputs, needs) if n]
 
 
 def _laid_out_like_fake(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``grad`` with the strides the fake promised (``empty_like(input)``). Backends return some
-    gradients in their own layout (the window backend's rpb gradient is contiguous while a
-    compiled graph may hand it a transposed table); inductor checks the strides it was promised."""
+    """``grad`` with the strides and dtype the fake promised (``empty_like(input)``). Backends return
+    some gradients in their own layout (the window backend's rpb gradient is contiguous while a
+    compiled graph may hand it a transposed table); inductor checks the strides it was promised,
+    and not the dtype (a plugin's gradient in another dtype went on through the compiled graph)."""
+    if grad.dtype != like.dtype:
+        return torch.empty_like(like).copy_(grad)
     if like.is_contiguous() and grad.stride() == like.stride():
         return grad  # the common case, without building the fake's layout (a few us per gradient)
     want = torch.empty_like(like, device="meta").stride()

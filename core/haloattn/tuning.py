@@ -302,12 +302,45 @@ def _unique_trials(candidates, problem: Problem) -> List[Tuple[object, Optional[
     the same config twice: timing it twice only adds noise to the ranking)."""
     trials, seen = [], set()
     for backend in candidates:
-        for config in backend.configs(problem):
+        for config in _offered_configs(backend, problem):
             label = _trial_label(backend, config)
             if label not in seen:
                 seen.add(label)
                 trials.append((backend, config, label))
     return trials
+
+
+def _offered_configs(backend, problem: Problem) -> List[Optional[dict]]:
+    """``backend.configs(problem)`` as the cache will hand the winner back: each None or a dict
+    after a JSON round trip (tuples become lists), so that the tuned process runs what every later
+    one reads. A plugin whose configs() raises or answers with no list is tuned on its default
+    (None) alone, and a config that is not None or a JSON dict is skipped, each with a warning:
+    they used to fail the tuning (under HALOATTN_AUTOTUNE=1, every call of every backend), and a
+    str config was stored, then refused as a malformed entry by every later read; an empty list
+    left the backend out of the tuning without a word."""
+    try:
+        offered = backend.configs(problem)
+        if not isinstance(offered, (list, tuple)):
+            raise TypeError(f"returned {offered!r}; it must return a list of configs (None or dicts)")
+    except Exception as exc:
+        warnings.warn(f"haloattn tuning: backend {backend.name!r}: configs() failed ({type(exc).__name__}: {exc}); "
+                      "tuning its default (None) only")
+        return [None]
+    configs = []
+    for config in offered:
+        try:
+            stored = None if config is None else json.loads(json.dumps(config))
+        except (TypeError, ValueError):
+            stored = ()
+        if stored is not None and not isinstance(stored, dict):
+            warnings.warn(f"haloattn tuning: backend {backend.name!r} offered config {config!r}, which is neither "
+                          "None nor a dict of JSON values (the cache stores it as JSON); skipped")
+            continue
+        configs.append(stored)
+    if not configs:
+        warnings.warn(f"haloattn tuning: backend {backend.name!r} offered no usable config; tuning its default (None)")
+        return [None]
+    return configs
 
 
 def _finalists(screened: Dict[str, float], defaults: Dict[str, str], backend_of: Dict[str, str]) -> List[str]:
@@ -342,7 +375,7 @@ def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Opt
     """Time every (backend, config) candidate on ``inputs`` (screened, then the close ones again in
     interleaved rounds); store and return the fastest. ``forced``: the candidates are that one
     forced backend; its result is stored apart (see :func:`signature`)."""
-    from .backend import AttentionInputs, on_device
+    from .backend import AttentionInputs, checked_gradients, checked_outputs, on_device
 
     trials = _unique_trials(candidates, problem)
     detached = AttentionInputs(*(t.detach() if t is not None else None for t in inputs))
@@ -357,11 +390,20 @@ def autotune(problem: Problem, candidates, inputs, needs_grad: bool, forced: Opt
             bar = "#" * (20 * n // len(trials))
             print(f"\rhaloattn tuning [{bar:<20}] {n}/{len(trials)} {label[:50]:<50}", end="", file=sys.stderr, flush=True)
 
-        def step(backend=backend, config=config):
+        checked = []
+
+        def step(backend=backend, config=config, checked=checked):
             with on_device(problem.device):
-                out, lse = backend.forward(problem, detached, config)
+                result = backend.forward(problem, detached, config)
+                # the first (warm-up) call is checked: a candidate that breaks the contract fails
+                out, lse = result if checked else checked_outputs(backend, detached, result)
+                grads = None
                 if needs_grad:
-                    backend.backward(problem, detached, out, lse, torch.ones_like(out), None, needs, config)
+                    grads = backend.backward(problem, detached, out, lse, torch.ones_like(out), None, needs, config)
+                if not checked:
+                    if needs_grad:
+                        checked_gradients(backend, detached, grads, needs)
+                    checked.append(True)
 
         try:
             screened[label] = time_call(step, problem.device, repeat=SCREEN_REPEAT)
