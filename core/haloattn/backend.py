@@ -33,7 +33,8 @@ class Backend:
 
     Subclasses set ``name`` and ``priority`` (higher runs first when several can run) and
     implement ``not_supported_reasons``, ``forward`` and ``backward``. ``forward`` returns the
-    output ``[B, *spatial, H, D_v]`` and the float32 LSE ``[B, *spatial, H]``; ``backward`` returns
+    output ``[B, *spatial, H, D_v]`` in the query's dtype and the LSE ``[B, *spatial, H]`` (float32;
+    float64 for float64 inputs); ``backward`` returns
     one gradient per entry of :class:`AttentionInputs` (None where the input is absent).
     """
 
