@@ -423,3 +423,10 @@ def test_info_names_the_cpu_without_a_gap(monkeypatch, capsys, processor, expect
     monkeypatch.setattr("os.cpu_count", lambda: 7)
     assert main(["info"]) == 0
     assert expected in capsys.readouterr().out.splitlines()
+
+
+def test_explain_lines_up_every_backend_name():
+    """The priority column starts at one place for every row, triton_window's 13 letters included."""
+    q = torch.randn(1, 16, 2, 8)
+    rows = [ln for ln in str(haloattn.explain(q, q, q, 5, verbose=False)).splitlines() if ln.startswith("  ")]
+    assert len(rows) >= 2 and len({ln.index(" priority ") for ln in rows}) == 1

@@ -86,10 +86,11 @@ class Explanation:
 
     def __str__(self) -> str:
         lines = [f"problem: {self.problem.describe()}"]
+        width = max([12, *(len(v.name) for v in self.verdicts)])  # triton_window and plugins' longer names
         for v in self.verdicts:
             mark = "->" if v.name == self.chosen else ("ok" if v.can_run else "no")
             detail = "can run" if v.can_run else "; ".join(v.reasons)
-            lines.append(f"  {mark} {v.name:<12} priority {v.priority:>4}  {detail}")
+            lines.append(f"  {mark} {v.name:<{width}} priority {v.priority:>4}  {detail}")
         for name, err in self.plugin_errors.items():
             lines.append(f"  !! plugin {name!r} failed to load: {err}")
         if self.chosen:
