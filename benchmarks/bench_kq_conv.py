@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-
 import torch
 
 import haloattn
+from haloattn.tuning import time_call
 
 # (name, tokens, window, causal, heads, head_dim, c_q, c_k): MTA's kernel is 6 x 11
 PROBLEMS = [
@@ -31,23 +29,6 @@ CPU_PROBLEMS = [
     ("1-D 4096, window 127, MTA 6x11", 4096, 127, False, 4, 64, 6, 11),
     ("1-D 2048, window 255 causal, MTA 6x11", 2048, 255, True, 4, 64, 6, 11),
 ]
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_ms(fn, device, repeat):
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def run(problem, device, dtype, repeat):
@@ -73,8 +54,8 @@ def run(problem, device, dtype, repeat):
     row = dict(problem=name, dtype=str(dtype).replace("torch.", ""), device=str(device),
                yardstick=haloattn.explain(q, k, v, window, verbose=False, **options).chosen)
     for label, kq in (("kq_conv", True), ("plain", False)):
-        row[f"{label}_fwd_ms"] = _median_ms(lambda: forward(kq), device, repeat)
-        row[f"{label}_fwd_bwd_ms"] = _median_ms(lambda: both(kq), device, repeat)
+        row[f"{label}_fwd_ms"] = time_call(lambda: forward(kq), device, repeat=repeat)
+        row[f"{label}_fwd_bwd_ms"] = time_call(lambda: both(kq), device, repeat=repeat)
     row["fwd_ratio"] = row["kq_conv_fwd_ms"] / row["plain_fwd_ms"]
     row["fwd_bwd_ratio"] = row["kq_conv_fwd_bwd_ms"] / row["plain_fwd_bwd_ms"]
     with torch.no_grad():
