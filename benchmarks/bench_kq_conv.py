@@ -3,9 +3,9 @@
 kq_conv runs on the reference backend (backends/reference/conv_tiles.py: tiles of query rows, one
 grouped conv2d a block) on every device; the yardstick is the same problem without the
 convolution on the best backend the dispatcher has (triton on NVIDIA GPUs, the reference on
-CPUs). Times forward and forward + backward (medians of --repeat runs after a warm-up, the
-device synchronised), reports both and their ratio, and the output's distance from a float64
-run of the same call.
+CPUs). Times forward and forward + backward (the four calls in turn, --repeat rounds after a
+warm-up, medians, the device synchronised), reports both and their ratio, and the output's
+distance from a float64 run of the same call.
 
     python benchmarks/bench_kq_conv.py [--device cuda] [--repeat 10] [--json FILE]
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+
 import torch
 
 import haloattn
@@ -53,9 +55,18 @@ def run(problem, device, dtype, repeat):
 
     row = dict(problem=name, dtype=str(dtype).replace("torch.", ""), device=str(device),
                yardstick=haloattn.explain(q, k, v, window, verbose=False, **options).chosen)
-    for label, kq in (("kq_conv", True), ("plain", False)):
-        row[f"{label}_fwd_ms"] = time_call(lambda: forward(kq), device, repeat=repeat)
-        row[f"{label}_fwd_bwd_ms"] = time_call(lambda: both(kq), device, repeat=repeat)
+    # The four calls in turn, round after round (the machine's state drifts; ratios of calls
+    # timed side by side hold): medians of the rounds.
+    calls = {f"{label}_{kind}": (lambda f=f, kq=kq: f(kq))
+             for label, kq in (("kq_conv", True), ("plain", False))
+             for kind, f in (("fwd_ms", forward), ("fwd_bwd_ms", both))}
+    samples = {name: [] for name in calls}
+    for call in calls.values():
+        call()  # warm-up
+    for _ in range(repeat):
+        for name, call in calls.items():
+            samples[name].append(time_call(call, device, warmup=0, repeat=1))
+    row.update({name: statistics.median(times) for name, times in samples.items()})
     row["fwd_ratio"] = row["kq_conv_fwd_ms"] / row["plain_fwd_ms"]
     row["fwd_bwd_ratio"] = row["kq_conv_fwd_bwd_ms"] / row["plain_fwd_bwd_ms"]
     with torch.no_grad():
