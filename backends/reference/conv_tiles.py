@@ -105,7 +105,6 @@ class ConvTiles:
         # P <= L since every key lies in the grid.
         col0 = torch.minimum(box_lo, torch.full_like(box_lo, L - P))
         cols = col0 + arange(P)  # [c, P]
-        self.P = P
         self.rows = i.reshape(-1)
         self.row_valid = None
         self.keep = attends(axis, problem.pattern, i[:, :, None], cols[:, None, :]).reshape(count * T, P)
