@@ -115,3 +115,24 @@ def test_tiles_shrink_to_fit_the_block_bound():
     for block in blocks:
         Tq, Pk = block.src_rows.shape[1], block.src_cols.shape[1]
         assert block.tiles == 1 or conv_tiles.BUFFERS * 4 * 2 * block.tiles * Tq * Pk <= budget
+
+
+@pytest.mark.parametrize("cpu_layout", [True, False])
+@pytest.mark.parametrize("planes,heads", [(3, 4), (1, 1), (2, 1)])
+def test_the_convolution_in_each_layout_against_a_loop(cpu_layout, planes, heads):
+    """conv_tiles.convolve in the CPUs' layout (channels-last, grouped by head) and the other
+    devices' (every plane a channel of its own, a zero plane beside a single one), with its
+    gradients, against the section-6 sum written as a loop in float64."""
+    gen = torch.Generator().manual_seed(planes * 10 + heads)
+    s0 = torch.randn(planes, heads, 9, 12, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(heads, 3, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    want = torch.zeros(planes, heads, 7, 8, dtype=torch.float64)
+    for a in range(3):
+        for t in range(5):
+            want = want + weight[:, a, t].view(1, heads, 1, 1) * s0[:, :, a:a + 7, t:t + 8]
+    got = conv_tiles.convolve(s0, weight, cpu_layout=cpu_layout)
+    assert rel_error(got, want) < 1e-12
+    seed = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad((got * seed).sum(), (s0, weight))
+    ref = torch.autograd.grad((want * seed).sum(), (s0, weight))
+    assert all(rel_error(g, r) < 1e-12 for g, r in zip(grads, ref))

@@ -183,13 +183,31 @@ def convolved_scores(problem: Problem, inputs: AttentionInputs, block: ConvTiles
     if problem.mask_mod is not None:
         keep = keep & _source_mask_mod(problem, block, b, h)
     s0 = torch.where(keep, s0, torch.zeros((), dtype=s0.dtype, device=s0.device))
-    weight = inputs.kq_conv.to(s0.dtype).view(H, 1, c_q, c_k)
-    s0 = s0.reshape(B * c, H, Tq, Pk)
-    if s0.device.type == "cpu":
+    scores = convolve(s0.reshape(B * c, H, Tq, Pk), inputs.kq_conv.to(s0.dtype),
+                      cpu_layout=s0.device.type == "cpu")  # [B * c, H, T, P]
+    T, P = scores.shape[-2:]
+    return scores.reshape(B, c, H, T, P).permute(0, 1, 3, 2, 4).reshape(B, c * T, H, P)
+
+
+def convolve(s0: torch.Tensor, weight: torch.Tensor, cpu_layout: bool) -> torch.Tensor:
+    """Each head's plane of ``s0`` ``[N, H, Tq, Pk]`` cross-correlated with its kernel
+    ``weight[h]`` ``[H, c_q, c_k]``: ``[N, H, Tq - c_q + 1, Pk - c_k + 1]``; ``cpu_layout``: in the
+    layout CPUs run fastest."""
+    N, H, Tq, Pk = s0.shape
+    c_q, c_k = weight.shape[1:]
+    if cpu_layout:
         # oneDNN's depthwise convolution is several times faster on channels-last inputs: 6.5x
         # forward and 3x backward on a 2-core EPYC at MTA's 6x11 (the copy costs about 1 %)
-        s0 = s0.contiguous(memory_format=torch.channels_last)
-    scores = F.conv2d(s0, weight, groups=H)  # [B * c, H, T, P]
-    T, P = scores.shape[-2:]
-    return scores.view(B, c, H, T, P).permute(0, 1, 3, 2, 4).reshape(B, c * T, H, P)
+        return F.conv2d(s0.contiguous(memory_format=torch.channels_last), weight.view(H, 1, c_q, c_k), groups=H)
+    # Elsewhere every plane is a channel of its own (at least two), so that CUDA takes PyTorch's
+    # depthwise kernel, which multiplies in float32: a convolution that is not depthwise goes to
+    # cuDNN, which multiplies float32 in TF32 by default (torch.backends.cudnn.allow_tf32), where
+    # the reference computes float32 exactly unless matrix products may use TF32.
+    planes = s0.reshape(1, N * H, Tq, Pk)
+    kernels = weight.view(H, 1, c_q, c_k).repeat(N, 1, 1, 1)
+    if N * H == 1:
+        planes = torch.cat([planes, torch.zeros_like(planes)], dim=1)
+        kernels = torch.cat([kernels, torch.zeros_like(kernels)])
+    out = F.conv2d(planes, kernels, groups=planes.shape[1])
+    return out[:, : N * H].reshape(N, H, *out.shape[-2:])
 
