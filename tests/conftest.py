@@ -7,6 +7,7 @@ import torch
 
 import haloattn
 import memory_watchdog
+from haloattn import tuning
 
 
 def pytest_configure(config):
@@ -34,3 +35,17 @@ def plain_cpu_environment(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
     monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A fresh tuning cache directory (HALOATTN_CACHE_DIR), no autotuning, no forced backend, and
+    no tuning file or call kept from before."""
+    monkeypatch.setenv("HALOATTN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
+    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
+    tuning.forget_loaded_files()
+    haloattn.clear_caches()
+    yield tmp_path / "cache"
+    tuning.forget_loaded_files()
+    haloattn.clear_caches()

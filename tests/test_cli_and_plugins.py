@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import haloattn
+from delegating_backend import ReferenceDelegate
 from haloattn import cli, tuning
 from haloattn.dispatch import DISPATCHER, BackendUnavailableError
 
@@ -31,17 +32,6 @@ HALOATTN = Path(sys.executable).parent / "haloattn"
 SMALL = ["--shape", "8", "--window", "3", "--batch", "1", "--heads", "1", "--head-dim", "4", "--device", "cpu"]
 
 pytestmark = pytest.mark.usefixtures("plain_cpu_environment")
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("HALOATTN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
-    tuning.forget_loaded_files()
-    haloattn.clear_caches()
-    yield tmp_path / "cache"
-    tuning.forget_loaded_files()
-    haloattn.clear_caches()
 
 
 def run_cli(capsys, *argv):
@@ -301,19 +291,10 @@ def test_read_only_cache_dir_warns(cache_dir, capsys):
 
 
 # -- plugins registered at run time ---------------------------------------------------------------
-class _Runs(haloattn.Backend):
+class _Runs(ReferenceDelegate):
     """Runs the reference's computation; subclasses break one method."""
 
     priority = 3000
-
-    def not_supported_reasons(self, problem):
-        return []
-
-    def forward(self, problem, inputs, config=None):
-        return DISPATCHER.get("reference").forward(problem, inputs, config)
-
-    def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
-        return DISPATCHER.get("reference").backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
 
 
 @pytest.fixture

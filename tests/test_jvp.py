@@ -12,7 +12,7 @@ import torch
 from torch.autograd import forward_ad
 
 import haloattn
-from haloattn.backend import Backend
+from delegating_backend import ReferenceDelegate
 from haloattn.dispatch import DISPATCHER, BackendUnavailableError
 
 import oracle
@@ -292,20 +292,11 @@ def test_per_sample_gradients_and_jacobians():
 # ----------------------------------------------------------------------------------------------
 # The dispatcher: calls with tangents go to backends that have a JVP rule.
 
-class _NoRule(Backend):
+class _NoRule(ReferenceDelegate):
     """Runs every problem (through the reference), faster than anything by priority, no JVP rule."""
 
     name = "test_no_jvp_rule"
     priority = 10_000
-
-    def not_supported_reasons(self, problem):
-        return []
-
-    def forward(self, problem, inputs, config=None):
-        return DISPATCHER.get("reference").forward(problem, inputs, config)
-
-    def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
-        return DISPATCHER.get("reference").backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
 
 
 @pytest.fixture

@@ -27,18 +27,6 @@ CPU = torch.device("cpu")
 pytestmark = pytest.mark.usefixtures("plain_cpu_environment")
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("HALOATTN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("HALOATTN_AUTOTUNE", raising=False)
-    monkeypatch.delenv("HALOATTN_BACKEND", raising=False)
-    tuning.forget_loaded_files()
-    haloattn.clear_caches()
-    yield tmp_path / "cache"
-    tuning.forget_loaded_files()
-    haloattn.clear_caches()
-
-
 def _problem(L=8, dtype=torch.float32):
     q = torch.randn(1, L, 2, 4, dtype=dtype)
     return build_problem(q, q, q, 3)

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .problem import Problem
+from .problem import Problem, mods_on_indices
 
 # Positions in AttentionInputs of the inputs without a batch axis.
 SHARED = (3, 4)  # rpb, kq_conv
@@ -41,14 +41,7 @@ def _per_call_batch_index(score_mod, mask_mod, batch: int):
     """The mods of a folded call: folded batch index ``v * B + b`` back to the ``b`` each
     vmapped call's mods expect (``b`` read a per-element table out of range, or a mask using
     ``b`` was silently another element's). Cached: the folded problem keys the backends' caches."""
-    score = mask = None
-    if score_mod is not None:
-        def score(s, b, h, q_idx, kv_idx):
-            return score_mod(s, b % batch, h, q_idx, kv_idx)
-    if mask_mod is not None:
-        def mask(b, h, q_idx, kv_idx):
-            return mask_mod(b % batch, h, q_idx, kv_idx)
-    return score, mask
+    return mods_on_indices(score_mod, mask_mod, lambda b, h: (b % batch, h))
 
 
 def unfold(size: int, t: torch.Tensor) -> torch.Tensor:

@@ -415,6 +415,20 @@ def check_mods(score_mod, mask_mod) -> None:
             ) from None
 
 
+def mods_on_indices(score_mod, mask_mod, index: Callable):
+    """``score_mod`` and ``mask_mod`` (either may be None) called with ``index(b, h)`` in place of
+    the batch and head indices they are given: the mods of a call whose ``b`` or ``h`` number
+    something else than the user's call does (a vmap's folded batch, a DTensor shard's heads)."""
+    score = mask = None
+    if score_mod is not None:
+        def score(s, b, h, q_idx, kv_idx):
+            return score_mod(s, *index(b, h), q_idx, kv_idx)
+    if mask_mod is not None:
+        def mask(b, h, q_idx, kv_idx):
+            return mask_mod(*index(b, h), q_idx, kv_idx)
+    return score, mask
+
+
 _MOD_ARGUMENTS = {
     "score_mod": ("score", "b", "h", "q_idx", "kv_idx"),
     "mask_mod": ("b", "h", "q_idx", "kv_idx"),

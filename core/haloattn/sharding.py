@@ -20,6 +20,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from .problem import mods_on_indices
+
 HEADS, BATCH, REPLICATE = "heads", "batch", "replicate"
 # Position of each tensor argument's kind: query, key, value, rpb, kq_conv, additional_keys,
 # additional_values.
@@ -143,14 +145,7 @@ def shifted_mods(score_mod: Optional[Callable], mask_mod: Optional[Callable], ba
     are keyed on it)."""
     if batch_offset == 0 and head_offset == 0:
         return score_mod, mask_mod
-    shifted_score = shifted_mask = None
-    if score_mod is not None:
-        def shifted_score(score, b, h, q_idx, kv_idx):
-            return score_mod(score, b + batch_offset, h + head_offset, q_idx, kv_idx)
-    if mask_mod is not None:
-        def shifted_mask(b, h, q_idx, kv_idx):
-            return mask_mod(b + batch_offset, h + head_offset, q_idx, kv_idx)
-    return shifted_score, shifted_mask
+    return mods_on_indices(score_mod, mask_mod, lambda b, h: (b + batch_offset, h + head_offset))
 
 
 def _contiguous(shape) -> tuple:
