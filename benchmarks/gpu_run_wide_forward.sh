@@ -5,13 +5,15 @@
 # benchmarks/gpu_run_wide_forward.sh
 # TESTS (a pytest selection, run -m "gpu" while the problems compile, before anything is timed):
 # GPU tests that need no cuda module, e.g. TESTS="tests/test_gpu_core_paths.py tests/test_flex_gpu.py".
+# WIDE_ARGS: more arguments of bench_wide_forward_tiles.py (e.g. "--skip 64x64w4s1").
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git rev-parse --short HEAD; date -u; } | tee "$OUT/device.txt"
 HALOATTN_CUDA=off python3 -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
 ONLY=${ONLY:-$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import bench_wide_forward_tiles as b; print(','.join(map(str, range(len(b.PROBLEMS)))))")}
 for i in ${ONLY//,/ }; do
-  timeout ${COMPILE_TIMEOUT:-200} python3 benchmarks/bench_wide_forward_tiles.py --only "$i" > "$OUT/compile_$i.log" 2>&1 &
+  # shellcheck disable=SC2086
+  timeout ${COMPILE_TIMEOUT:-200} python3 benchmarks/bench_wide_forward_tiles.py --only "$i" $WIDE_ARGS > "$OUT/compile_$i.log" 2>&1 &
 done
 if [ -n "$TESTS" ]; then
   # shellcheck disable=SC2086
@@ -20,7 +22,8 @@ if [ -n "$TESTS" ]; then
 fi
 wait
 echo "compiled at $(date -u +%T)"
-timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_wide_forward_tiles.py --only "$ONLY" --json "$OUT/wide_forward.json" 2>&1 | tee "$OUT/wide_forward.log"
+# shellcheck disable=SC2086
+timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_wide_forward_tiles.py --only "$ONLY" $WIDE_ARGS --json "$OUT/wide_forward.json" 2>&1 | tee "$OUT/wide_forward.log"
 # The key-query convolution (reference backend, conv_tiles.py) against triton without it; KQ_CONV=0 skips.
 if [ "${KQ_CONV:-1}" = 1 ]; then
   timeout ${KQ_TIMEOUT:-120} python3 benchmarks/bench_kq_conv.py --json "$OUT/kq_conv.json" 2>&1 | tee "$OUT/kq_conv.log"
