@@ -4,8 +4,10 @@ At 160-256 channels the default forward tile (64 queries x 64 keys, 4 warps, 2 s
 about 164 KiB of shared memory and 248-255 registers a thread, so one program (4 warps) runs
 per multiprocessor, against two at 128 channels; the off-list sweep of 2026-12-04 read these
 forwards at 0.23-0.31 of cuDNN's rate on the pairs they compute (0.4-0.6 at 128 channels).
-Per problem and config: the forward's median time (``do_bench``), its speed-up over the
-default, and its output's relative error against the reference backend in float32 on the GPU.
+Per problem and config (the default, "before": the forward of before
+tiles.WIDE_16BIT_FORWARD_RULE, and VARIANTS): the forward's median time (``do_bench``), its
+speed-up over the default, and its output's relative error against the reference backend in
+float32 on the GPU.
 
     python benchmarks/bench_wide_forward_tiles.py [--only 0,2] [--json FILE]
 """
@@ -53,6 +55,16 @@ def config_for(problem, bm, bn, warps, stages):
     return tiles.normalise(dict(base, fwd=fwd), problem)
 
 
+def forward_before_the_rule(problem, default):
+    """The default with the forward of before tiles.WIDE_16BIT_FORWARD_RULE (2026-12-05)."""
+    tiles.WIDE_16BIT_FORWARD_RULE = False
+    try:
+        fwd = tiles._config_on_forward_boxes(problem)["fwd"]
+    finally:
+        tiles.WIDE_16BIT_FORWARD_RULE = True
+    return tiles.normalise(dict(default, fwd=fwd), problem)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(str(i) for i in range(len(PROBLEMS))))
@@ -72,7 +84,7 @@ def main():
         default = tiles.normalise(None, problem)
         print(f"# {name}: default {default['fwd']}", flush=True)
         base_ms = None
-        for label, config in [("default", default)] + [
+        for label, config in [("default", default), ("before", forward_before_the_rule(problem, default))] + [
                 (f"{bm}x{bn} w{w} s{s}", config_for(problem, bm, bn, w, s)) for bm, bn, w, s in VARIANTS]:
             if label != "default" and (config["fwd"] == default["fwd"] or label.replace(" ", "") in args.skip.split(",")):
                 continue

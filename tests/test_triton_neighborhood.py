@@ -276,22 +276,37 @@ def test_tuning_candidates_are_distinct_and_as_run(spatial, window, options, hea
     assert len(configs) > 10 and all(configs.count(config) == 1 for config in configs)
 
 
-@pytest.mark.parametrize("head_dim", [192, 256])
-def test_wide_16bit_forward_candidates_fit_two_programs_a_multiprocessor(head_dim):
-    """At 192-256 channels in 16 bits the default forward tile (64 x 64 on two stages, about 164
-    KiB) lets one 4-warp program run on a Hopper multiprocessor; tuning also offers 64-query,
-    4-warp forwards that fit twice in its 227 KiB (64 x 32 on two stages, 64 x 64 on one)."""
-    q = torch.empty(2, 64, 64, 4, head_dim, dtype=torch.bfloat16, device="meta")
-    problem = build_problem(q, q, q, 17)
+@pytest.mark.parametrize("spatial,window,head_dim,keys", [
+    ((64, 64), 17, 256, 32), ((56, 112), 12, 192, 32), ((16, 32, 32), (5, 9, 9), 160, 64), ((4096,), 511, 144, 64),
+])
+def test_wide_16bit_forward_fits_two_programs_a_multiprocessor(spatial, window, head_dim, keys):
+    """Above 128 channels in 16 bits the default forward (64 queries, 4 warps) takes two stages
+    and the widest key tile with which two programs fit a Hopper multiprocessor's tile budget
+    (tiles.WIDE_16BIT_FORWARD_RULE); the one-program tiles of before stay tuning candidates."""
+    q = torch.empty(2, *spatial, 4, head_dim, dtype=torch.bfloat16, device="meta")
+    problem = build_problem(q, q, q, window)
     item, d, dv = tiles._operand_sizes(problem, "fwd")
 
     def shared(fwd):
         return tiles._shared_bytes("fwd", math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["stages"], d, dv, item)
 
-    assert shared(tiles.default_config(problem)["fwd"]) > 227 * 1024 // 2
-    twice = {(math.prod(c["fwd"]["kv"]), c["fwd"]["stages"]) for c in tiles.candidate_configs(problem)
-             if math.prod(c["fwd"]["q"]) == 64 and c["fwd"]["warps"] == 4 and shared(c["fwd"]) <= 227 * 1024 // 2}
-    assert twice >= {(32, 2), (64, 1)}
+    fwd = tiles.default_config(problem)["fwd"]
+    half = tiles.tile_shared_budget(problem.device) // 2
+    assert (math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["warps"], fwd["stages"]) == (64, keys, 4, 2)
+    assert shared(fwd) <= half < shared(dict(fwd, kv=tiles.fit(fwd["kv"], tiles.group_extents(problem), 2 * keys)))
+    one_program = [c["fwd"] for c in tiles.candidate_configs(problem)
+                   if math.prod(c["fwd"]["q"]) == 64 and c["fwd"]["warps"] == 4 and shared(c["fwd"]) > half]
+    assert one_program
+
+
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float32, 160)])
+def test_two_program_rule_only_for_wide_16bit_heads(monkeypatch, dtype, head_dim):
+    """At up to 128 channels, and in float32, the forward keeps the cost model's tiles."""
+    q = torch.empty(2, 16, 32, 32, 4, head_dim, dtype=dtype, device="meta")
+    problem = build_problem(q, q, q, (5, 9, 9))
+    with_rule = tiles._config_on_forward_boxes(problem)["fwd"]
+    monkeypatch.setattr(tiles, "WIDE_16BIT_FORWARD_RULE", False)
+    assert tiles._config_on_forward_boxes(problem)["fwd"] == with_rule
 
 
 def test_split_heads_not_with_additional_tokens():

@@ -432,6 +432,17 @@ WIDE_256_BACKWARD_TILES = (32, 64, 4)
 WIDE_256_BACKWARD_RATIO = 1.3
 # Whether the two rules above apply (False: the tiles before them, for benchmarks to compare).
 WIDE_16BIT_BACKWARD_RULES = True
+# 16-bit heads wider than 128 channels: the forward's 64-query programs take two stages and the
+# widest key tile, halved down to WIDE_FORWARD_MIN_KEYS, with which two programs share a
+# multiprocessor's shared memory (half the device's tile budget). The cost model's tiles on three
+# stages (3-D, 160 channels: 143 KiB) or 64 keys (192-256 channels: 120-160 KiB) ran one program a
+# multiprocessor, each waiting out its own loads. On an H200 (2026-12-05,
+# bench_wide_forward_tiles.py; RESULTS.md "The wide forward: two programs a multiprocessor"):
+# 64 x 64 on two stages ran the 3-D 5x9x9, 160-channel forward 1.49x faster, 64 x 32 the 2-D
+# 12x12 ones at 192 and 256 channels 1.25x and 1.37x, and the 1-D 4096-token causal window at
+# 256 channels as fast (1.00x).
+WIDE_FORWARD_MIN_KEYS = 32
+WIDE_16BIT_FORWARD_RULE = True
 
 
 def waits_for_dq(problem: Problem) -> bool:
@@ -634,7 +645,28 @@ def _config_on_forward_boxes(problem: Problem) -> Dict:
                  / forward_cost(problem, wide["dq"]["q"], wide["dq"]["kv"], 1.0))
         if saved >= WIDE_256_BACKWARD_RATIO:
             config.update(wide)
+    # Last: the backward's rules above place their tiles around the cost model's forward boxes.
+    if WIDE_16BIT_FORWARD_RULE and problem.dtype.itemsize == 2 and wide_backward(problem):
+        config["fwd"] = _two_forward_programs_a_multiprocessor(problem, config["fwd"])
     return config
+
+
+def _two_forward_programs_a_multiprocessor(problem: Problem, fwd: Dict) -> Dict:
+    """``fwd`` (64 queries a program) on two stages with its key tile halved, down to
+    WIDE_FORWARD_MIN_KEYS, until two programs fit the device's shared memory
+    (WIDE_16BIT_FORWARD_RULE); ``fwd`` unchanged where it has other query tiles or no such key
+    tile fits."""
+    if math.prod(fwd["q"]) != 64:
+        return fwd
+    budget = tile_shared_budget(problem.device) // 2
+    item, d, dv = _operand_sizes(problem, "fwd")
+    ext = group_extents(problem)
+    kv = list(fwd["kv"])
+    while _shared_bytes("fwd", 64, math.prod(kv), 2, d, dv, item) > budget:
+        if math.prod(kv) // 2 < WIDE_FORWARD_MIN_KEYS:
+            return fwd
+        kv = fit(kv, ext, math.prod(kv) // 2)
+    return dict(fwd, kv=kv, stages=2)
 
 
 def key_major_boxes_apply(problem: Problem, dkdv: Dict) -> bool:
