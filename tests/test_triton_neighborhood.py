@@ -299,6 +299,17 @@ def test_wide_16bit_forward_fits_two_programs_a_multiprocessor(spatial, window, 
     assert one_program
 
 
+@pytest.mark.parametrize("spatial,window,head_dim", [((16, 32, 32), (5, 9, 9), 160), ((64, 64), 17, 256), ((512,), 31, 64)])
+def test_no_forward_runs_on_one_stage(spatial, window, head_dim):
+    """One stage read an illegal address on a 3-D forward at 160 channels (H200, 2026-12-05):
+    no tuning candidate offers it, and a cache entry asking for it runs two."""
+    q = torch.empty(2, *spatial, 4, head_dim, dtype=torch.bfloat16, device="meta")
+    problem = build_problem(q, q, q, window)
+    assert min(c["fwd"]["stages"] for c in tiles.candidate_configs(problem)) >= tiles.MIN_FORWARD_STAGES == 2
+    stored = {"fwd": dict(tiles.default_config(problem)["fwd"], stages=1)}
+    assert tiles.normalise(stored, problem)["fwd"]["stages"] == 2
+
+
 @pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float32, 160)])
 def test_two_program_rule_only_for_wide_16bit_heads(monkeypatch, dtype, head_dim):
     """At up to 128 channels, and in float32, the forward keeps the cost model's tiles."""

@@ -443,6 +443,11 @@ WIDE_16BIT_BACKWARD_RULES = True
 # 256 channels as fast (1.00x).
 WIDE_FORWARD_MIN_KEYS = 32
 WIDE_16BIT_FORWARD_RULE = True
+# The forward never runs on one stage: on an H200 (2026-12-05) the 3-D 16x32x32, 5x9x9 forward
+# at 160 channels in bfloat16 (64 x 64 tiles, 4 warps) read an illegal address on one stage and
+# ran right on two and three. A tuning candidate from 2026-12-04 to 2026-12-05, never a default; a
+# cache entry asking for one stage runs two.
+MIN_FORWARD_STAGES = 2
 
 
 def waits_for_dq(problem: Problem) -> bool:
@@ -795,11 +800,11 @@ def candidate_configs(problem: Problem) -> List[Dict]:
     # 32 x 32 with one warp: the key box of a small window shrinks with the query tile (7x7: 10x14
     # keys for 4x8 queries against 14x14 for 8x8). With it the 7x7, D=32 forward ran 1.11x faster
     # on the H100 and every larger window slower (RESULTS.md, "Small tiles"): a candidate only.
-    # 64 x 32 on two stages and 64 x 64 on one: at 192-256 channels in 16 bits they take 98 and
-    # 64 KiB (226 and 246 registers, sm_90 builds), two programs a multiprocessor where the
-    # default's 164 KiB runs one; not yet timed (RESULTS.md, 2026-12-04), so candidates only.
+    # 64 x 32 on two stages: at 192-256 channels in 16 bits the default since
+    # WIDE_16BIT_FORWARD_RULE, elsewhere a candidate. (No forward on one stage: see
+    # MIN_FORWARD_STAGES.)
     for bm, bn, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3),
-                                  (32, 32, 1, 2), (64, 32, 4, 2), (64, 64, 4, 1)):
+                                  (32, 32, 1, 2), (64, 32, 4, 2)):
         for tma in (False, True):
             fwd = {"q": fit(q_shape, ext, bm), "kv": fit(kv_shape, ext, bn), "warps": warps, "stages": stages,
                    "tma": tma, "lazy_rescale": base["fwd"]["lazy_rescale"]}
@@ -981,5 +986,6 @@ def normalise(config, problem: Problem) -> Dict:
             given[part] = fit(shape, ext, pow2_ceil(math.prod(shape)))
         if kernel == "fwd":
             given["pack"] = _fitted_pack(given.get("pack", 1), problem)
+            given["stages"] = max(int(given["stages"]), MIN_FORWARD_STAGES)
         out[kernel] = _fit_shared(problem, kernel, given)
     return out
