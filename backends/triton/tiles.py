@@ -28,7 +28,7 @@ import torch
 from haloattn.geometry import Axis, key_range, query_range, window_query_range
 from haloattn.problem import Problem
 
-from .device_limits import multiprocessors, tile_shared_budget, tiles_for_copy_engine
+from .device_limits import HOPPER_TILE_BUDGET, multiprocessors, tile_shared_budget, tiles_for_copy_engine
 
 MIN_TILE = 16  # tl.dot needs at least 16 rows
 
@@ -659,9 +659,10 @@ def _config_on_forward_boxes(problem: Problem) -> Dict:
 def _two_forward_programs_a_multiprocessor(problem: Problem, fwd: Dict) -> Dict:
     """``fwd`` (64 queries a program) on two stages with its key tile halved, down to
     WIDE_FORWARD_MIN_KEYS, until two programs fit the device's shared memory
-    (WIDE_16BIT_FORWARD_RULE); ``fwd`` unchanged where it has other query tiles or no such key
-    tile fits."""
-    if math.prod(fwd["q"]) != 64:
+    (WIDE_16BIT_FORWARD_RULE); ``fwd`` unchanged where it has other query tiles, no such key
+    tile fits, or the GPU has less shared memory than Hopper."""
+    # Measured on Hopper only: GPUs with less shared memory keep the cost model's tiles.
+    if math.prod(fwd["q"]) != 64 or tile_shared_budget(problem.device) < HOPPER_TILE_BUDGET:
         return fwd
     budget = tile_shared_budget(problem.device) // 2
     item, d, dv = _operand_sizes(problem, "fwd")
