@@ -591,6 +591,9 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if exact_float32:
         return _exact_float32_config(problem)
     config = _config_on_forward_boxes(problem)
+    # After the backward's rules, which place their tiles around the cost model's forward boxes.
+    if WIDE_16BIT_FORWARD_RULE and problem.dtype.itemsize == 2 and wide_backward(problem):
+        config["fwd"] = _two_forward_programs_a_multiprocessor(problem, config["fwd"])
     if KEY_MAJOR_BOXES and key_major_boxes_apply(problem, config["dkdv"]):
         boxes = _ranked_key_major_boxes(problem, config["dkdv"])[0]
         config["dkdv"] = _fit_shared(problem, "dkdv", dict(config["dkdv"], **boxes))
@@ -598,8 +601,8 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
 
 
 def _config_on_forward_boxes(problem: Problem) -> Dict:
-    """The heuristic default but the dK/dV kernel's own boxes (KEY_MAJOR_BOXES): both backward
-    kernels on boxes the forward's cost chose. Not cached (default_config is): the benches
+    """The heuristic default but the wide forward's two-program tiles (WIDE_16BIT_FORWARD_RULE) and
+    the dK/dV kernel's own boxes (KEY_MAJOR_BOXES): every kernel on boxes the forward's cost chose. Not cached (default_config is): the benches
     switch the rules in here off and on."""
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
@@ -650,9 +653,6 @@ def _config_on_forward_boxes(problem: Problem) -> Dict:
                  / forward_cost(problem, wide["dq"]["q"], wide["dq"]["kv"], 1.0))
         if saved >= WIDE_256_BACKWARD_RATIO:
             config.update(wide)
-    # Last: the backward's rules above place their tiles around the cost model's forward boxes.
-    if WIDE_16BIT_FORWARD_RULE and problem.dtype.itemsize == 2 and wide_backward(problem):
-        config["fwd"] = _two_forward_programs_a_multiprocessor(problem, config["fwd"])
     return config
 
 
@@ -820,6 +820,10 @@ def candidate_configs(problem: Problem) -> List[Dict]:
                 out.append(dict(base, fwd=_fit_shared(problem, "fwd", fwd)))
             pack *= 2
     out.extend(_small_tile_candidates(problem, base))
+    # The cost model's forward, where the wide forward's rule moved the default off it.
+    cost_model_forward = _config_on_forward_boxes(problem)["fwd"]
+    if cost_model_forward != base["fwd"]:
+        out.append(dict(base, fwd=cost_model_forward))
     out.append(dict(base, fwd=dict(base["fwd"], lazy_rescale=not base["fwd"]["lazy_rescale"])))
     out.append(dict(base, fwd=dict(base["fwd"], axis_masks=not base["fwd"]["axis_masks"])))
     # Backward: resident tiles of 32 tokens (one warp: 1.22x the default backward on 7x7, D=32;
