@@ -133,3 +133,16 @@ def test_backward_without_forward_results():
     without = attend.backward(problem, inputs, go, None, needs)
     for a, b in zip(with_results, without):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("total_gib,expected", [(139, 2**30), (16, 2**29), (4, attend.CHUNK_BYTES)])
+def test_blocks_are_larger_on_cuda_devices(monkeypatch, total_gib, expected):
+    """On CUDA devices the block bound is GPU_CHUNK_BYTES, at most a GPU_MEMORY_SHARE-th of the
+    device's memory and never below the CPU's CHUNK_BYTES (blocks there are launched op by op from
+    the host); elsewhere CHUNK_BYTES."""
+    class Properties:
+        total_memory = total_gib * 2**30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    assert attend.chunk_bytes(torch.device("cuda", 0)) == expected
+    assert attend.chunk_bytes(torch.device("cpu")) == attend.chunk_bytes("meta") == attend.CHUNK_BYTES

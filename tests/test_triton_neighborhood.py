@@ -387,8 +387,13 @@ def test_short_walks_read_keys_by_pointer(monkeypatch, forget_configs):
     for spatial, window, options in (((128, 128), 31, {}), ((128, 128), 32, dict(stride=32))):
         config, steps = fwd(spatial, window, **options)
         assert steps > tiles.SHORT_WALK_STEPS and config["tma"], (spatial, window, steps)
-    config, steps = fwd((64, 64), 5, head_dim=256)
-    assert steps <= tiles.SHORT_WALK_STEPS and config["tma"]
+    # At 256 channels descriptors stay on a walk that is short on the cost model's tiles (the
+    # default's own key tiles are halved there: WIDE_16BIT_FORWARD_RULE)
+    config, _ = fwd((64, 64), 5, head_dim=256)
+    q = torch.empty(1, 64, 64, 16, 256, dtype=torch.bfloat16)
+    wide = dataclasses.replace(build_problem(q, q, q, 5), device=torch.device("cuda", 0))
+    cost_model = tiles._config_on_forward_boxes(wide)["fwd"]
+    assert tiles.steps_per_tile(wide, cost_model["q"], cost_model["kv"]) <= tiles.SHORT_WALK_STEPS and config["tma"]
     config, steps = fwd((64, 64), 8, batch=4, stride=8)
     assert steps == 1.0 and not config["tma"] and config["pack"] > 1
 

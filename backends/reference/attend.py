@@ -22,6 +22,22 @@ from .blocks import TilePlan
 
 # Bytes one block's gathered keys/values and scores may take; bounds peak memory.
 CHUNK_BYTES = 256 * 2**20
+# ...on CUDA devices, where a block's operators are launched from the host one by one and small
+# blocks leave the GPU waiting: at 256 MiB blocks the key-query convolution of a 1-D 8192-token
+# call (window 1023, 16 heads of 128) spent 99 ms of host time on 18 ms of device work (H200,
+# torch.profiler, 2026-12-05; RESULTS.md "The key-query convolution on a GPU"). Up to this many
+# bytes there, and at most a GPU_MEMORY_SHARE-th of the device's memory.
+GPU_CHUNK_BYTES = 2**30
+GPU_MEMORY_SHARE = 32
+
+
+def chunk_bytes(device) -> int:
+    """The block bound on ``device`` (CHUNK_BYTES, larger on CUDA devices: see GPU_CHUNK_BYTES)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return CHUNK_BYTES
+    total = torch.cuda.get_device_properties(device).total_memory
+    return max(CHUNK_BYTES, min(GPU_CHUNK_BYTES, total // GPU_MEMORY_SHARE))
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -38,14 +54,15 @@ def _bytes_per_row(problem: Problem, keys: int, keys_shared_by: int) -> int:
 
 
 def blocks(problem: Problem, device):
-    """The blocks of query rows that together cover the grid, each within CHUNK_BYTES (a
+    """The blocks of query rows that together cover the grid, each within chunk_bytes(device) (a
     key-query convolution's in conv_tiles' own blocks)."""
+    bound = chunk_bytes(device)
     if problem.kq_conv_shape is not None:
-        yield from conv_tiles.blocks(problem, device, CHUNK_BYTES)
+        yield from conv_tiles.blocks(problem, device, bound)
         return
     plan = TilePlan(problem, device)
     per_tile = plan.rows_per_tile * _bytes_per_row(problem, plan.keys_per_tile, plan.rows_per_tile)
-    step = max(1, CHUNK_BYTES // per_tile)
+    step = max(1, bound // per_tile)
     for start in range(0, plan.tiles, step):
         yield plan.block(start, min(start + step, plan.tiles))
 

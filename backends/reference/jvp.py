@@ -21,7 +21,7 @@ from haloattn.backend import AttentionInputs, recording_autograd
 from haloattn.problem import Problem
 
 from . import conv_tiles, tiled, tiled_jvp
-from .attend import (CHUNK_BYTES, _bytes_per_row, _no_autocast, attend_block, blocks, compute_dtype, flatten,
+from .attend import (_bytes_per_row, _no_autocast, attend_block, blocks, chunk_bytes, compute_dtype, flatten,
                      lse_dtype)
 from .blocks import GatheredRows
 
@@ -33,11 +33,12 @@ GRAPH_FACTOR = 4
 def row_blocks(problem: Problem, device):
     """Blocks of consecutive query rows, in order, each with its own keys gathered (GatheredRows;
     with a key-query convolution, conv_tiles' blocks)."""
+    bound = chunk_bytes(device)
     if problem.kq_conv_shape is not None:
-        yield from conv_tiles.blocks(problem, device, CHUNK_BYTES // GRAPH_FACTOR)
+        yield from conv_tiles.blocks(problem, device, bound // GRAPH_FACTOR)
         return
     per_row = GRAPH_FACTOR * _bytes_per_row(problem, problem.window_tokens, 1)
-    step = max(1, min(problem.tokens, CHUNK_BYTES // per_row))
+    step = max(1, min(problem.tokens, bound // per_row))
     for start in range(0, problem.tokens, step):
         stop = min(start + step, problem.tokens)
         yield GatheredRows(problem, torch.arange(start, stop, device=device))
