@@ -48,7 +48,7 @@ def stage_one_variants():
     H200 the 3-D 16x32x32, 5x9x9, head dim 160 problem of bench_wide_forward_tiles.py ended in an
     illegal address under it, where ranks 1 and 2 at head dims 192 and 256 ran. Which factor: rank,
     split heads, descriptor loads, the head dim; and the two-stage control. (Found, 2026-12-05:
-    split heads, on every rank; tiles.MIN_FORWARD_STAGES.)"""
+    a 32-channel head tail, on every rank; tiles.MIN_FORWARD_STAGES.)"""
     video = dict(grid=(16, 32, 32), window=(5, 9, 9), stride=(1, 1, 1), batch=2, heads=8, kv_heads=8,
                  dtype="bfloat16", head_dim=160, value_dim=160, precision="tf32x3")
     boxes = {"q": [2, 4, 8], "kv": [2, 2, 16], "warps": 4}

@@ -444,9 +444,9 @@ WIDE_16BIT_BACKWARD_RULES = True
 WIDE_FORWARD_MIN_KEYS = 32
 WIDE_16BIT_FORWARD_RULE = True
 # The forward never runs on one stage: on an H200 (2026-12-05, probe_forward_configs.py --set
-# stage_one) Triton's one-stage forward of split heads (160 = 128 + 32 channels) read an illegal
+# stage_one) Triton's one-stage forward of heads split as 160 = 128 + 32 channels read an illegal
 # address on a 3-D problem and returned silently wrong outputs on three others (ranks 1-3), where
-# two stages, and unsplit heads on one, ran right. A tuning candidate from 2026-12-04 to
+# two stages, and on one stage unsplit heads and 192 = 128 + 64, ran right. A tuning candidate from 2026-12-04 to
 # 2026-12-05, never a default; a cache entry asking for one stage runs two.
 MIN_FORWARD_STAGES = 2
 
