@@ -36,14 +36,13 @@ def main(argv=None):
     for _ in range(2):
         forward_and_backward()
     torch.cuda.synchronize()
-    for label, call in (("forward", lambda: haloattn.attention(q, k, v, window, kq_conv=weight, causal=causal)),
-                        ("forward + backward", forward_and_backward)):
+    def forward():
+        with torch.no_grad():
+            haloattn.attention(q, k, v, window, kq_conv=weight, causal=causal)
+
+    for label, call in (("forward", forward), ("forward + backward", forward_and_backward)):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            if label == "forward":
-                with torch.no_grad():
-                    call()
-            else:
-                call()
+            call()
             torch.cuda.synchronize()
         print(f"## {name}: {label}")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
