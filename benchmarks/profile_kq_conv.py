@@ -33,13 +33,13 @@ def main(argv=None):
     def forward_and_backward():
         haloattn.attention(q, k, v, window, kq_conv=weight, causal=causal).backward(grad)
 
-    for _ in range(2):
-        forward_and_backward()
-    torch.cuda.synchronize()
     def forward():
         with torch.no_grad():
             haloattn.attention(q, k, v, window, kq_conv=weight, causal=causal)
 
+    for _ in range(2):
+        forward_and_backward()
+    torch.cuda.synchronize()
     for label, call in (("forward", forward), ("forward + backward", forward_and_backward)):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             call()
