@@ -40,6 +40,14 @@ PROBLEMS = [
     ("1-D 4096, window 511, D=192", (4096,), 511, {}, 8, 8, 192, 4),
     ("2-D 32x48, 13x13 dilation 2, D=160", (32, 48), 13, {"dilation": 2}, 8, 8, 160, 8),
     ("3-D 8x24x24, 3x7x7, GQA 4/2, D=256", (8, 24, 24), (3, 7, 7), {}, 4, 2, 256, 2),
+    # 1-D rows for the 8-warp 128 x 64 forward, which beat the rule's tiles on both 1-D rows above
+    # and lost on every 2-D and 3-D one (added 2026-12-05, 06:00 UTC)
+    ("1-D 16384, window 1023, D=256", (16384,), 1023, {}, 8, 8, 256, 1),
+    ("1-D 8192, causal window 2048, GQA 16/2, D=192", (8192,), 2048, {"causal": True}, 16, 2, 192, 1),
+    ("1-D 32768, causal window 4096, GQA 4/1, D=160", (32768,), 4096, {"causal": True}, 4, 1, 160, 1),
+    ("1-D 2048, window 127, D=256, B=4", (2048,), 127, {}, 16, 16, 256, 4),
+    ("1-D 8192, window 511 dilation 2, D=256", (8192,), 511, {"dilation": 2}, 8, 8, 256, 2),
+    ("1-D 4096, window 256 stride 64, D=192", (4096,), 256, {"stride": 64}, 8, 8, 192, 4),
 ]
 # (queries, keys, warps, stages) per program. (64 x 32 on two stages: 98 KiB, 226 registers at 256
 # channels, sm90_compile, 2026-12-04. 64 x 64 on one stage, timed on 2026-12-05, read an illegal
