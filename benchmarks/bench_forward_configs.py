@@ -1,0 +1,104 @@
+"""The triton forward under a set of forced tile configs against its default, per problem.
+
+Written for narrow (64-channel) heads: on an H100 (2026-12-05, bench_triton_ceiling.py) a plain
+dense Triton forward with 128 x 64 tiles on 8 warps and 3 stages ran dense attention at 0.94 of
+cuDNN's rate at 64 channels, where the backend's default for that 1-D problem (128 x 128 tiles,
+8 warps, 2 stages) ran 0.72; at 128 channels the two were level (0.80). Which tiles do the
+backend's narrow forwards want, on 1-D and on 2-D / 3-D windows?
+
+Per problem and config: the forward's median time (``do_bench``), its speed-up over the default
+and its output's relative error against the reference backend in float32 on the GPU. Every
+config is the default's forward with the query / key tiles refitted to the given sizes
+(``tiles.fit``: the same box shapes the cost model would take), warps, stages and load path.
+
+    python benchmarks/bench_forward_configs.py --set narrow_1d [--only 0,2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from triton.testing import do_bench
+
+import haloattn
+from haloattn.backend import AttentionInputs
+from haloattn.backends.triton import launch, tiles
+from haloattn.problem import build_problem
+
+# (name, spatial, window, options, heads, kv_heads, head_dim, batch)
+SETS = {
+    "narrow_1d": [
+        ("1-D 16384, window 16384 (dense)", (16384,), 16384, {}, 16, 16, 64, 1),
+        ("1-D 32768, window 2047", (32768,), 2047, {}, 16, 16, 64, 1),
+        ("1-D 16384, causal window 4096, GQA 32/8", (16384,), 4096, {"causal": True}, 32, 8, 64, 1),
+        ("1-D 8192, window 511, B=4", (8192,), 511, {}, 12, 12, 64, 4),
+        ("1-D 4096, window 255 dilation 4, B=4", (4096,), 255, {"dilation": 4}, 16, 16, 64, 4),
+        ("1-D 8192, causal window 1024, D=32, B=4", (8192,), 1024, {"causal": True}, 16, 16, 32, 4),
+    ],
+    "narrow_nd": [
+        ("2-D 128x128, 31x31, D=64", (128, 128), 31, {}, 16, 16, 64, 1),
+        ("2-D 128x128, 63x63, D=64", (128, 128), 63, {}, 16, 16, 64, 1),
+        ("2-D 96x96, 21x21 dilation 2, D=64, B=2", (96, 96), 21, {"dilation": 2}, 16, 16, 64, 2),
+        ("3-D 16x48x48, 7x15x15, D=64", (16, 48, 48), (7, 15, 15), {}, 16, 16, 64, 1),
+        ("2-D 64x64, 17x17, D=64, B=4", (64, 64), 17, {}, 16, 16, 64, 4),
+    ],
+}
+# (queries, keys, warps, stages, descriptor loads)
+VARIANTS = {
+    "narrow_1d": [(128, 64, 8, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 2, True), (64, 64, 4, 3, True),
+                  (128, 128, 8, 2, True), (64, 128, 4, 2, True)],
+    "narrow_nd": [(64, 64, 4, 3, True), (64, 64, 4, 3, False), (128, 64, 8, 3, True), (128, 64, 8, 3, False),
+                  (64, 64, 4, 2, False), (64, 128, 4, 2, False)],
+}
+
+
+def forced(problem, default, bm, bn, warps, stages, tma):
+    ext = tiles.group_extents(problem)
+    fwd = dict(default["fwd"], q=tiles.fit(default["fwd"]["q"], ext, bm), kv=tiles.fit(default["fwd"]["kv"], ext, bn),
+               warps=warps, stages=stages, tma=tma, pack=1)
+    return tiles.normalise(dict(default, fwd=fwd), problem)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=sorted(SETS), required=True)
+    parser.add_argument("--only")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    problems = SETS[args.set]
+    rows = []
+    only = range(len(problems)) if args.only is None else [int(i) for i in args.only.split(",")]
+    for index in only:
+        name, spatial, window, options, heads, kv_heads, dim, batch = problems[index]
+        g = torch.Generator(device="cuda").manual_seed(index)
+        q = torch.randn(batch, *spatial, heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, *spatial, kv_heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
+                for _ in range(2))
+        problem = build_problem(q, k, v, window, **options)
+        inputs = AttentionInputs(q, k, v)
+        ref = haloattn.attention(q.float(), k.float(), v.float(), window, backend="reference", **options)
+        default = tiles.normalise(None, problem)
+        print(f"# {name}: default {default['fwd']}", flush=True)
+        base_ms = None
+        seen = []
+        for label, config in [("default", default)] + [
+                (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}", forced(problem, default, bm, bn, w, s, t))
+                for bm, bn, w, s, t in VARIANTS[args.set]]:
+            if config["fwd"] in seen:
+                continue
+            seen.append(config["fwd"])
+            out, _ = launch.forward(problem, inputs, config)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            ms = do_bench(lambda: launch.forward(problem, inputs, config), warmup=25, rep=100, return_mode="median")
+            base_ms = base_ms or ms
+            rows.append(dict(problem=name, variant=label, fwd=config["fwd"], ms=ms, error=err, speedup=base_ms / ms))
+            print(f"  {label}: {ms:.3f} ms, rel error {err:.1e}, {base_ms / ms:.2f}x the default", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "set": args.set, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
