@@ -44,6 +44,21 @@ SETS = {
         ("3-D 16x48x48, 7x15x15, D=64", (16, 48, 48), (7, 15, 15), {}, 16, 16, 64, 1),
         ("2-D 64x64, 17x17, D=64, B=4", (64, 64), 17, {}, 16, 16, 64, 4),
     ],
+    # the problems whose default tiles.NARROW_128_BLOCK_RULE changed, and two it did not (added
+    # 2026-12-05 after the narrow_1d run)
+    "narrow_rule": [
+        ("1-D 32768, window 2047, D=64", (32768,), 2047, {}, 16, 16, 64, 1),
+        ("1-D 16384, causal window 4096, GQA 32/8, D=64", (16384,), 4096, {"causal": True}, 32, 8, 64, 1),
+        ("1-D 8192, causal window 1024, D=32, B=4", (8192,), 1024, {"causal": True}, 16, 16, 32, 4),
+        ("1-D 16384, window 16384 (dense), D=64", (16384,), 16384, {}, 16, 16, 64, 1),
+        ("1-D 4096, window 1023 dilation 2, D=64, B=4", (4096,), 1023, {"dilation": 2}, 16, 16, 64, 4),
+        ("1-D 2048, window 128 stride 128, D=64, B=8", (2048,), 128, {"stride": 128}, 16, 16, 64, 8),
+        ("2-D 256x256, 127x127, D=64", (256, 256), 127, {}, 8, 8, 64, 1),
+        ("1-D 32768, window 4095, D=16, B=2", (32768,), 4095, {}, 8, 8, 16, 2),
+        ("1-D 65536, causal window 8192, GQA 8/1, D=64", (65536,), 8192, {"causal": True}, 8, 1,
+         64, 1),
+        ("2-D 128x128, 31x31, D=64 (unchanged: control)", (128, 128), 31, {}, 16, 16, 64, 1),
+    ],
 }
 # (queries, keys, warps, stages, descriptor loads)
 VARIANTS = {
@@ -51,7 +66,19 @@ VARIANTS = {
                   (128, 128, 8, 2, True), (64, 128, 4, 2, True)],
     "narrow_nd": [(64, 64, 4, 3, True), (64, 64, 4, 3, False), (128, 64, 8, 3, True), (128, 64, 8, 3, False),
                   (64, 64, 4, 2, False), (64, 128, 4, 2, False)],
+    "narrow_rule": [(128, 64, 8, 3, False), (64, 64, 4, 3, True), (128, 128, 8, 2, False)],
 }
+
+
+def default_before_narrow_rule(problem):
+    """The default of before tiles.NARROW_128_BLOCK_RULE (2026-12-05)."""
+    tiles.NARROW_128_BLOCK_RULE = False
+    tiles._best_forward.cache_clear()
+    try:
+        return tiles.normalise(tiles.default_config.__wrapped__(problem), problem)
+    finally:
+        tiles.NARROW_128_BLOCK_RULE = True
+        tiles._best_forward.cache_clear()
 
 
 def forced(problem, default, bm, bn, warps, stages, tma):
@@ -83,7 +110,7 @@ def main():
         print(f"# {name}: default {default['fwd']}", flush=True)
         base_ms = None
         seen = []
-        for label, config in [("default", default)] + [
+        for label, config in [("default", default), ("before", default_before_narrow_rule(problem))] + [
                 (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}", forced(problem, default, bm, bn, w, s, t))
                 for bm, bn, w, s, t in VARIANTS[args.set]]:
             if config["fwd"] in seen:

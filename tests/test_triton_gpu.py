@@ -419,6 +419,27 @@ def test_wide_16bit_heads_on_their_backward_tiles(dtype, head_dim, value_dim, sp
                          batch=2, heads=4, kv_heads=2, rpb=True, extra=extra, **options)
 
 
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,value_dim,spatial,window,options,forward_tiles", [
+    # tiles.WIDE_1D_FORWARD_TILES: 128 queries x 64 keys on 8 warps
+    (256, 256, (2000,), 1023, dict(causal=True, extra=3), (128, 64, 8)),
+    (192, 160, (1800,), 901, dict(softcap=30.0), (128, 64, 8)),
+    (256, 192, (900,), 63, {}, (64, 32, 4)),  # a short window: the wide walk would cost too many pairs
+    # tiles.NARROW_128_BLOCK_RULE: 64 x 64 on 4 warps where 128 x 128 was the default
+    (64, 64, (3000,), 1023, dict(causal=True), (64, 64, 4)),
+    (32, 48, (2600,), 1501, dict(extra=2), (64, 64, 4)),
+])
+def test_1d_forward_tile_rules(dtype, head_dim, value_dim, spatial, window, options, forward_tiles):
+    """1-D problems on the forward tiles of the wide-head and narrow-head rules (bias and GQA
+    included): every gradient against the oracle."""
+    cfg, options, extra = gqa_default_config(dtype, head_dim, value_dim, spatial, window, options)
+    assert (math.prod(cfg["fwd"]["q"]), math.prod(cfg["fwd"]["kv"]), cfg["fwd"]["warps"]) == forward_tiles, cfg["fwd"]
+    check_against_oracle(spatial, window, dtype=dtype, device="cuda", head_dim=head_dim, value_dim=value_dim,
+                         batch=2, heads=4, kv_heads=2, rpb=True, extra=extra, **options)
+
+
 def gqa_default_config(dtype, head_dim, value_dim, spatial, window, options):
     """(triton's default config, the options but "extra", the additional tokens) of the batch-2
     GQA 4/2 problem the rule tests below check against the oracle."""

@@ -102,6 +102,16 @@ NARROW_DKDV_WARPS = 2
 # default's rate on computed pairs and 32 x 64 at 0.66-0.76; at head dim 64 every small tile
 # lost (0.45-0.6 with the fewer pairs counted), so the rule stops at NARROW_HEAD_DIM.
 NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
+# The 128 x 128 forward block at 16-bit head dims of at most POINTER_BLOCK_MAX_HEAD_DIM (read by
+# pointer, DESCRIPTOR_MIN_HEAD_DIM) on GPUs with a copy engine: FORWARD_BLOCKS' speed for it
+# (1.00) was measured at 128 channels; at 64 and 32 it ran slower per computed pair than 128 x 64
+# on 8 warps or 64 x 64 on 4 (H200, 2026-12-05, bench_forward_configs.py --set narrow_1d: the
+# 1-D forwards with windows of 2047 to 16384 keys, on which the cost model chose it, ran
+# 1.22-1.31x faster on either smaller block at 64 channels and 1.33-1.48x at 32), so its speed
+# there is 0.91 x 0.8.
+NARROW_128_BLOCK_SPEED = 0.73
+POINTER_BLOCK_MAX_HEAD_DIM = 64
+NARROW_128_BLOCK_RULE = True
 # Where the forward takes such a tile, the backward runs (resident, streamed) boxes of these
 # tokens with this many warps: 1.03-1.46x the 64-token backward on the same runs. Its own cost
 # comparison (same model, 0.62-0.86 of the rate) separated the winners from the two losers
@@ -443,6 +453,17 @@ WIDE_16BIT_BACKWARD_RULES = True
 # 256 channels as fast (1.00x).
 WIDE_FORWARD_MIN_KEYS = 32
 WIDE_16BIT_FORWARD_RULE = True
+# ...but 1-D problems at 161-256 channels take 128 queries x 64 keys on 8 warps (one program a
+# multiprocessor) wherever those tiles' cost (forward_cost: computed pairs and masked steps) is at
+# most WIDE_1D_MAX_COST_RATIO times the two-program tiles': on 1-D windows the wider walk costs
+# few extra pairs, and per computed pair it ran 1.16-1.34x faster. Measured (H100, 2026-12-05,
+# bench_wide_forward_tiles.py; RESULTS.md "Wide 1-D heads on 8 warps"): 1.09-1.27x on the five
+# 1-D problems at cost ratios 1.02-1.13 (windows of 511 to 4096 keys, GQA, dilation), 0.90x and
+# 1.01x at ratios 1.40 (window 127) and 1.33 (stride 64); at 160 channels, where the two-program
+# tiles keep 64 keys, 0.93x.
+WIDE_1D_FORWARD_TILES = (128, 64, 8, 2)  # queries, keys, warps, stages
+WIDE_1D_MIN_WIDTH = 161
+WIDE_1D_MAX_COST_RATIO = 1.15
 # The forward never runs on one stage: on an H200 (2026-12-05, probe_forward_configs.py --set
 # stage_one) Triton's one-stage forward of heads split as 160 = 128 + 32 channels read an illegal
 # address on a 3-D problem and returned silently wrong outputs on three others (ranks 1-3), where
@@ -468,12 +489,22 @@ def narrow_16bit(problem: Problem) -> bool:
     return problem.dtype.itemsize == 2 and max(problem.head_dim, problem.value_dim) <= NARROW_HEAD_DIM
 
 
+def _pointer_width_16bit_on_copy_engine(problem: Problem) -> bool:
+    """16-bit heads of at most POINTER_BLOCK_MAX_HEAD_DIM channels on a GPU with a copy engine,
+    where NARROW_128_BLOCK_SPEED was measured."""
+    return (problem.dtype.itemsize == 2 and max(problem.head_dim, problem.value_dim) <= POINTER_BLOCK_MAX_HEAD_DIM
+            and tiles_for_copy_engine(problem.device))
+
+
 @lru_cache(maxsize=256)
 def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
     """Query and key tile shapes, warps and stages of the cheapest forward for this problem."""
     blocks = dict(FORWARD_BLOCKS[descriptors])
     if narrow_16bit(problem):  # (read by pointer: descriptors start at DESCRIPTOR_MIN_HEAD_DIM)
         blocks.update(NARROW_FORWARD_BLOCKS)
+    if NARROW_128_BLOCK_RULE and not descriptors and _pointer_width_16bit_on_copy_engine(problem):
+        warps, stages, _ = blocks[(128, 128)]
+        blocks[(128, 128)] = (warps, stages, NARROW_128_BLOCK_SPEED)
     best = None
     for (bm, bn), (warps, stages, speed) in blocks.items():
         cost, q, kv = _cheapest_boxes(problem, bm, bn, speed)
@@ -595,6 +626,7 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     # After the backward's rules, which place their tiles around the cost model's forward boxes.
     if WIDE_16BIT_FORWARD_RULE and problem.dtype.itemsize == 2 and wide_backward(problem):
         config["fwd"] = _two_forward_programs_a_multiprocessor(problem, config["fwd"])
+        config["fwd"] = _wide_1d_forward(problem, config["fwd"])
     if KEY_MAJOR_BOXES and key_major_boxes_apply(problem, config["dkdv"]):
         boxes = _ranked_key_major_boxes(problem, config["dkdv"])[0]
         config["dkdv"] = _fit_shared(problem, "dkdv", dict(config["dkdv"], **boxes))
@@ -674,6 +706,22 @@ def _two_forward_programs_a_multiprocessor(problem: Problem, fwd: Dict) -> Dict:
             return fwd
         kv = fit(kv, ext, math.prod(kv) // 2)
     return dict(fwd, kv=kv, stages=2)
+
+
+def _wide_1d_forward(problem: Problem, fwd: Dict) -> Dict:
+    """WIDE_1D_FORWARD_TILES instead of ``fwd`` for a 1-D problem of at least WIDE_1D_MIN_WIDTH
+    channels (the backend takes up to 256) on a Hopper-size GPU, where they cost at most
+    WIDE_1D_MAX_COST_RATIO times ``fwd``'s tiles; ``fwd`` elsewhere."""
+    if (problem.rank != 1 or max(problem.head_dim, problem.value_dim) < WIDE_1D_MIN_WIDTH
+            or tile_shared_budget(problem.device) < HOPPER_TILE_BUDGET):
+        return fwd
+    queries, keys, warps, stages = WIDE_1D_FORWARD_TILES
+    ext = group_extents(problem)
+    wide = dict(fwd, q=fit(fwd["q"], ext, queries), kv=fit(fwd["kv"], ext, keys), warps=warps, stages=stages)
+    if forward_cost(problem, wide["q"], wide["kv"], 1.0) > WIDE_1D_MAX_COST_RATIO * forward_cost(
+            problem, fwd["q"], fwd["kv"], 1.0):
+        return fwd
+    return _fit_shared(problem, "fwd", wide)
 
 
 def key_major_boxes_apply(problem: Problem, dkdv: Dict) -> bool:
