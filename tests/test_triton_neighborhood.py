@@ -321,6 +321,74 @@ def test_two_program_rule_only_for_wide_16bit_heads_on_hopper(monkeypatch, dtype
     assert tiles.default_config.__wrapped__(problem)["fwd"] == tiles._config_on_forward_boxes(problem)["fwd"]
 
 
+def _forward_tiles(spatial, window, head_dim, dtype=torch.bfloat16, heads=4, kv_heads=4, **options):
+    q = torch.empty(2, *spatial, heads, head_dim, dtype=dtype, device="meta")
+    k = torch.empty(2, *spatial, kv_heads, head_dim, dtype=dtype, device="meta")
+    problem = build_problem(q, k, k, window, **options)
+    fwd = tiles.default_config.__wrapped__(problem)["fwd"]  # not the cache: tests patch the budget
+    return problem, (math.prod(fwd["q"]), math.prod(fwd["kv"]), fwd["warps"], fwd["stages"])
+
+
+@pytest.mark.parametrize("spatial,window,head_dim,options,wide", [
+    ((8192,), 4096, 256, dict(causal=True, kv_heads=2), True),
+    ((16384,), 1023, 256, {}, True),
+    ((8192,), 2048, 192, dict(causal=True, kv_heads=1), True),
+    ((8192,), 511, 256, dict(dilation=2), True),
+    ((2048,), 127, 256, {}, False),  # 1.4x the pairs: 0.90x on an H100
+    ((4096,), 256, 192, dict(stride=64), False),  # 1.33x the pairs: 1.01x
+    ((32768,), 4096, 160, dict(causal=True), False),  # 160 channels keep 64 keys on 4 warps: 0.93x
+    ((64, 64), 17, 256, {}, False),  # 2-D and 3-D: 0.51-0.91x
+])
+def test_wide_1d_forward_on_8_warps_where_it_costs_few_pairs(spatial, window, head_dim, options, wide):
+    """1-D problems at 161-256 channels in 16 bits take 128 x 64 forward tiles on 8 warps where
+    those cost at most WIDE_1D_MAX_COST_RATIO times the two-program tiles' pairs
+    (tiles.WIDE_1D_FORWARD_TILES); other problems keep the two-program tiles, which stay a
+    tuning candidate."""
+    options = dict(options)
+    kv_heads = options.pop("kv_heads", 4)
+    problem, fwd = _forward_tiles(spatial, window, head_dim, kv_heads=kv_heads, **options)
+    assert (fwd == (128, 64, 8, 2)) == wide, fwd
+    if wide:
+        two_programs = [c["fwd"] for c in tiles.candidate_configs(problem)
+                        if c["fwd"]["warps"] == 4 and math.prod(c["fwd"]["q"]) == 64 and c["fwd"]["stages"] == 2]
+        assert two_programs, "the two-program forward is no longer a candidate"
+        ext = tiles.group_extents(problem)
+        cost = tiles.forward_cost(problem, tiles.fit([1], ext, 128), tiles.fit([1], ext, 64), 1.0)
+        assert cost <= tiles.WIDE_1D_MAX_COST_RATIO * tiles.forward_cost(problem, [64], [32], 1.0)
+
+
+def test_wide_1d_rule_only_on_hopper_size_gpus(monkeypatch):
+    """GPUs with less shared memory than Hopper (where the rule was not measured) keep the
+    forward of before."""
+    monkeypatch.setattr(tiles, "tile_shared_budget", lambda device: (163 - 27) * 1024)
+    _, fwd = _forward_tiles((16384,), 1023, 256)
+    assert fwd[2] == 4, fwd
+
+
+@pytest.mark.parametrize("spatial,window,head_dim,options", [
+    ((32768,), 2047, 64, {}), ((16384,), 4096, 64, dict(causal=True)), ((8192,), 1024, 32, dict(causal=True)),
+    ((16384,), 16384, 64, {}), ((32768,), 4095, 16, {}), ((256, 256), 127, 64, {}),
+])
+def test_narrow_heads_leave_the_128_block(monkeypatch, spatial, window, head_dim, options):
+    """At 16-bit head dims of at most 64 channels (read by pointer) the 128 x 128 forward block
+    runs at NARROW_128_BLOCK_SPEED of FORWARD_BLOCKS' scale (0.76-0.82 the time of 128 x 64 or
+    64 x 64 tiles on an H200): the long 1-D windows and large 2-D windows that took it take 64 x 64
+    on 4 warps; it stays a tuning candidate."""
+    problem, fwd = _forward_tiles(spatial, window, head_dim, **options)
+    assert fwd == (64, 64, 4, 3), fwd
+    assert any(math.prod(c["fwd"]["q"]) == 128 == math.prod(c["fwd"]["kv"]) for c in tiles.candidate_configs(problem))
+    monkeypatch.setattr(tiles, "NARROW_128_BLOCK_RULE", False)
+    assert math.prod(tiles._best_forward.__wrapped__(problem, False)[0]) == 128  # what the rule replaced
+
+
+@pytest.mark.parametrize("head_dim,dtype", [(128, torch.bfloat16), (64, torch.float32)])
+def test_narrow_128_block_rule_leaves_other_heads(head_dim, dtype):
+    """Heads read through descriptors (above 64 channels) and float32 keep FORWARD_BLOCKS' speeds."""
+    q = torch.empty(1, 32768, 4, head_dim, dtype=dtype, device="meta")
+    problem = build_problem(q, q, q, 2047)
+    assert not tiles._pointer_width_16bit_on_copy_engine(problem)
+
+
 def test_split_heads_not_with_additional_tokens():
     """The additional-token loop multiplies one padded block: problems with such tokens keep it."""
     q = torch.randn(1, 10, 2, 80)
