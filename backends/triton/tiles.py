@@ -108,7 +108,7 @@ NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
 # on 8 warps or 64 x 64 on 4 (H200, 2026-12-05, bench_forward_configs.py --set narrow_1d: the
 # 1-D forwards with windows of 2047 to 16384 keys, on which the cost model chose it, ran
 # 1.22-1.31x faster on either smaller block at 64 channels and 1.33-1.48x at 32), so its speed
-# there is 0.91 x 0.8.
+# there is 0.91 x 0.8 (RESULTS.md, "Triton's own ceiling beside the kernel").
 NARROW_128_BLOCK_SPEED = 0.73
 POINTER_BLOCK_MAX_HEAD_DIM = 64
 NARROW_128_BLOCK_RULE = True
@@ -457,10 +457,10 @@ WIDE_16BIT_FORWARD_RULE = True
 # multiprocessor) wherever those tiles' cost (forward_cost: computed pairs and masked steps) is at
 # most WIDE_1D_MAX_COST_RATIO times the two-program tiles': on 1-D windows the wider walk costs
 # few extra pairs, and per computed pair it ran 1.16-1.34x faster. Measured (H100, 2026-12-05,
-# bench_wide_forward_tiles.py; RESULTS.md "Wide 1-D heads on 8 warps"): 1.09-1.27x on the five
-# 1-D problems at cost ratios 1.02-1.13 (windows of 511 to 4096 keys, GQA, dilation), 0.90x and
-# 1.01x at ratios 1.40 (window 127) and 1.33 (stride 64); at 160 channels, where the two-program
-# tiles keep 64 keys, 0.93x.
+# bench_wide_forward_tiles.py; RESULTS.md "Triton's own ceiling beside the kernel"): 1.09-1.27x
+# on the five 1-D problems at cost ratios 1.02-1.13 (windows of 511 to 4096 keys, GQA,
+# dilation), 0.90x and 1.01x at ratios 1.40 (window 127) and 1.33 (stride 64); at 160 channels,
+# where the two-program tiles keep 64 keys, 0.93x.
 WIDE_1D_FORWARD_TILES = (128, 64, 8, 2)  # queries, keys, warps, stages
 WIDE_1D_MIN_WIDTH = 161
 WIDE_1D_MAX_COST_RATIO = 1.15
