@@ -44,7 +44,7 @@ SETS = {
         ("3-D 16x48x48, 7x15x15, D=64", (16, 48, 48), (7, 15, 15), {}, 16, 16, 64, 1),
         ("2-D 64x64, 17x17, D=64, B=4", (64, 64), 17, {}, 16, 16, 64, 4),
     ],
-    # the problems whose default tiles.NARROW_128_BLOCK_RULE changed, and two it did not (added
+    # problems whose default tiles.NARROW_128_BLOCK_RULE changed, and two it leaves (added
     # 2026-12-05 after the narrow_1d run)
     "narrow_rule": [
         ("1-D 32768, window 2047, D=64", (32768,), 2047, {}, 16, 16, 64, 1),

@@ -381,6 +381,14 @@ def test_narrow_heads_leave_the_128_block(monkeypatch, spatial, window, head_dim
     assert math.prod(tiles._best_forward.__wrapped__(problem, False)[0]) == 128  # what the rule replaced
 
 
+@pytest.mark.parametrize("spatial,window,options", [((2048,), 128, dict(stride=128)), ((4096,), 384, dict(stride=128))])
+def test_narrow_heads_keep_the_128_block_on_short_walks(spatial, window, options):
+    """Blocked problems whose walk is one or a few 128 x 128 tiles (not measured under the rule)
+    keep that block."""
+    _, fwd = _forward_tiles(spatial, window, 64, **options)
+    assert fwd == (128, 128, 8, 2), fwd
+
+
 @pytest.mark.parametrize("head_dim,dtype", [(128, torch.bfloat16), (64, torch.float32)])
 def test_narrow_128_block_rule_leaves_other_heads(head_dim, dtype):
     """Heads read through descriptors (above 64 channels) and float32 keep FORWARD_BLOCKS' speeds."""

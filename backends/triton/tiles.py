@@ -108,7 +108,9 @@ NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
 # on 8 warps or 64 x 64 on 4 (H200, 2026-12-05, bench_forward_configs.py --set narrow_1d: the
 # 1-D forwards with windows of 2047 to 16384 keys, on which the cost model chose it, ran
 # 1.22-1.31x faster on either smaller block at 64 channels and 1.33-1.48x at 32), so its speed
-# there is 0.91 x 0.8 (RESULTS.md, "Triton's own ceiling beside the kernel").
+# there is 0.91 x 0.8 (RESULTS.md, "Triton's own ceiling beside the kernel"). Walks of at most
+# SHORT_WALK_STEPS key tiles (blocked problems, where one 128 x 128 tile is the whole window) were
+# not measured and keep FORWARD_BLOCKS' speed.
 NARROW_128_BLOCK_SPEED = 0.73
 POINTER_BLOCK_MAX_HEAD_DIM = 64
 NARROW_128_BLOCK_RULE = True
@@ -502,9 +504,17 @@ def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...],
     blocks = dict(FORWARD_BLOCKS[descriptors])
     if narrow_16bit(problem):  # (read by pointer: descriptors start at DESCRIPTOR_MIN_HEAD_DIM)
         blocks.update(NARROW_FORWARD_BLOCKS)
+    best = _cheapest_forward(problem, blocks)
     if NARROW_128_BLOCK_RULE and not descriptors and _pointer_width_16bit_on_copy_engine(problem):
-        warps, stages, _ = blocks[(128, 128)]
-        blocks[(128, 128)] = (warps, stages, NARROW_128_BLOCK_SPEED)
+        # Measured on long walks only: a short one (a blocked problem's single tile) keeps its block.
+        if steps_per_tile(problem, best[0], best[1]) > SHORT_WALK_STEPS:
+            warps, stages, _ = blocks[(128, 128)]
+            best = _cheapest_forward(problem, {**blocks, (128, 128): (warps, stages, NARROW_128_BLOCK_SPEED)})
+    return best
+
+
+def _cheapest_forward(problem: Problem, blocks: Dict) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
+    """(query box, key box, warps, stages) of the cheapest of ``blocks`` by forward_cost."""
     best = None
     for (bm, bn), (warps, stages, speed) in blocks.items():
         cost, q, kv = _cheapest_boxes(problem, bm, bn, speed)
