@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
-from triton.testing import do_bench
 
-import haloattn
-from haloattn.backend import AttentionInputs
-from haloattn.backends.triton import launch, tiles
-from haloattn.problem import build_problem
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_wide_forward_tiles import bf16_problem, time_forward  # noqa: E402
+
+from haloattn.backends.triton import tiles  # noqa: E402
 
 # (name, spatial, window, options, heads, kv_heads, head_dim, batch)
 SETS = {
@@ -98,14 +99,7 @@ def main():
     rows = []
     only = range(len(problems)) if args.only is None else [int(i) for i in args.only.split(",")]
     for index in only:
-        name, spatial, window, options, heads, kv_heads, dim, batch = problems[index]
-        g = torch.Generator(device="cuda").manual_seed(index)
-        q = torch.randn(batch, *spatial, heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
-        k, v = (torch.randn(batch, *spatial, kv_heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
-                for _ in range(2))
-        problem = build_problem(q, k, v, window, **options)
-        inputs = AttentionInputs(q, k, v)
-        ref = haloattn.attention(q.float(), k.float(), v.float(), window, backend="reference", **options)
+        name, problem, inputs, ref = bf16_problem(problems[index], index)
         default = tiles.normalise(None, problem)
         print(f"# {name}: default {default['fwd']}", flush=True)
         base_ms = None
@@ -116,9 +110,7 @@ def main():
             if config["fwd"] in seen:
                 continue
             seen.append(config["fwd"])
-            out, _ = launch.forward(problem, inputs, config)
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            ms = do_bench(lambda: launch.forward(problem, inputs, config), warmup=25, rep=100, return_mode="median")
+            ms, err = time_forward(problem, inputs, config, ref)
             base_ms = base_ms or ms
             rows.append(dict(problem=name, variant=label, fwd=config["fwd"], ms=ms, error=err, speedup=base_ms / ms))
             print(f"  {label}: {ms:.3f} ms, rel error {err:.1e}, {base_ms / ms:.2f}x the default", flush=True)

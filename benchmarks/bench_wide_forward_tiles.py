@@ -69,6 +69,25 @@ def forward_before_the_rule(problem, default):
     return tiles.normalise(dict(default, fwd=tiles._config_on_forward_boxes(problem)["fwd"]), problem)
 
 
+def bf16_problem(spec, seed):
+    """(name, problem, inputs, the reference backend's float32 output) of a PROBLEMS-style spec,
+    drawn on the GPU from ``seed``."""
+    name, spatial, window, options, heads, kv_heads, dim, batch = spec
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, *spatial, heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, *spatial, kv_heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
+            for _ in range(2))
+    ref = haloattn.attention(q.float(), k.float(), v.float(), window, backend="reference", **options)
+    return name, build_problem(q, k, v, window, **options), AttentionInputs(q, k, v), ref
+
+
+def time_forward(problem, inputs, config, ref):
+    """(median forward ms, the output's relative error against ``ref``) of ``config``."""
+    out, _ = launch.forward(problem, inputs, config)
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    return do_bench(lambda: launch.forward(problem, inputs, config), warmup=25, rep=100, return_mode="median"), err
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(str(i) for i in range(len(PROBLEMS))))
@@ -77,14 +96,7 @@ def main():
     args = parser.parse_args()
     rows = []
     for index in (int(i) for i in args.only.split(",")):
-        name, spatial, window, options, heads, kv_heads, dim, batch = PROBLEMS[index]
-        g = torch.Generator(device="cuda").manual_seed(index)
-        q = torch.randn(batch, *spatial, heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
-        k, v = (torch.randn(batch, *spatial, kv_heads, dim, device="cuda", generator=g, dtype=torch.bfloat16)
-                for _ in range(2))
-        problem = build_problem(q, k, v, window, **options)
-        inputs = AttentionInputs(q, k, v)
-        ref = haloattn.attention(q.float(), k.float(), v.float(), window, backend="reference", **options)
+        name, problem, inputs, ref = bf16_problem(PROBLEMS[index], index)
         default = tiles.normalise(None, problem)
         print(f"# {name}: default {default['fwd']}", flush=True)
         base_ms = None
@@ -92,9 +104,7 @@ def main():
                 (f"{bm}x{bn} w{w} s{s}", config_for(problem, bm, bn, w, s)) for bm, bn, w, s in VARIANTS]:
             if label != "default" and (config["fwd"] == default["fwd"] or label.replace(" ", "") in args.skip.split(",")):
                 continue
-            out, _ = launch.forward(problem, inputs, config)
-            err = ((out.float() - ref).norm() / ref.norm()).item()
-            ms = do_bench(lambda: launch.forward(problem, inputs, config), warmup=25, rep=100, return_mode="median")
+            ms, err = time_forward(problem, inputs, config, ref)
             base_ms = base_ms or ms
             rows.append(dict(problem=name, variant=label, fwd=config["fwd"], ms=ms, error=err,
                              speedup=base_ms / ms))
