@@ -390,11 +390,15 @@ def test_narrow_heads_keep_the_128_block_on_short_walks(spatial, window, options
 
 
 @pytest.mark.parametrize("head_dim,dtype", [(128, torch.bfloat16), (64, torch.float32)])
-def test_narrow_128_block_rule_leaves_other_heads(head_dim, dtype):
-    """Heads read through descriptors (above 64 channels) and float32 keep FORWARD_BLOCKS' speeds."""
+def test_narrow_128_block_rule_leaves_other_heads(monkeypatch, head_dim, dtype):
+    """Heads read through descriptors (above 64 channels) and float32 keep FORWARD_BLOCKS' speeds:
+    the rule changes no forward choice of theirs."""
     q = torch.empty(1, 32768, 4, head_dim, dtype=dtype, device="meta")
     problem = build_problem(q, q, q, 2047)
     assert not tiles._pointer_width_16bit_on_copy_engine(problem)
+    with_rule = [tiles._best_forward.__wrapped__(problem, descriptors) for descriptors in (False, True)]
+    monkeypatch.setattr(tiles, "NARROW_128_BLOCK_RULE", False)
+    assert with_rule == [tiles._best_forward.__wrapped__(problem, descriptors) for descriptors in (False, True)]
 
 
 def test_split_heads_not_with_additional_tokens():
