@@ -459,8 +459,8 @@ WIDE_16BIT_FORWARD_RULE = True
 # multiprocessor) wherever those tiles' cost (forward_cost: computed pairs and masked steps) is at
 # most WIDE_1D_MAX_COST_RATIO times the two-program tiles': on 1-D windows the wider walk costs
 # few extra pairs, and per computed pair it ran 1.16-1.34x faster. Measured (H100, 2026-12-05,
-# bench_wide_forward_tiles.py; RESULTS.md "Triton's own ceiling beside the kernel"): 1.09-1.27x
-# on the five 1-D problems at cost ratios 1.02-1.13 (windows of 511 to 4096 keys, GQA,
+# bench_wide_forward_tiles.py; RESULTS.md "Triton's own ceiling beside the kernel"): 1.02-1.27x
+# (four of them 1.09x or more) on the five 1-D problems at cost ratios 1.02-1.13 (windows of 511 to 4096 keys, GQA,
 # dilation), 0.90x and 1.01x at ratios 1.40 (window 127) and 1.33 (stride 64); at 160 channels,
 # where the two-program tiles keep 64 keys, 0.93x.
 WIDE_1D_FORWARD_TILES = (128, 64, 8, 2)  # queries, keys, warps, stages
