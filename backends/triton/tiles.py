@@ -460,17 +460,17 @@ WIDE_16BIT_FORWARD_RULE = True
 # most WIDE_1D_MAX_COST_RATIO times the two-program tiles': on 1-D windows the wider walk costs
 # few extra pairs, and per computed pair it ran 1.16-1.34x faster. Measured (H100, 2026-12-05,
 # bench_wide_forward_tiles.py; RESULTS.md "Triton's own ceiling beside the kernel"): 1.02-1.27x
-# (four of them 1.09x or more) on the five 1-D problems at cost ratios 1.02-1.13 (windows of 511 to 4096 keys, GQA,
-# dilation), 0.90x and 1.01x at ratios 1.40 (window 127) and 1.33 (stride 64); at 160 channels,
-# where the two-program tiles keep 64 keys, 0.93x.
+# (four of them 1.09x or more) on the five 1-D problems at cost ratios 1.02-1.13 (windows of 511
+# to 4096 keys, GQA, dilation), 0.90x and 1.01x at ratios 1.40 (window 127) and 1.33 (stride 64);
+# at 160 channels, where the two-program tiles keep 64 keys, 0.93x.
 WIDE_1D_FORWARD_TILES = (128, 64, 8, 2)  # queries, keys, warps, stages
 WIDE_1D_MIN_WIDTH = 161
 WIDE_1D_MAX_COST_RATIO = 1.15
 # The forward never runs on one stage: on an H200 (2026-12-05, probe_forward_configs.py --set
 # stage_one) Triton's one-stage forward of heads split as 160 = 128 + 32 channels read an illegal
 # address on a 3-D problem and returned silently wrong outputs on three others (ranks 1-3), where
-# two stages, and on one stage unsplit heads and 192 = 128 + 64, ran right. A tuning candidate from 2026-12-04 to
-# 2026-12-05, never a default; a cache entry asking for one stage runs two.
+# two stages, and on one stage unsplit heads and 192 = 128 + 64, ran right. A tuning candidate
+# from 2026-12-04 to 2026-12-05, never a default; a cache entry asking for one stage runs two.
 MIN_FORWARD_STAGES = 2
 
 
@@ -644,8 +644,9 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
 
 
 def _config_on_forward_boxes(problem: Problem) -> Dict:
-    """The heuristic default but the wide forward's two-program tiles (WIDE_16BIT_FORWARD_RULE) and
-    the dK/dV kernel's own boxes (KEY_MAJOR_BOXES): every kernel on boxes the forward's cost chose. Not cached (default_config is): the benches
+    """The heuristic default but the wide forward's tiles (WIDE_16BIT_FORWARD_RULE,
+    WIDE_1D_FORWARD_TILES) and the dK/dV kernel's own boxes (KEY_MAJOR_BOXES): every kernel on
+    boxes the forward's cost chose. Not cached (default_config is): the benches
     switch the rules in here off and on."""
     ext = group_extents(problem)
     descriptors = descriptor_loads(problem)
