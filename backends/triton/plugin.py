@@ -4,6 +4,8 @@ Fused forward, deterministic backward and forward-mode AD (jvp_kernel) for patte
 "neighborhood" and "window" on ranks 1-3, every per-axis window / stride / dilation / causal /
 shift, GQA/MQA, D_v != D, head dims up to 256, float16 / bfloat16 / float32 (tf32 when
 ``torch.backends.cuda.matmul.allow_tf32``), scale, softcap, rpb, additional tokens and the LSE.
+Rank-1 problems with a key-query convolution (kq_conv) run a fused forward of their own
+(kq_conv_kernel); their backward recomputes on the reference backend's tiles (kq_conv_launch).
 On CPU tensors it runs only under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), so
 ordinary CPU users keep the reference.
 """
@@ -106,26 +108,42 @@ class TritonBackend(Backend):
             reasons.append("score_mod is not supported (an arbitrary Python function per score: the flex backend runs it on CUDA, the reference backend elsewhere)")
         if problem.mask_mod is not None:
             reasons.append("mask_mod is not supported (an arbitrary Python function per pair: the flex backend runs it on CUDA, the reference backend elsewhere)")
-        if problem.kq_conv_shape is not None:
-            reasons.append("kq_conv (key-query convolution) is not supported by this kernel (the reference backend runs it)")
+        if problem.kq_conv_shape is not None and not reasons:
+            from . import kq_conv_launch
+
+            reasons.extend(kq_conv_launch.not_supported_reasons(problem))
         return reasons
 
     def configs(self, problem):
+        if problem.kq_conv_shape is not None:
+            from . import kq_conv_launch
+
+            return kq_conv_launch.candidate_configs(problem)
         from . import tiles
 
         return tiles.candidate_configs(problem)
 
     def forward(self, problem, inputs, config=None):
+        if problem.kq_conv_shape is not None:
+            from . import kq_conv_launch
+
+            return kq_conv_launch.forward(problem, inputs, config)
         from . import launch
 
         return launch.forward(problem, inputs, config)
 
     def backward(self, problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+        if problem.kq_conv_shape is not None:
+            from . import kq_conv_launch
+
+            return kq_conv_launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad)
         from . import launch
 
         return launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
 
     def jvp_not_supported_reasons(self, problem) -> List[str]:
+        if problem.kq_conv_shape is not None:
+            return ["kq_conv: no forward-mode rule in the fused kernel (the reference backend has one)"]
         return []  # every problem the forward runs (jvp_kernel has the forward's features)
 
     def jvp(self, problem, inputs, tangents, out, lse, config=None):

@@ -1,0 +1,211 @@
+"""Host side of the fused key-query convolution forward (kq_conv_kernel): tiles, the band
+matrices of the kernel rows, each query tile's run of keys, and the launch.
+
+The backward is not fused yet: ``backward`` recomputes the gradients on the reference backend's
+tiles (``haloattn.backends.reference.attend``, the same code that ran every kq_conv call before)
+and says so once per problem with a SlowPathWarning, so that a training loop knows where its time
+goes. The forward (inference, evaluation, and the forward half of training) is fused.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Dict, List, Tuple
+
+import torch
+
+from haloattn.backend import AttentionInputs
+from haloattn.dispatch import SlowPathWarning
+from haloattn.geometry import key_range
+from haloattn.problem import Problem
+
+from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
+from .kq_conv_kernel import kq_conv_forward_kernel
+from .launch import _precision, _unit_last, cdiv, needs_int64
+from .plugin import interpreting
+from .tiles import pow2_ceil
+
+# Limits of the fused kernel (beyond them the reference backend runs the problem, and explain()
+# says why): row shifts are unrolled at compile time, and a halo is one tile of HALO columns.
+MAX_ROW_SHIFTS = 16
+MAX_KEY_REACH = 64
+
+# Tiles: BM query rows, BN key columns, BE additional tokens a step. Every product has a side of
+# at least 16 (tl.dot). 64 x 64 keeps the score tile, its convolution and the output accumulator
+# of a 128-channel head within one warpgroup's registers; wider heads halve the key tile.
+DEFAULT_TILES = {"block_m": 64, "block_n": 64, "warps": 4, "stages": 2}
+WIDE_HEAD_TILES = {"block_m": 64, "block_n": 32, "warps": 8, "stages": 2}
+WIDE_HEAD = 128
+EXTRA_BLOCK = 16
+
+
+def not_supported_reasons(problem: Problem) -> List[str]:
+    """Why the fused kernel cannot run this kq_conv problem (empty: it can)."""
+    c_q, c_k = problem.kq_conv_shape
+    reasons = []
+    if c_q > MAX_ROW_SHIFTS:
+        reasons.append(f"kq_conv has c_q={c_q} row shifts; the fused kernel unrolls at most {MAX_ROW_SHIFTS}")
+    if (c_k - 1) // 2 > MAX_KEY_REACH:
+        reasons.append(f"kq_conv has c_k={c_k} (reach {(c_k - 1) // 2}); the fused kernel reaches at most "
+                       f"{MAX_KEY_REACH} keys either side (c_k <= {2 * MAX_KEY_REACH + 1})")
+    return reasons
+
+
+def default_config(problem: Problem) -> Dict:
+    tiles = WIDE_HEAD_TILES if max(problem.head_dim, problem.value_dim) > WIDE_HEAD else DEFAULT_TILES
+    return {"kq": dict(tiles)}
+
+
+def candidate_configs(problem: Problem) -> List[Dict]:
+    """The tuning space: the default, then other tile widths and warp counts."""
+    base = default_config(problem)
+    out = [base]
+    for block_m, block_n, warps in ((64, 32, 4), (128, 64, 8), (64, 64, 8), (32, 32, 4)):
+        cfg = {"kq": {"block_m": block_m, "block_n": block_n, "warps": warps, "stages": 2}}
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def normalise(config, problem: Problem) -> Dict:
+    """The config's tiles, each a power of two >= 16, defaults filling what is missing or bad."""
+    base = default_config(problem)["kq"]
+    given = (config or {}).get("kq") if isinstance(config, dict) else None
+    tiles = dict(base, **(given if isinstance(given, dict) else {}))
+    for name in ("block_m", "block_n"):
+        value = tiles[name]
+        if not isinstance(value, int) or value < 16 or value & (value - 1):
+            tiles[name] = base[name]
+    for name in ("warps", "stages"):
+        if not isinstance(tiles[name], int) or tiles[name] < 1:
+            tiles[name] = base[name]
+    return tiles
+
+
+def halo(problem: Problem) -> int:
+    """Columns of each halo tile: 0 without a reach along the keys, else a power of two >= 16."""
+    reach = (problem.kq_conv_shape[1] - 1) // 2
+    return 0 if reach == 0 else max(16, pow2_ceil(reach))
+
+
+def toeplitz_bands(weight: torch.Tensor, block_n: int, halo_cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[H, c_q, block_n + 2 * halo_cols, block_n]``: row ``a`` of each head's kernel as the band
+    matrix from a key tile's source columns (its left halo, itself, its right halo) to its target
+    columns, ``W[h, a, t]`` where source column minus target column equals ``t - reach``."""
+    c_k = weight.shape[2]
+    reach = (c_k - 1) // 2
+    u = torch.arange(block_n + 2 * halo_cols, device=weight.device)[:, None]
+    j = torch.arange(block_n, device=weight.device)[None, :]
+    t = u - halo_cols - j + reach
+    inside = (t >= 0) & (t < c_k)
+    bands = weight.detach().to(torch.float32)[:, :, t.clamp(0, c_k - 1)] * inside
+    return bands.to(dtype).contiguous()
+
+
+@functools.lru_cache(maxsize=256)
+def _runs_on_host(axis, pattern: str, block_m: int) -> Tuple[int, ...]:
+    L = axis.length
+    rows = torch.arange(L)
+    group, lo, hi = key_range(axis, pattern, rows)
+    first, last = group + axis.dilation * lo, group + axis.dilation * (hi - 1)
+    tiles = cdiv(L, block_m)
+    pad = tiles * block_m - L
+    first = torch.cat([first, first[-1:].expand(pad)]).view(tiles, block_m).amin(1)
+    last = torch.cat([last, last[-1:].expand(pad)]).view(tiles, block_m).amax(1)
+    return tuple(torch.stack([first, last + 1], 1).reshape(-1).tolist())
+
+
+def tile_runs(problem: Problem, block_m: int, device) -> torch.Tensor:
+    """``[tiles, 2]`` int32: the grid columns ``[first, last + 1)`` the rows of each BM-row query
+    tile see (one run: the key ranges are monotone in the row within a dilation group, and a
+    tile's groups interleave)."""
+    return torch.tensor(_runs_on_host(problem.axes[0], problem.pattern, block_m), dtype=torch.int32, device=device)
+
+
+def conv_precision(dtype: torch.dtype, precision: str) -> str:
+    """How S0 meets the band matrices: float16 operands for float16 inputs (TF32's 10 mantissa
+    bits at twice its rate); TF32 for bfloat16 inputs (bfloat16 operands would carry 8 bits, about
+    8x the convolution's rounding: 3.9e-3 against 4.9e-4 in the output in a float64 emulation at
+    MTA's 6x11); float32 inputs as their own products (precision)."""
+    if precision == "interpret":
+        return "interpret"
+    if dtype == torch.float16:
+        return "float16"
+    if dtype == torch.bfloat16:
+        return "tf32"
+    return precision
+
+
+# Launch plans per (problem, config, layouts). The band matrices are rebuilt every call (a gather
+# of H * c_q * (BN + 2 * HALO) * BN values): cached ones could outlive weights computed afresh
+# each step at the same address.
+_FORWARD_PLANS = plan_cache()
+
+
+def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = (_unit_last(t) for t in inputs[:3])
+    ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
+    rpb = inputs.rpb
+    tiles = normalise(config, problem)
+    precision = _precision(q.dtype)
+    conv = conv_precision(q.dtype, precision)
+    halo_cols = halo(problem)
+    band_dtype = torch.float16 if conv == "float16" else torch.float32
+    bands = toeplitz_bands(inputs.kq_conv, tiles["block_n"], halo_cols, band_dtype)
+    runs = tile_runs(problem, tiles["block_m"], q.device)
+    out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    key = (problem, config_key(config), tensor_layout(q), tensor_layout(k), tensor_layout(v), tensor_layout(rpb),
+           tensor_layout(ak), tensor_layout(av), tensor_layout(bands), precision)
+    placeholder = q  # tensors the kernel does not read without their feature
+    launch = cached(_FORWARD_PLANS, key, lambda: _launch(problem, tiles, precision, conv, halo_cols, q, k, v, out,
+                                                         lse, bands, runs, rpb, ak, av))
+    launch(q, k, v, out, lse, bands, runs, rpb if rpb is not None else placeholder,
+           ak if ak is not None else placeholder, av if av is not None else placeholder)
+    return out, lse
+
+
+def _launch(problem, tiles, precision, conv, halo_cols, q, k, v, out, lse, bands, runs, rpb, ak, av) -> Launch:
+    axis = problem.axes[0]
+    H, B = problem.heads, problem.batch
+    c_q = problem.kq_conv_shape[0]
+    placeholder = q
+
+    def strides3(t):  # (batch, token, head) strides of [B, L, H, D] (or [B, L, H])
+        return [t.stride(0), t.stride(1), t.stride(2)]
+
+    rpb_strides = [rpb.stride(0), rpb.stride(1)] if rpb is not None else [0, 0]
+    extra_strides = (strides3(ak) + strides3(av)) if ak is not None else [0] * 6
+    return Launch(kq_conv_forward_kernel, (cdiv(axis.length, tiles["block_m"]), H, B), [
+        q, k, v, out, lse, bands, runs, rpb if rpb is not None else placeholder,
+        ak if ak is not None else placeholder, av if av is not None else placeholder,
+        *strides3(q), *strides3(k), *strides3(v), *strides3(out), *strides3(lse.unsqueeze(-1)),
+        bands.stride(0), bands.stride(1), *rpb_strides, *extra_strides,
+        H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim,
+        axis.length, axis.dilation, axis.window, axis.stride, axis.shift, problem.scale, problem.softcap or 1.0,
+    ], dict(
+        CAUSAL=axis.causal, WINDOW=problem.pattern == "window", C_Q=c_q, HALO=halo_cols,
+        BM=tiles["block_m"], BN=tiles["block_n"], BE=EXTRA_BLOCK,
+        BLOCK_D=max(16, pow2_ceil(problem.head_dim)), BLOCK_DV=max(16, pow2_ceil(problem.value_dim)),
+        HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
+        LARGE=needs_int64(q, k, v, out), PRECISION=precision, CONV_PRECISION=conv,
+        num_warps=tiles["warps"], num_stages=tiles["stages"],
+    ))
+
+
+_WARNED = set()
+
+
+def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad):
+    """The reference backend's blocked backward (see the module docstring), announced once per problem."""
+    from haloattn.backends.reference import attend
+
+    if problem.device.type != "cpu" and problem not in _WARNED and not interpreting():
+        _WARNED.add(problem)
+        warnings.warn(
+            f"haloattn: the backward of {problem.describe()} runs on the reference backend's tiles: "
+            "triton fuses the key-query convolution's forward only, so far",
+            SlowPathWarning, stacklevel=6,
+        )
+    return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad, out, lse)
