@@ -20,7 +20,8 @@ from haloattn.dispatch import SlowPathWarning
 from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
-from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
+from .fast_launch import Launch, cached, config_key, plan_cache, resolve, tensor_layout
+from .kq_conv_backward import dkdv_kernel, dq_dw_kernel
 from .kq_conv_kernel import kq_conv_forward_kernel
 from .launch import _precision, _unit_last, cdiv, needs_int64
 from .plugin import interpreting
@@ -37,6 +38,9 @@ MAX_KEY_REACH = 64
 DEFAULT_TILES = {"block_m": 64, "block_n": 64, "warps": 4, "stages": 2}
 WIDE_HEAD_TILES = {"block_m": 64, "block_n": 32, "warps": 8, "stages": 2}
 WIDE_HEAD = 128
+# The backward's: 32-column key tiles keep dq_dw_kernel's band-shaped dW accumulators (c_q of
+# them, (BN + 2 * HALO) x BN each) small.
+BACKWARD_TILES = {"block_m": 64, "block_n": 32, "warps": 8, "stages": 1}
 EXTRA_BLOCK = 16
 
 
@@ -197,15 +201,153 @@ def _launch(problem, tiles, precision, conv, halo_cols, q, k, v, out, lse, bands
 _WARNED = set()
 
 
-def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad):
-    """The reference backend's blocked backward (see the module docstring), announced once per problem."""
+def fused_backward_reasons(problem: Problem, needs_grad) -> List[str]:
+    """Why the fused backward cannot run this call (empty: it can)."""
+    reasons = []
+    if problem.extra_tokens:
+        reasons.append("additional tokens")
+    if problem.has_rpb and needs_grad[3]:
+        reasons.append("the rpb gradient")
+    return reasons
+
+
+def backward_tiles(config, problem: Problem) -> Dict:
+    """The backward's tiles (config part ``kq_bwd``): BM source or target rows, BN key columns
+    (at least a halo wide, so that each halo spills into one neighbouring tile)."""
+    base = dict(BACKWARD_TILES)
+    given = config.get("kq_bwd") if isinstance(config, dict) else None
+    tiles = dict(base, **(given if isinstance(given, dict) else {}))
+    for name in ("block_m", "block_n"):
+        value = tiles[name]
+        if not isinstance(value, int) or value < 16 or value & (value - 1):
+            tiles[name] = base[name]
+    tiles["block_n"] = max(tiles["block_n"], halo(problem))
+    for name in ("warps", "stages"):
+        if not isinstance(tiles[name], int) or tiles[name] < 1:
+            tiles[name] = base[name]
+    return tiles
+
+
+def _row_bounds(problem: Problem) -> Tuple[torch.Tensor, torch.Tensor]:
+    """First and last grid column each grid row sees."""
+    axis = problem.axes[0]
+    group, lo, hi = key_range(axis, problem.pattern, torch.arange(axis.length))
+    return group + axis.dilation * lo, group + axis.dilation * (hi - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_runs_on_host(problem: Problem, block_m: int, block_n: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    L = problem.axes[0].length
+    c_q = problem.kq_conv_shape[0]
+    first, last = _row_bounds(problem)
+    # dq_dw_kernel: a tile of source rows needs dC on its rows and the c_q - 1 after them
+    tiles = cdiv(L, block_m)
+    span = tiles * block_m + c_q - 1
+    pad = span - L
+    f = torch.cat([first, first[-1:].expand(pad)]).unfold(0, block_m + c_q - 1, block_m).amin(1)
+    g = torch.cat([last, last[-1:].expand(pad)]).unfold(0, block_m + c_q - 1, block_m).amax(1)
+    query_runs = torch.stack([f, g + 1], 1).reshape(-1)
+    # dkdv_kernel: the rows that see a column of the key tile: from the first row whose last
+    # column reaches the tile (running maximum) to the last whose first column lies before its end
+    # (running minimum from the end)
+    starts = torch.arange(0, L, block_n)
+    reach = torch.cummax(last, 0).values
+    before = torch.flip(torch.cummin(torch.flip(first, [0]), 0).values, [0])
+    row_lo = torch.searchsorted(reach, starts)
+    row_hi = torch.maximum(torch.searchsorted(before, starts + block_n), row_lo)
+    key_runs = torch.stack([row_lo, row_hi], 1).reshape(-1)
+    return tuple(query_runs.tolist()), tuple(key_runs.tolist())
+
+
+def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
+    """Fused (dq_dw_kernel, dkdv_kernel) where fused_backward_reasons allows; else the reference
+    backend's blocked backward, announced once per problem."""
+    reasons = fused_backward_reasons(problem, needs_grad)
+    if reasons:
+        return _reference_backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, reasons)
+    q, k, v = (_unit_last(t) for t in inputs[:3])
+    grad_out = _unit_last(grad_out)
+    rpb = inputs.rpb
+    tiles = backward_tiles(config, problem)
+    BM, BN = tiles["block_m"], tiles["block_n"]
+    precision = _precision(q.dtype)
+    grad_precision = "interpret" if precision == "interpret" else ("tf32" if q.dtype.itemsize == 2 else precision)
+    halo_cols = halo(problem)
+    bands = toeplitz_bands(inputs.kq_conv, BN, halo_cols, torch.float32)
+    query_runs, key_runs = (torch.tensor(r, dtype=torch.int32, device=q.device)
+                            for r in _backward_runs_on_host(problem, BM, BN))
+    delta = (grad_out.float() * out.float()).sum(-1)
+    if grad_lse is not None:
+        delta = delta - grad_lse.float()
+    delta = delta.contiguous()
+    B, L, H, Hkv = problem.batch, problem.axes[0].length, problem.heads, problem.kv_heads
+    c_q, c_k = problem.kq_conv_shape
+    D, Dv = problem.head_dim, problem.value_dim
+    block_d, block_dv = max(16, pow2_ceil(D)), max(16, pow2_ceil(Dv))
+    q_tiles, k_tiles = cdiv(L, BM), cdiv(L, BN)
+    dq = torch.empty_like(q)
+    dw_parts = torch.empty(B, H, q_tiles, c_q, c_k, dtype=torch.float32, device=q.device)
+    dk = torch.empty(B, L, Hkv, D, dtype=torch.float32, device=q.device)
+    dv = torch.empty(B, L, Hkv, Dv, dtype=v.dtype, device=q.device)
+    spill = torch.empty(B, Hkv, k_tiles, 2, max(halo_cols, 1), block_d, dtype=torch.float32, device=q.device)
+    placeholder = rpb if rpb is not None else q
+    axis = problem.axes[0]
+    large = needs_int64(q, k, v, grad_out, dq, dk)
+
+    def strides3(t):
+        return [t.stride(0), t.stride(1), t.stride(2)]
+
+    stats = [*strides3(lse.unsqueeze(-1)), *strides3(delta.unsqueeze(-1))]
+    rpb_strides = [rpb.stride(0), rpb.stride(1)] if rpb is not None else [0, 0]
+    geometry = [axis.length, axis.dilation, axis.window, axis.stride, axis.shift, problem.scale, problem.softcap or 1.0]
+    constexprs = dict(
+        CAUSAL=axis.causal, WINDOW=problem.pattern == "window", C_Q=c_q, HALO=halo_cols, BM=BM, BN=BN,
+        BLOCK_D=block_d, BLOCK_DV=block_dv, HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None,
+        LARGE=large, PRECISION=precision, GRAD_PRECISION=grad_precision,
+        num_warps=tiles["warps"], num_stages=tiles["stages"],
+    )
+    run = resolve(dq_dw_kernel)[(q_tiles, H, B)]
+    run(q, k, v, grad_out, lse, delta, bands, query_runs, placeholder, dq, dw_parts,
+        *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dq),
+        bands.stride(0), bands.stride(1), *rpb_strides,
+        H // Hkv, D, Dv, H, *geometry, c_k, **constexprs)
+    run = resolve(dkdv_kernel)[(k_tiles, Hkv, B)]
+    run(q, k, v, grad_out, lse, delta, bands, key_runs, placeholder, dk, dv, spill,
+        *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dk), *strides3(dv),
+        bands.stride(0), bands.stride(1), *rpb_strides,
+        H // Hkv, D, Dv, Hkv, *geometry, **constexprs)
+    if halo_cols:
+        dk = _with_spills(dk, spill[..., :D], BN, halo_cols)
+    grads = [dq, dk.to(k.dtype), dv, None, dw_parts.sum((0, 2)).to(inputs.kq_conv.dtype), None, None]
+    return tuple(g if wanted else None for g, wanted in zip(grads, needs_grad))
+
+
+def _with_spills(dk: torch.Tensor, spill: torch.Tensor, block_n: int, halo_cols: int) -> torch.Tensor:
+    """dK with each key tile's halo parts added to the neighbouring columns they belong to:
+    ``spill[b, kvh, tile, 0]`` to columns ``[tile * BN - HALO, tile * BN)``, ``[..., 1]`` to
+    ``[(tile + 1) * BN, (tile + 1) * BN + HALO)`` (HALO <= BN: each column gets at most one of
+    each, added in a fixed order)."""
+    B, L, Hkv, D = dk.shape
+    tiles = spill.shape[2]
+    full = torch.zeros(B, tiles * block_n + block_n + 2 * halo_cols, Hkv, D, dtype=dk.dtype, device=dk.device)
+    full[:, halo_cols:halo_cols + L] = dk
+    left = spill[:, :, :, 0].permute(0, 2, 3, 1, 4)  # [B, tiles, HALO, Hkv, D]
+    right = spill[:, :, :, 1].permute(0, 2, 3, 1, 4)
+    full[:, :tiles * block_n].view(B, tiles, block_n, Hkv, D)[:, :, :halo_cols] += left
+    shifted = full[:, halo_cols + block_n:halo_cols + block_n + tiles * block_n]
+    shifted.view(B, tiles, block_n, Hkv, D)[:, :, :halo_cols] += right
+    return full[:, halo_cols:halo_cols + L]
+
+
+def _reference_backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, reasons):
+    """The reference backend's blocked backward, announced once per problem (a SlowPathWarning)."""
     from haloattn.backends.reference import attend
 
     if problem.device.type != "cpu" and problem not in _WARNED and not interpreting():
         _WARNED.add(problem)
         warnings.warn(
             f"haloattn: the backward of {problem.describe()} runs on the reference backend's tiles: "
-            "triton fuses the key-query convolution's forward only, so far",
+            f"triton's fused kq_conv backward does not take {' or '.join(reasons)} yet",
             SlowPathWarning, stacklevel=6,
         )
     return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad, out, lse)

@@ -136,7 +136,7 @@ class TritonBackend(Backend):
         if problem.kq_conv_shape is not None:
             from . import kq_conv_launch
 
-            return kq_conv_launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad)
+            return kq_conv_launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)
         from . import launch
 
         return launch.backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config)

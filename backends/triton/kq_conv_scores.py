@@ -1,0 +1,140 @@
+"""Device functions shared by the key-query convolution's kernels (kq_conv_kernel, kq_conv_backward).
+
+A key tile is BN consecutive grid columns from ``n0``; its HALO-column neighbours on either side
+(the left and right halos) hold the source columns the convolution reaches past it. The band
+matrices (``kq_conv_launch.toeplitz_bands``) are ``[H, c_q, HALO + BN + HALO, BN]``: their rows
+are the source columns in that order (left halo, key tile, right halo), their columns the target
+columns of the key tile. Everything is in grid tokens (see kq_conv_kernel).
+"""
+
+import triton
+import triton.language as tl
+
+from .index_math import group_length, key_range
+from .scores import LOG2E, mma, tanh
+
+
+@triton.jit
+def grid_sees(i, j, L, Dl, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """[rows, cols] mask: grid query ``i`` attends grid key ``j`` (both may lie outside the grid,
+    which attends nothing): same dilation group, and ``j``'s group coordinate in ``i``'s range."""
+    inside = (i >= 0) & (i < L)
+    ic = tl.minimum(tl.maximum(i, 0), L - 1)
+    jc = tl.minimum(tl.maximum(j, 0), L - 1)
+    g = ic % Dl
+    lo, hi = key_range(ic // Dl, group_length(L, g, Dl), K, S, shift, CAUSAL, WINDOW)
+    y = jc // Dl
+    seen = (y[None, :] >= lo[:, None]) & (y[None, :] < hi[:, None]) & ((jc % Dl)[None, :] == g[:, None])
+    return seen & inside[:, None] & ((j >= 0) & (j < L))[None, :]
+
+
+@triton.jit
+def load_rows(ptr, rows, row_stride, L, BLOCK_D: tl.constexpr, width, LARGE: tl.constexpr):
+    """``[rows, BLOCK_D]`` tile of a token-major tensor; zero outside the grid and past ``width``."""
+    d = tl.arange(0, BLOCK_D)
+    r = tl.minimum(tl.maximum(rows, 0), L - 1)
+    if LARGE:
+        r = r.to(tl.int64)
+    ok = ((rows >= 0) & (rows < L))[:, None] & (d < width)[None, :]
+    return tl.load(ptr + r[:, None] * row_stride + d[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def load_row_stats(ptr, rows, row_stride, L, LARGE: tl.constexpr):
+    """One float32 per row (LSE, or the backward's delta); 0 outside the grid."""
+    r = tl.minimum(tl.maximum(rows, 0), L - 1)
+    if LARGE:
+        r = r.to(tl.int64)
+    return tl.load(ptr + r * row_stride, mask=(rows >= 0) & (rows < L), other=0.0)
+
+
+@triton.jit
+def key_parts(k_base, row_stride, n0, L, BN: tl.constexpr, HALO: tl.constexpr, BLOCK_D: tl.constexpr, width,
+              LARGE: tl.constexpr):
+    """The key tile and its left and right halos (without halos, the key tile three times: the
+    callers then never read the other two)."""
+    k_tile = load_rows(k_base, n0 + tl.arange(0, BN), row_stride, L, BLOCK_D, width, LARGE)
+    k_left = k_tile
+    k_right = k_tile
+    if HALO > 0:
+        k_left = load_rows(k_base, n0 - HALO + tl.arange(0, HALO), row_stride, L, BLOCK_D, width, LARGE)
+        k_right = load_rows(k_base, n0 + BN + tl.arange(0, HALO), row_stride, L, BLOCK_D, width, LARGE)
+    return k_tile, k_left, k_right
+
+
+@triton.jit
+def convolve(s0, bands, acc, CONV_PRECISION: tl.constexpr):
+    """``acc + s0 @ bands``: float16 operands where the inputs are float16 (10 mantissa bits, as
+    TF32, at twice its rate), else float32 ones under CONV_PRECISION (see kq_conv_launch)."""
+    if CONV_PRECISION == "float16":
+        c = tl.dot(s0.to(tl.float16), bands, acc)
+    else:
+        c = mma(s0, bands, acc, CONV_PRECISION)
+    return c
+
+
+@triton.jit
+def source_scores(q_rows, k_part, src_rows, cols, L, Dl, K, S, shift, scale, CAUSAL: tl.constexpr,
+                  WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+    """S0 of one part: ``scale * q k^T`` where the source pair is attended, else 0."""
+    s0 = mma(q_rows, tl.trans(k_part), tl.zeros([q_rows.shape[0], k_part.shape[0]], dtype=tl.float32), PRECISION)
+    return tl.where(grid_sees(src_rows, cols, L, Dl, K, S, shift, CAUSAL, WINDOW), s0 * scale, 0.0)
+
+
+@triton.jit
+def band_part(bands_a, band_rows, BN: tl.constexpr):
+    """Rows ``band_rows`` of one kernel row's band matrix: ``[len(band_rows), BN]``."""
+    return tl.load(bands_a + band_rows[:, None] * BN + tl.arange(0, BN)[None, :])
+
+
+@triton.jit
+def band_part_transposed(bands_a, band_rows, BN: tl.constexpr):
+    """The same part transposed: ``[BN, len(band_rows)]`` (the backward's map from target columns
+    back to source columns)."""
+    return tl.load(bands_a + band_rows[None, :] * BN + tl.arange(0, BN)[:, None])
+
+
+@triton.jit
+def convolved_tile(q_base, q_row_stride, k_tile, k_left, k_right, n0, rows, bands_base, band_stride,
+                   L, Dl, K, S, shift, scale,
+                   BM: tl.constexpr, BN: tl.constexpr, HALO: tl.constexpr, C_Q: tl.constexpr,
+                   BLOCK_D: tl.constexpr, width, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                   LARGE: tl.constexpr, PRECISION: tl.constexpr, CONV_PRECISION: tl.constexpr):
+    """The convolved scores C of target rows ``rows`` on the key tile at ``n0``: for each row
+    shift ``a``, S0 of the rows ``c_q - 1 - a`` above on the tile and its halos, through the band
+    matrices of kernel row ``a``."""
+    c = tl.zeros([BM, BN], dtype=tl.float32)
+    cols = n0 + tl.arange(0, BN)
+    center_rows = HALO + tl.arange(0, BN)
+    for a in tl.static_range(C_Q):
+        src = rows - (C_Q - 1) + a
+        q_a = load_rows(q_base, src, q_row_stride, L, BLOCK_D, width, LARGE)
+        bands_a = bands_base + a * band_stride
+        s0 = source_scores(q_a, k_tile, src, cols, L, Dl, K, S, shift, scale, CAUSAL, WINDOW, PRECISION)
+        c = convolve(s0, band_part(bands_a, center_rows, BN), c, CONV_PRECISION)
+        if HALO > 0:
+            left = tl.arange(0, HALO)
+            s0 = source_scores(q_a, k_left, src, n0 - HALO + left, L, Dl, K, S, shift, scale, CAUSAL, WINDOW,
+                               PRECISION)
+            c = convolve(s0, band_part(bands_a, left, BN), c, CONV_PRECISION)
+            s0 = source_scores(q_a, k_right, src, n0 + BN + left, L, Dl, K, S, shift, scale, CAUSAL, WINDOW,
+                               PRECISION)
+            c = convolve(s0, band_part(bands_a, HALO + BN + left, BN), c, CONV_PRECISION)
+    return c
+
+
+@triton.jit
+def target_scores(c, rows, cols, RPB, rpb_head_stride, rpb_stride, h, L, Dl, K, softcap,
+                  HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
+    """C through the rest of section 5 (rpb, softcap), in log2 units; also tanh(s / softcap)
+    (or 0), which the backward's softcap derivative needs."""
+    if HAS_RPB:
+        # NATTEN's index: key minus query in group units, + K - 1 (clamped: masked pairs)
+        rel = (tl.minimum(tl.maximum(cols, 0), L - 1) // Dl)[None, :] - (tl.minimum(tl.maximum(rows, 0), L - 1) // Dl)[:, None]
+        rel = tl.minimum(tl.maximum(rel + K - 1, 0), 2 * K - 2)
+        c = c + tl.load(RPB + h * rpb_head_stride + rel * rpb_stride).to(tl.float32)
+    t = c * 0.0
+    if HAS_SOFTCAP:
+        t = tanh(c / softcap)
+        c = softcap * t
+    return c * LOG2E, t
