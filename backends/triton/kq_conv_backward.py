@@ -49,19 +49,23 @@ def score_gradients(c, rows, cols, lse, delta, do_rows, v_tile, RPB, srh, srk, h
 
 
 @triton.jit
-def shifted_rows(dc_main, dc_tail, SHIFT: tl.constexpr, BM: tl.constexpr, GRAD_PRECISION: tl.constexpr):
-    """Rows ``r + SHIFT`` of the stacked ``[dc_main; dc_tail]`` for r < BM (0/1 products)."""
+def shifted_rows(dc_main, dc_tail, shift_by, BM: tl.constexpr, GRAD_PRECISION: tl.constexpr):
+    """Rows ``r + shift_by`` of the stacked ``[dc_main; dc_tail]`` for r < BM (0/1 products)."""
     r = tl.arange(0, BM)
-    pick = (tl.arange(0, BM)[None, :] == r[:, None] + SHIFT).to(tl.float32)
+    pick = (tl.arange(0, BM)[None, :] == r[:, None] + shift_by).to(tl.float32)
     out = mma(pick, dc_main, tl.zeros(dc_main.shape, dtype=tl.float32), GRAD_PRECISION)
-    pick_tail = ((BM + tl.arange(0, TAIL))[None, :] == r[:, None] + SHIFT).to(tl.float32)
+    pick_tail = ((BM + tl.arange(0, TAIL))[None, :] == r[:, None] + shift_by).to(tl.float32)
     return mma(pick_tail, dc_tail, out, GRAD_PRECISION)
 
 
 @triton.jit
-def tuple_add(values, a: tl.constexpr, update):
-    """``values`` with ``update`` added to entry ``a`` (a compile-time index)."""
-    return values[:a] + (values[a] + update,) + values[a + 1:]
+def add_at(values, a, update, C_Q: tl.constexpr):
+    """``values`` (a tuple of C_Q tensors) with ``update`` added to entry ``a``, an index known
+    at run time only: one branch per entry, of which the one taken adds."""
+    for i in tl.static_range(C_Q):
+        if a == i:
+            values = values[:i] + (values[i] + update,) + values[i + 1:]
+    return values
 
 
 @triton.jit
@@ -151,23 +155,23 @@ def dq_dw_kernel(
                                  WINDOW, PRECISION)
             s0_r = source_scores(q_rows, k_right, rows, n0 + BN + halo, L, Dl, WIN, S, shift, scale, CAUSAL,
                                  WINDOW, PRECISION)
-        for a in tl.static_range(C_Q):
-            if C_Q - 1 - a == 0:
-                dc_a = dc_main
-            else:
-                dc_a = shifted_rows(dc_main, dc_tail, C_Q - 1 - a, BM, GRAD_PRECISION)
+        for a in range(C_Q):  # at run time: see convolved_tile
+            dc_a = dc_main
+            if C_Q > 1:
+                if a < C_Q - 1:
+                    dc_a = shifted_rows(dc_main, dc_tail, C_Q - 1 - a, BM, GRAD_PRECISION)
             bands_a = bands_base + a * sba
-            grad_c = tuple_add(grad_c, a, mma(tl.trans(s0_c), dc_a, tl.zeros([BN, BN], dtype=tl.float32),
-                                              GRAD_PRECISION))
+            grad_c = add_at(grad_c, a, mma(tl.trans(s0_c), dc_a, tl.zeros([BN, BN], dtype=tl.float32),
+                                           GRAD_PRECISION), C_Q)
             ds0 = mma(dc_a, band_part_transposed(bands_a, center_rows, BN), tl.zeros([BM, BN], dtype=tl.float32),
                       GRAD_PRECISION)
             ds0 = tl.where(grid_sees(rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
             dq = mma(ds0.to(k_tile.dtype), k_tile, dq, PRECISION)
             if HALO > 0:
-                grad_l = tuple_add(grad_l, a, mma(tl.trans(s0_l), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
-                                                  GRAD_PRECISION))
-                grad_r = tuple_add(grad_r, a, mma(tl.trans(s0_r), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
-                                                  GRAD_PRECISION))
+                grad_l = add_at(grad_l, a, mma(tl.trans(s0_l), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
+                                               GRAD_PRECISION), C_Q)
+                grad_r = add_at(grad_r, a, mma(tl.trans(s0_r), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
+                                               GRAD_PRECISION), C_Q)
                 ds0 = mma(dc_a, band_part_transposed(bands_a, halo, BN), tl.zeros([BM, HALO], dtype=tl.float32),
                           GRAD_PRECISION)
                 ds0 = tl.where(grid_sees(rows, n0 - HALO + halo, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
@@ -245,7 +249,7 @@ def dkdv_kernel(
             p, dc = score_gradients(c, rows, cols, lse, delta, do_rows, v_tile, RPB, srh, srk, h, L, Dl, WIN, S,
                                     shift, softcap, HAS_RPB, HAS_SOFTCAP, CAUSAL, WINDOW, PRECISION)
             dv = mma(tl.trans(p).to(do_rows.dtype), do_rows, dv, PRECISION)
-            for a in tl.static_range(C_Q):
+            for a in range(C_Q):  # at run time: see convolved_tile
                 src = rows - (C_Q - 1) + a
                 q_a = load_rows(q_base, src, sql, L, BLOCK_D, D, LARGE)
                 bands_a = bands_base + a * sba

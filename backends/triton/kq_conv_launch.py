@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
+from triton.runtime.errors import OutOfResources
 
 from haloattn.backend import AttentionInputs
 from haloattn.dispatch import SlowPathWarning
 from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
-from .fast_launch import Launch, cached, config_key, plan_cache, resolve, tensor_layout
+from . import fast_launch
+from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .kq_conv_backward import dkdv_kernel, dq_dw_kernel
 from .kq_conv_kernel import kq_conv_forward_kernel
 from .launch import _precision, _unit_last, cdiv, needs_int64
@@ -41,6 +43,9 @@ WIDE_HEAD = 128
 # The backward's: 32-column key tiles keep dq_dw_kernel's band-shaped dW accumulators (c_q of
 # them, (BN + 2 * HALO) x BN each) small.
 BACKWARD_TILES = {"block_m": 64, "block_n": 32, "warps": 8, "stages": 1}
+# Float32 operands double every product's shared-memory buffers: at 64 rows dq_dw_kernel of MTA's
+# 6x11 on 128-channel heads asked for 256 KiB on sm_90 (compile_report_kq_conv.py), 32 fit in 176.
+FLOAT32_BACKWARD_TILES = dict(BACKWARD_TILES, block_m=32)
 EXTRA_BLOCK = 16
 
 
@@ -147,26 +152,66 @@ def conv_precision(dtype: torch.dtype, precision: str) -> str:
 _FORWARD_PLANS = plan_cache()
 
 
+# Tiles that fitted the GPU's shared memory, per (problem, config, precision, pass), where the
+# config's did not (see _fitted).
+_FITTED = plan_cache()
+MAX_REFITS = 6
+
+
+def _fitted(key, tiles: Dict, shrink, run) -> None:
+    """``run(tiles)``, with tiles shrunk (``shrink``) and the run repeated while Triton refuses a
+    kernel for its shared memory: the estimate is the compiler's (smaller GPUs than Hopper, float32
+    operands, wide heads); the tiles that fitted are kept for the next call. Every run writes its
+    outputs whole, so a repeat leaves nothing of the refused one."""
+    tiles = _FITTED.get(key, tiles)
+    for _ in range(MAX_REFITS):
+        try:
+            return run(tiles)
+        except OutOfResources as err:
+            smaller = shrink(tiles) if err.name == "shared memory" else None
+            if smaller is None:
+                raise
+            if len(_FITTED) >= 1024:
+                _FITTED.clear()
+            tiles = _FITTED[key] = smaller
+    return run(tiles)
+
+
+def _smaller_forward(tiles: Dict) -> Optional[Dict]:
+    """One step down: no prefetch stage, then narrower key tiles, then fewer query rows."""
+    if tiles["stages"] > 1:
+        return dict(tiles, stages=1)
+    if tiles["block_n"] > 16:
+        return dict(tiles, block_n=tiles["block_n"] // 2)
+    if tiles["block_m"] > 16:
+        return dict(tiles, block_m=tiles["block_m"] // 2)
+    return None
+
+
 def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[torch.Tensor, torch.Tensor]:
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
-    tiles = normalise(config, problem)
     precision = _precision(q.dtype)
     conv = conv_precision(q.dtype, precision)
     halo_cols = halo(problem)
     band_dtype = torch.float16 if conv == "float16" else torch.float32
-    bands = toeplitz_bands(inputs.kq_conv, tiles["block_n"], halo_cols, band_dtype)
-    runs = tile_runs(problem, tiles["block_m"], q.device)
     out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    key = (problem, config_key(config), tensor_layout(q), tensor_layout(k), tensor_layout(v), tensor_layout(rpb),
-           tensor_layout(ak), tensor_layout(av), tensor_layout(bands), precision)
     placeholder = q  # tensors the kernel does not read without their feature
-    launch = cached(_FORWARD_PLANS, key, lambda: _launch(problem, tiles, precision, conv, halo_cols, q, k, v, out,
-                                                         lse, bands, runs, rpb, ak, av))
-    launch(q, k, v, out, lse, bands, runs, rpb if rpb is not None else placeholder,
-           ak if ak is not None else placeholder, av if av is not None else placeholder)
+
+    def run(tiles):
+        bands = toeplitz_bands(inputs.kq_conv, tiles["block_n"], halo_cols, band_dtype)
+        runs = tile_runs(problem, tiles["block_m"], q.device)
+        key = (problem, config_key(config), tuple(tiles.items()), tensor_layout(q), tensor_layout(k),
+               tensor_layout(v), tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), tensor_layout(bands),
+               precision)
+        launch = cached(_FORWARD_PLANS, key, lambda: _launch(problem, tiles, precision, conv, halo_cols, q, k, v,
+                                                             out, lse, bands, runs, rpb, ak, av))
+        launch(q, k, v, out, lse, bands, runs, rpb if rpb is not None else placeholder,
+               ak if ak is not None else placeholder, av if av is not None else placeholder)
+
+    _fitted((problem, config_key(config), precision, "forward"), normalise(config, problem), _smaller_forward, run)
     return out, lse
 
 
@@ -214,7 +259,7 @@ def fused_backward_reasons(problem: Problem, needs_grad) -> List[str]:
 def backward_tiles(config, problem: Problem) -> Dict:
     """The backward's tiles (config part ``kq_bwd``): BM source or target rows, BN key columns
     (at least a halo wide, so that each halo spills into one neighbouring tile)."""
-    base = dict(BACKWARD_TILES)
+    base = dict(FLOAT32_BACKWARD_TILES if problem.dtype == torch.float32 else BACKWARD_TILES)
     given = config.get("kq_bwd") if isinstance(config, dict) else None
     tiles = dict(base, **(given if isinstance(given, dict) else {}))
     for name in ("block_m", "block_n"):
@@ -268,14 +313,9 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     q, k, v = (_unit_last(t) for t in inputs[:3])
     grad_out = _unit_last(grad_out)
     rpb = inputs.rpb
-    tiles = backward_tiles(config, problem)
-    BM, BN = tiles["block_m"], tiles["block_n"]
     precision = _precision(q.dtype)
     grad_precision = "interpret" if precision == "interpret" else ("tf32" if q.dtype.itemsize == 2 else precision)
     halo_cols = halo(problem)
-    bands = toeplitz_bands(inputs.kq_conv, BN, halo_cols, torch.float32)
-    query_runs, key_runs = (torch.tensor(r, dtype=torch.int32, device=q.device)
-                            for r in _backward_runs_on_host(problem, BM, BN))
     delta = (grad_out.float() * out.float()).sum(-1)
     if grad_lse is not None:
         delta = delta - grad_lse.float()
@@ -284,12 +324,9 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     c_q, c_k = problem.kq_conv_shape
     D, Dv = problem.head_dim, problem.value_dim
     block_d, block_dv = max(16, pow2_ceil(D)), max(16, pow2_ceil(Dv))
-    q_tiles, k_tiles = cdiv(L, BM), cdiv(L, BN)
     dq = torch.empty_like(q)
-    dw_parts = torch.empty(B, H, q_tiles, c_q, c_k, dtype=torch.float32, device=q.device)
     dk = torch.empty(B, L, Hkv, D, dtype=torch.float32, device=q.device)
     dv = torch.empty(B, L, Hkv, Dv, dtype=v.dtype, device=q.device)
-    spill = torch.empty(B, Hkv, k_tiles, 2, max(halo_cols, 1), block_d, dtype=torch.float32, device=q.device)
     placeholder = rpb if rpb is not None else q
     axis = problem.axes[0]
     large = needs_int64(q, k, v, grad_out, dq, dk)
@@ -300,26 +337,50 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     stats = [*strides3(lse.unsqueeze(-1)), *strides3(delta.unsqueeze(-1))]
     rpb_strides = [rpb.stride(0), rpb.stride(1)] if rpb is not None else [0, 0]
     geometry = [axis.length, axis.dilation, axis.window, axis.stride, axis.shift, problem.scale, problem.softcap or 1.0]
-    constexprs = dict(
-        CAUSAL=axis.causal, WINDOW=problem.pattern == "window", C_Q=c_q, HALO=halo_cols, BM=BM, BN=BN,
+    shared = dict(
+        CAUSAL=axis.causal, WINDOW=problem.pattern == "window", C_Q=c_q, HALO=halo_cols,
         BLOCK_D=block_d, BLOCK_DV=block_dv, HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None,
         LARGE=large, PRECISION=precision, GRAD_PRECISION=grad_precision,
-        num_warps=tiles["warps"], num_stages=tiles["stages"],
     )
-    run = resolve(dq_dw_kernel)[(q_tiles, H, B)]
-    run(q, k, v, grad_out, lse, delta, bands, query_runs, placeholder, dq, dw_parts,
-        *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dq),
-        bands.stride(0), bands.stride(1), *rpb_strides,
-        H // Hkv, D, Dv, H, *geometry, c_k, **constexprs)
-    run = resolve(dkdv_kernel)[(k_tiles, Hkv, B)]
-    run(q, k, v, grad_out, lse, delta, bands, key_runs, placeholder, dk, dv, spill,
-        *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dk), *strides3(dv),
-        bands.stride(0), bands.stride(1), *rpb_strides,
-        H // Hkv, D, Dv, Hkv, *geometry, **constexprs)
+
+    def run(tiles):
+        BM, BN = tiles["block_m"], tiles["block_n"]
+        bands = toeplitz_bands(inputs.kq_conv, BN, halo_cols, torch.float32)
+        query_runs, key_runs = (torch.tensor(r, dtype=torch.int32, device=q.device)
+                                for r in _backward_runs_on_host(problem, BM, BN))
+        q_tiles, k_tiles = cdiv(L, BM), cdiv(L, BN)
+        dw_parts = torch.empty(B, H, q_tiles, c_q, c_k, dtype=torch.float32, device=q.device)
+        spill = torch.empty(B, Hkv, k_tiles, 2, max(halo_cols, 1), block_d, dtype=torch.float32, device=q.device)
+        constexprs = dict(shared, BM=BM, BN=BN, num_warps=tiles["warps"], num_stages=tiles["stages"])
+        fast_launch.resolve(dq_dw_kernel)[(q_tiles, H, B)](
+            q, k, v, grad_out, lse, delta, bands, query_runs, placeholder, dq, dw_parts,
+            *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dq),
+            bands.stride(0), bands.stride(1), *rpb_strides,
+            H // Hkv, D, Dv, H, *geometry, c_k, **constexprs)
+        fast_launch.resolve(dkdv_kernel)[(k_tiles, Hkv, B)](
+            q, k, v, grad_out, lse, delta, bands, key_runs, placeholder, dk, dv, spill,
+            *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dk), *strides3(dv),
+            bands.stride(0), bands.stride(1), *rpb_strides,
+            H // Hkv, D, Dv, Hkv, *geometry, **constexprs)
+        return BN, dw_parts, spill
+
+    block_n, dw_parts, spill = _fitted((problem, config_key(config), precision, "backward"),
+                                       backward_tiles(config, problem), lambda t: _smaller_backward(t, problem), run)
     if halo_cols:
-        dk = _with_spills(dk, spill[..., :D], BN, halo_cols)
+        dk = _with_spills(dk, spill[..., :D], block_n, halo_cols)
     grads = [dq, dk.to(k.dtype), dv, None, dw_parts.sum((0, 2)).to(inputs.kq_conv.dtype), None, None]
     return tuple(g if wanted else None for g, wanted in zip(grads, needs_grad))
+
+
+def _smaller_backward(tiles: Dict, problem: Problem) -> Optional[Dict]:
+    """One step down: fewer rows, then narrower key tiles (never below a halo), then 4 warps."""
+    if tiles["block_m"] > 16:
+        return dict(tiles, block_m=tiles["block_m"] // 2)
+    if tiles["block_n"] > max(16, halo(problem)):
+        return dict(tiles, block_n=tiles["block_n"] // 2)
+    if tiles["warps"] > 4:
+        return dict(tiles, warps=4)
+    return None
 
 
 def _with_spills(dk: torch.Tensor, spill: torch.Tensor, block_n: int, halo_cols: int) -> torch.Tensor:
