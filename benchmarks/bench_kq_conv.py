@@ -1,11 +1,12 @@
 """The key-query convolution (Multi-Token Attention) against the same call without it.
 
-kq_conv runs on the reference backend (backends/reference/conv_tiles.py: tiles of query rows, one
-grouped conv2d a block) on every device; the yardstick is the same problem without the
-convolution on the best backend the dispatcher has (triton on NVIDIA GPUs, the reference on
-CPUs). Times forward and forward + backward (the four calls in turn, --repeat rounds after a
-warm-up, medians, the device synchronised), reports both and their ratio, and the output's
-distance from a float64 run of the same call.
+On CUDA devices kq_conv runs fused on ``triton`` (kq_conv_kernel, kq_conv_backward) and, for the
+comparison, on the reference backend (backends/reference/conv_tiles.py: tiles of query rows, one
+grouped conv2d a block), the path every kq_conv call took before the fused kernels; on CPUs on
+the reference only. The yardstick is the same problem without the convolution on the best
+backend the dispatcher has (triton on NVIDIA GPUs, the reference on CPUs). Times forward and
+forward + backward (every call in turn, --repeat rounds after a warm-up, medians, the device
+synchronised), reports each against the yardstick, and the outputs' distance from a float64 run.
 
     python benchmarks/bench_kq_conv.py [--device cuda] [--repeat 10] [--json FILE]
 """
@@ -45,20 +46,23 @@ def run(problem, device, dtype, repeat):
     grad = randn(1, tokens, heads, head_dim)
     options = dict(causal=causal)
 
-    def forward(kq):
+    def forward(backend, kq):
         with torch.no_grad():
-            haloattn.attention(q, k, v, window, kq_conv=weight if kq else None, **options)
+            haloattn.attention(q, k, v, window, kq_conv=weight if kq else None, backend=backend, **options)
 
-    def both(kq):
-        out = haloattn.attention(q, k, v, window, kq_conv=weight if kq else None, **options)
+    def both(backend, kq):
+        out = haloattn.attention(q, k, v, window, kq_conv=weight if kq else None, backend=backend, **options)
         out.backward(grad)
 
     row = dict(problem=name, dtype=str(dtype).replace("torch.", ""), device=str(device),
                yardstick=haloattn.explain(q, k, v, window, verbose=False, **options).chosen)
-    # The four calls in turn, round after round (the machine's state drifts; ratios of calls
-    # timed side by side hold): medians of the rounds.
-    calls = {f"{label}_{kind}": (lambda f=f, kq=kq: f(kq))
-             for label, kq in (("kq_conv", True), ("plain", False))
+    variants = [("reference", "reference", True), ("plain", None, False)]
+    if device.type == "cuda":
+        variants.insert(0, ("fused", "triton", True))
+    # Every call in turn, round after round (the machine's state drifts; ratios of calls timed
+    # side by side hold): medians of the rounds.
+    calls = {f"{label}_{kind}": (lambda f=f, b=backend, kq=kq: f(b, kq))
+             for label, backend, kq in variants
              for kind, f in (("fwd_ms", forward), ("fwd_bwd_ms", both))}
     samples = {name: [] for name in calls}
     for call in calls.values():
@@ -67,12 +71,13 @@ def run(problem, device, dtype, repeat):
         for name, call in calls.items():
             samples[name].append(time_call(call, device, warmup=0, repeat=1))
     row.update({name: statistics.median(times) for name, times in samples.items()})
-    row["fwd_ratio"] = row["kq_conv_fwd_ms"] / row["plain_fwd_ms"]
-    row["fwd_bwd_ratio"] = row["kq_conv_fwd_bwd_ms"] / row["plain_fwd_bwd_ms"]
     with torch.no_grad():
-        out = haloattn.attention(q, k, v, window, kq_conv=weight, **options).double()
         ref = haloattn.attention(q.double(), k.double(), v.double(), window, kq_conv=weight.double(), **options)
-    row["rel_err_vs_float64"] = ((out - ref).norm() / ref.norm()).item()
+        for label, backend, kq in variants[:-1]:
+            for kind in ("fwd", "fwd_bwd"):
+                row[f"{label}_{kind}_ratio"] = row[f"{label}_{kind}_ms"] / row[f"plain_{kind}_ms"]
+            out = haloattn.attention(q, k, v, window, kq_conv=weight, backend=backend, **options).double()
+            row[f"{label}_rel_err"] = ((out - ref).norm() / ref.norm()).item()
     return row
 
 
@@ -86,14 +91,18 @@ def main(argv=None):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     problems = PROBLEMS if device.type == "cuda" else CPU_PROBLEMS
     rows = []
-    print("| problem | kq_conv fwd ms | plain fwd ms (backend) | ratio | kq_conv fwd+bwd ms | plain fwd+bwd ms | ratio | rel err |")
-    print("|" + "---|" * 8)
+    labels = ["fused", "reference"] if device.type == "cuda" else ["reference"]
+    print("| problem | kq_conv on | fwd ms | plain fwd ms (backend) | ratio | fwd+bwd ms | plain fwd+bwd ms | ratio "
+          "| rel err |")
+    print("|" + "---|" * 9)
     for problem in problems:
         r = run(problem, device, dtype, args.repeat)
         rows.append(r)
-        print(f"| {r['problem']} | {r['kq_conv_fwd_ms']:.2f} | {r['plain_fwd_ms']:.2f} ({r['yardstick']}) | "
-              f"{r['fwd_ratio']:.1f}x | {r['kq_conv_fwd_bwd_ms']:.2f} | {r['plain_fwd_bwd_ms']:.2f} | "
-              f"{r['fwd_bwd_ratio']:.1f}x | {r['rel_err_vs_float64']:.1e} |", flush=True)
+        for label in labels:
+            print(f"| {r['problem']} | {label} | {r[label + '_fwd_ms']:.2f} | {r['plain_fwd_ms']:.2f} "
+                  f"({r['yardstick']}) | {r[label + '_fwd_ratio']:.1f}x | {r[label + '_fwd_bwd_ms']:.2f} | "
+                  f"{r['plain_fwd_bwd_ms']:.2f} | {r[label + '_fwd_bwd_ratio']:.1f}x | {r[label + '_rel_err']:.1e} |",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1133,7 +1133,9 @@ def test_reasons_for_what_it_does_not_run(monkeypatch):
                 for name in names:
                     assert name in registered, f"{reason!r} names backend {name!r}; registered: {registered}"
     reasons, _ = _reasons(monkeypatch, True, kq_conv=torch.randn(2, 2, 3))
-    assert any("kq_conv" in r for r in reasons)
+    assert reasons == []  # the fused kq_conv kernels (tests/test_triton_kq_conv.py)
+    reasons, _ = _reasons(monkeypatch, True, kq_conv=torch.randn(2, 17, 3))
+    assert any("c_q=17" in r for r in reasons)
 
 
 @pytest.mark.parametrize("hip,capability,expected", [

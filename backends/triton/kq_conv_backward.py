@@ -26,6 +26,7 @@ import triton.language as tl
 
 from .kq_conv_scores import (band_part_transposed, convolved_tile, grid_sees, key_parts, load_row_stats,
                              load_rows, source_scores, target_scores)
+from .index_math import group_length, key_range
 from .scores import LOG2E, mma
 
 # Rows of dC past a source tile that its row shifts reach (c_q - 1 <= TAIL).
@@ -46,6 +47,19 @@ def score_gradients(c, rows, cols, lse, delta, do_rows, v_tile, RPB, srh, srk, h
     if HAS_SOFTCAP:
         dc = dc * (1.0 - t * t)
     return p, dc
+
+
+@triton.jit
+def store_window_slots(ds_base, dc, rows, cols, L, Dl, WIN, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """dC of the attended pairs at ``[row, slot]`` of a ``[L, WIN]`` buffer, slot = the key's place
+    in its row's window (group units): the layout launch.rpb_gradient folds into rpb's gradient
+    (d rpb is dC summed per relative position: the bias is added after the convolution)."""
+    ic = tl.minimum(tl.maximum(rows, 0), L - 1)
+    g = ic % Dl
+    lo, _ = key_range(ic // Dl, group_length(L, g, Dl), WIN, S, shift, CAUSAL, WINDOW)
+    slot = (tl.minimum(tl.maximum(cols, 0), L - 1) // Dl)[None, :] - lo[:, None]
+    offsets = ic.to(tl.int64)[:, None] * WIN + slot
+    tl.store(ds_base + offsets, dc, mask=grid_sees(rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW))
 
 
 @triton.jit
@@ -87,13 +101,13 @@ def diagonal_sums(dw_ptr, grad_c, grad_l, grad_r, C_K, REACH, BN: tl.constexpr, 
 
 @triton.jit
 def dq_dw_kernel(
-    Q, K, V, DO, LSE, DELTA, BANDS, RUNS, RPB, DQ, DW,
+    Q, K, V, DO, LSE, DELTA, BANDS, RUNS, RPB, DQ, DW, DS,
     sqb, sql, sqh, skb, skl, skh, svb, svl, svh, sdob, sdol, sdoh, slb, sll, slh, sdb, sdl, sdh,
     sdqb, sdql, sdqh, sbh, sba, srh, srk,
     GROUP, D, DV, H, L, Dl, WIN, S, shift, scale, softcap, C_K,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, C_Q: tl.constexpr, HALO: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, LARGE: tl.constexpr,
+    HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_DS: tl.constexpr, LARGE: tl.constexpr,
     PRECISION: tl.constexpr, GRAD_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -142,6 +156,9 @@ def dq_dw_kernel(
                            scale, BM, BN, HALO, C_Q, BLOCK_D, D, CAUSAL, WINDOW, LARGE, PRECISION, GRAD_PRECISION)
         _, dc_main = score_gradients(c, rows, cols, lse_main, delta_main, do_main, v_tile, RPB, srh, srk, h, L, Dl,
                                      WIN, S, shift, softcap, HAS_RPB, HAS_SOFTCAP, CAUSAL, WINDOW, PRECISION)
+        if HAS_DS:
+            store_window_slots(DS + (b * H + h).to(tl.int64) * L * WIN, dc_main, rows, cols, L, Dl, WIN, S, shift,
+                               CAUSAL, WINDOW)
         if C_Q > 1:
             c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, tail, bands_base, sba, L, Dl, WIN, S,
                                shift, scale, TAIL, BN, HALO, C_Q, BLOCK_D, D, CAUSAL, WINDOW, LARGE, PRECISION,

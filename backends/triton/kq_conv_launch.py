@@ -21,7 +21,7 @@ from haloattn.dispatch import SlowPathWarning
 from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
-from . import fast_launch
+from . import fast_launch, launch
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .kq_conv_backward import dkdv_kernel, dq_dw_kernel
 from .kq_conv_kernel import kq_conv_forward_kernel
@@ -67,13 +67,17 @@ def default_config(problem: Problem) -> Dict:
 
 
 def candidate_configs(problem: Problem) -> List[Dict]:
-    """The tuning space: the default, then other tile widths and warp counts."""
+    """The tuning space: the defaults, then other forward tiles (``kq``) and other backward tiles
+    (``kq_bwd``), each beside the other part's default. None of it timed on a GPU yet."""
     base = default_config(problem)
     out = [base]
-    for block_m, block_n, warps in ((64, 32, 4), (128, 64, 8), (64, 64, 8), (32, 32, 4)):
-        cfg = {"kq": {"block_m": block_m, "block_n": block_n, "warps": warps, "stages": 2}}
-        if cfg not in out:
+    for block_m, block_n, warps, stages in ((64, 64, 4, 1), (64, 32, 4, 2), (128, 64, 8, 2), (64, 64, 8, 2),
+                                            (32, 32, 4, 2)):
+        cfg = {"kq": {"block_m": block_m, "block_n": block_n, "warps": warps, "stages": stages}}
+        if cfg["kq"] != base["kq"]:
             out.append(cfg)
+    for block_m, block_n, warps in ((64, 64, 8), (64, 32, 4), (32, 32, 4)):
+        out.append({"kq_bwd": {"block_m": block_m, "block_n": block_n, "warps": warps, "stages": 1}})
     return out
 
 
@@ -108,7 +112,7 @@ def toeplitz_bands(weight: torch.Tensor, block_n: int, halo_cols: int, dtype: to
     j = torch.arange(block_n, device=weight.device)[None, :]
     t = u - halo_cols - j + reach
     inside = (t >= 0) & (t < c_k)
-    bands = weight.detach().to(torch.float32)[:, :, t.clamp(0, c_k - 1)] * inside
+    bands = weight.detach().to(torch.promote_types(dtype, torch.float32))[:, :, t.clamp(0, c_k - 1)] * inside
     return bands.to(dtype).contiguous()
 
 
@@ -251,8 +255,6 @@ def fused_backward_reasons(problem: Problem, needs_grad) -> List[str]:
     reasons = []
     if problem.extra_tokens:
         reasons.append("additional tokens")
-    if problem.has_rpb and needs_grad[3]:
-        reasons.append("the rpb gradient")
     return reasons
 
 
@@ -329,6 +331,9 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     dv = torch.empty(B, L, Hkv, Dv, dtype=v.dtype, device=q.device)
     placeholder = rpb if rpb is not None else q
     axis = problem.axes[0]
+    # rpb's gradient: dC of every attended pair by its place in the row's window, folded per
+    # relative position by the host (as launch.backward does), B x H x L x window floats
+    ds = torch.empty(B, H, L, axis.window, dtype=torch.float32, device=q.device) if needs_grad[3] else None
     large = needs_int64(q, k, v, grad_out, dq, dk)
 
     def strides3(t):
@@ -342,6 +347,7 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         BLOCK_D=block_d, BLOCK_DV=block_dv, HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None,
         LARGE=large, PRECISION=precision, GRAD_PRECISION=grad_precision,
     )
+    dq_only = dict(HAS_DS=ds is not None)
 
     def run(tiles):
         BM, BN = tiles["block_m"], tiles["block_n"]
@@ -352,11 +358,14 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         dw_parts = torch.empty(B, H, q_tiles, c_q, c_k, dtype=torch.float32, device=q.device)
         spill = torch.empty(B, Hkv, k_tiles, 2, max(halo_cols, 1), block_d, dtype=torch.float32, device=q.device)
         constexprs = dict(shared, BM=BM, BN=BN, num_warps=tiles["warps"], num_stages=tiles["stages"])
+        if ds is not None:
+            ds.zero_()  # slots past a row's keys stay 0 (launch.rpb_gradient)
         fast_launch.resolve(dq_dw_kernel)[(q_tiles, H, B)](
             q, k, v, grad_out, lse, delta, bands, query_runs, placeholder, dq, dw_parts,
+            ds if ds is not None else dw_parts,
             *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dq),
             bands.stride(0), bands.stride(1), *rpb_strides,
-            H // Hkv, D, Dv, H, *geometry, c_k, **constexprs)
+            H // Hkv, D, Dv, H, *geometry, c_k, **constexprs, **dq_only)
         fast_launch.resolve(dkdv_kernel)[(k_tiles, Hkv, B)](
             q, k, v, grad_out, lse, delta, bands, key_runs, placeholder, dk, dv, spill,
             *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dk), *strides3(dv),
@@ -368,7 +377,8 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
                                        backward_tiles(config, problem), lambda t: _smaller_backward(t, problem), run)
     if halo_cols:
         dk = _with_spills(dk, spill[..., :D], block_n, halo_cols)
-    grads = [dq, dk.to(k.dtype), dv, None, dw_parts.sum((0, 2)).to(inputs.kq_conv.dtype), None, None]
+    drpb = launch.rpb_gradient(problem, ds, rpb) if ds is not None else None
+    grads = [dq, dk.to(k.dtype), dv, drpb, dw_parts.sum((0, 2)).to(inputs.kq_conv.dtype), None, None]
     return tuple(g if wanted else None for g, wanted in zip(grads, needs_grad))
 
 

@@ -1,4 +1,5 @@
-"""Draws the pattern pictures of docs/semantics.md as SVG, straight from haloattn.geometry.
+"""Draws the pattern pictures of docs/semantics.md (and the key-query convolution's tiles of
+docs/backend-triton.md) as SVG, straight from haloattn.geometry.
 
     python docs/figures/draw.py      # rewrites docs/figures/*.svg
 """
@@ -61,6 +62,38 @@ def window_panel(x0, y0, shape, window, shift, title):
     return _grid(x0, y0, shape[0], shape[1], fill, title)
 
 
+SOURCE, MASKED_SOURCE = "#edae49", "#d9d9d9"
+
+
+def kq_conv_panels(x0, y0, length=24, window=11, c_q=3, c_k=5, rows=(12, 16), n0=10, block_n=6, halo=2):
+    """The score matrix of a causal 1-D window (queries down, keys across): a target tile (red),
+    the sources its convolution reads (the c_q - 1 rows above, HALO columns either side: orange
+    where attended, grey where the pattern masks them to 0), other attended pairs (green); and
+    the band matrix of one kernel row, tap t on its diagonal."""
+    axis = Axis(length, window, causal=True)
+    reach = (c_k - 1) // 2
+
+    def fill(r, c):
+        target = rows[0] <= r < rows[1] and n0 <= c < n0 + block_n
+        source = rows[0] - (c_q - 1) <= r < rows[1] and n0 - halo <= c < n0 + block_n + halo
+        seen = bool(attends(axis, "neighborhood", r, c))
+        if target:
+            return QUERY
+        if source:
+            return SOURCE if seen else MASKED_SOURCE
+        return KEY if seen else EMPTY
+
+    def band(u, j):
+        t = u - halo - j + reach
+        return WINDOW_COLOURS[t] if 0 <= t < c_k else EMPTY
+
+    scores = _grid(x0, y0, length, length, fill,
+                   f"causal window {window}, c_q={c_q}, c_k={c_k}")
+    bands = _grid(x0 + length * CELL + 40, y0, block_n + 2 * halo, block_n, band,
+                  "band matrix, row a")
+    return [scores, bands]
+
+
 def main() -> None:
     shape = (12, 12)
     step = shape[1] * CELL + 30
@@ -80,9 +113,11 @@ def main() -> None:
             window_panel(10 + step, 30, shape, 4, 2, "window 4x4, shift 2 (partial edges)"),
         ],
     }
+    sizes = {name: (10 + len(panels) * step, 40 + shape[0] * CELL) for name, panels in figures.items()}
+    figures["kq_conv_tiles.svg"] = kq_conv_panels(10, 30)
+    sizes["kq_conv_tiles.svg"] = (10 + 24 * CELL + 40 + 6 * CELL + 60, 40 + 24 * CELL)
     for name, panels in figures.items():
-        width = 10 + len(panels) * step
-        height = 40 + shape[0] * CELL
+        width, height = sizes[name]
         with open(os.path.join(HERE, name), "w", encoding="utf-8") as f:
             f.write(_svg(panels, width, height))
         print("wrote", name)
