@@ -15,6 +15,9 @@ source columns of the key tile and its halos. Its own rows' S0 with each shifted
 its key walk, give the band-shaped gradient of every kernel row; their diagonals are dW, summed
 by the host over programs in a fixed order.
 
+Additional tokens add their plain scores' part to dQ in ``dq_dw_kernel``; their own gradients
+come from the neighbourhood backward's ``extra_dkdv_kernel`` (they see every query alike).
+
 ``dkdv_kernel`` runs over key tiles (every query head of a key head in turn, as GQA asks): dV as
 usual, and dK of the source columns the tile's target columns reach, the tile and its halos. The
 halos' parts belong to the neighbouring tiles; they are written apart (SPILL) and added by the
@@ -27,7 +30,7 @@ import triton.language as tl
 from .kq_conv_scores import (band_part_transposed, convolved_tile, grid_sees, key_parts, load_row_stats,
                              load_rows, source_scores, target_scores)
 from .index_math import group_length, key_range
-from .scores import LOG2E, mma
+from .scores import LOG2E, mma, tanh
 
 # Rows of dC past a source tile that its row shifts reach (c_q - 1 <= TAIL).
 TAIL = tl.constexpr(16)
@@ -60,6 +63,30 @@ def store_window_slots(ds_base, dc, rows, cols, L, Dl, WIN, S, shift, CAUSAL: tl
     slot = (tl.minimum(tl.maximum(cols, 0), L - 1) // Dl)[None, :] - lo[:, None]
     offsets = ic.to(tl.int64)[:, None] * WIN + slot
     tl.store(ds_base + offsets, dc, mask=grid_sees(rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW))
+
+
+@triton.jit
+def extra_token_dq(dq, q_rows, do_rows, lse, delta, ak_base, sake, av_base, save, EXTRA, D, DV, scale, softcap,
+                   BM: tl.constexpr, BE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   HAS_SOFTCAP: tl.constexpr, LARGE: tl.constexpr, PRECISION: tl.constexpr):
+    """The additional tokens' part of dQ (unscaled, as the caller's): their scores are plain
+    (no convolution, no rpb), in the same softmax."""
+    for e0 in range(0, EXTRA, BE):
+        e = e0 + tl.arange(0, BE)
+        ak = load_rows(ak_base, e, sake, EXTRA, BLOCK_D, D, LARGE)
+        av = load_rows(av_base, e, save, EXTRA, BLOCK_DV, DV, LARGE)
+        se = mma(q_rows, tl.trans(ak), tl.zeros([BM, BE], dtype=tl.float32), PRECISION) * scale
+        t = se * 0.0
+        if HAS_SOFTCAP:
+            t = tanh(se / softcap)
+            se = softcap * t
+        p = tl.where((e < EXTRA)[None, :], tl.math.exp2((se - lse[:, None]) * LOG2E), 0.0)
+        dp = mma(do_rows, tl.trans(av), tl.zeros([BM, BE], dtype=tl.float32), PRECISION)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = mma(ds.to(ak.dtype), ak, dq, PRECISION)
+    return dq
 
 
 @triton.jit
@@ -101,14 +128,14 @@ def diagonal_sums(dw_ptr, grad_c, grad_l, grad_r, C_K, REACH, BN: tl.constexpr, 
 
 @triton.jit
 def dq_dw_kernel(
-    Q, K, V, DO, LSE, DELTA, BANDS, RUNS, RPB, DQ, DW, DS,
+    Q, K, V, DO, LSE, DELTA, BANDS, RUNS, RPB, DQ, DW, DS, AK, AV,
     sqb, sql, sqh, skb, skl, skh, svb, svl, svh, sdob, sdol, sdoh, slb, sll, slh, sdb, sdl, sdh,
-    sdqb, sdql, sdqh, sbh, sba, srh, srk,
-    GROUP, D, DV, H, L, Dl, WIN, S, shift, scale, softcap, C_K,
+    sdqb, sdql, sdqh, sbh, sba, srh, srk, sakb, sake, sakh, savb, save, savh,
+    GROUP, D, DV, H, L, Dl, WIN, S, shift, scale, softcap, C_K, EXTRA,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, C_Q: tl.constexpr, HALO: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_DS: tl.constexpr, LARGE: tl.constexpr,
-    PRECISION: tl.constexpr, GRAD_PRECISION: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_DS: tl.constexpr, HAS_EXTRA: tl.constexpr,
+    LARGE: tl.constexpr, PRECISION: tl.constexpr, GRAD_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     h = tl.program_id(1)
@@ -198,6 +225,10 @@ def dq_dw_kernel(
                 ds0 = tl.where(grid_sees(rows, n0 + BN + halo, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
                 dq = mma(ds0.to(k_right.dtype), k_right, dq, PRECISION)
 
+    if HAS_EXTRA:
+        dq = extra_token_dq(dq, q_rows, do_main, lse_main, delta_main, AK + b * sakb + kvh * sakh, sake,
+                            AV + b * savb + kvh * savh, save, EXTRA, D, DV, scale, softcap, BM, BE, BLOCK_D,
+                            BLOCK_DV, HAS_SOFTCAP, LARGE, PRECISION)
     d = tl.arange(0, BLOCK_D)
     r = rows
     if LARGE:

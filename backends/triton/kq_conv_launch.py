@@ -1,32 +1,28 @@
-"""Host side of the fused key-query convolution forward (kq_conv_kernel): tiles, the band
-matrices of the kernel rows, each query tile's run of keys, and the launch.
-
-The backward is not fused yet: ``backward`` recomputes the gradients on the reference backend's
-tiles (``haloattn.backends.reference.attend``, the same code that ran every kq_conv call before)
-and says so once per problem with a SlowPathWarning, so that a training loop knows where its time
-goes. The forward (inference, evaluation, and the forward half of training) is fused.
+"""Host side of the fused key-query convolution (kq_conv_kernel, kq_conv_backward): tiles, the
+band matrices of the kernel rows, each tile's run of keys or rows, the launches, and the host's
+share of the backward (the halos' dK added to their columns, dW summed over programs, rpb's
+gradient folded), all deterministic.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Dict, List, Optional, Tuple
 
 import torch
 from triton.runtime.errors import OutOfResources
 
 from haloattn.backend import AttentionInputs
-from haloattn.dispatch import SlowPathWarning
 from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
 from . import fast_launch, launch
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
+from . import tiles as tiles_module
+from .backward_kernels import extra_dkdv_kernel
 from .kq_conv_backward import dkdv_kernel, dq_dw_kernel
 from .kq_conv_kernel import kq_conv_forward_kernel
 from .launch import _precision, _unit_last, cdiv, needs_int64
-from .plugin import interpreting
 from .tiles import pow2_ceil
 
 # Limits of the fused kernel (beyond them the reference backend runs the problem, and explain()
@@ -247,17 +243,6 @@ def _launch(problem, tiles, precision, conv, halo_cols, q, k, v, out, lse, bands
     ))
 
 
-_WARNED = set()
-
-
-def fused_backward_reasons(problem: Problem, needs_grad) -> List[str]:
-    """Why the fused backward cannot run this call (empty: it can)."""
-    reasons = []
-    if problem.extra_tokens:
-        reasons.append("additional tokens")
-    return reasons
-
-
 def backward_tiles(config, problem: Problem) -> Dict:
     """The backward's tiles (config part ``kq_bwd``): BM source or target rows, BN key columns
     (at least a halo wide, so that each halo spills into one neighbouring tile)."""
@@ -307,12 +292,10 @@ def _backward_runs_on_host(problem: Problem, block_m: int, block_n: int) -> Tupl
 
 
 def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
-    """Fused (dq_dw_kernel, dkdv_kernel) where fused_backward_reasons allows; else the reference
-    backend's blocked backward, announced once per problem."""
-    reasons = fused_backward_reasons(problem, needs_grad)
-    if reasons:
-        return _reference_backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, reasons)
+    """Every gradient the call needs: dq_dw_kernel, dkdv_kernel, and for additional tokens the
+    neighbourhood backward's extra_dkdv_kernel."""
     q, k, v = (_unit_last(t) for t in inputs[:3])
+    ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     grad_out = _unit_last(grad_out)
     rpb = inputs.rpb
     precision = _precision(q.dtype)
@@ -341,13 +324,14 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
 
     stats = [*strides3(lse.unsqueeze(-1)), *strides3(delta.unsqueeze(-1))]
     rpb_strides = [rpb.stride(0), rpb.stride(1)] if rpb is not None else [0, 0]
+    extra_strides = (strides3(ak) + strides3(av)) if ak is not None else [0] * 6
     geometry = [axis.length, axis.dilation, axis.window, axis.stride, axis.shift, problem.scale, problem.softcap or 1.0]
     shared = dict(
         CAUSAL=axis.causal, WINDOW=problem.pattern == "window", C_Q=c_q, HALO=halo_cols,
         BLOCK_D=block_d, BLOCK_DV=block_dv, HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None,
         LARGE=large, PRECISION=precision, GRAD_PRECISION=grad_precision,
     )
-    dq_only = dict(HAS_DS=ds is not None)
+    dq_only = dict(HAS_DS=ds is not None, HAS_EXTRA=ak is not None, BE=EXTRA_BLOCK)
 
     def run(tiles):
         BM, BN = tiles["block_m"], tiles["block_n"]
@@ -362,10 +346,10 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
             ds.zero_()  # slots past a row's keys stay 0 (launch.rpb_gradient)
         fast_launch.resolve(dq_dw_kernel)[(q_tiles, H, B)](
             q, k, v, grad_out, lse, delta, bands, query_runs, placeholder, dq, dw_parts,
-            ds if ds is not None else dw_parts,
+            ds if ds is not None else dw_parts, ak if ak is not None else q, av if av is not None else q,
             *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dq),
-            bands.stride(0), bands.stride(1), *rpb_strides,
-            H // Hkv, D, Dv, H, *geometry, c_k, **constexprs, **dq_only)
+            bands.stride(0), bands.stride(1), *rpb_strides, *extra_strides,
+            H // Hkv, D, Dv, H, *geometry, c_k, problem.extra_tokens, **constexprs, **dq_only)
         fast_launch.resolve(dkdv_kernel)[(k_tiles, Hkv, B)](
             q, k, v, grad_out, lse, delta, bands, key_runs, placeholder, dk, dv, spill,
             *strides3(q), *strides3(k), *strides3(v), *strides3(grad_out), *stats, *strides3(dk), *strides3(dv),
@@ -378,8 +362,33 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
     if halo_cols:
         dk = _with_spills(dk, spill[..., :D], block_n, halo_cols)
     drpb = launch.rpb_gradient(problem, ds, rpb) if ds is not None else None
-    grads = [dq, dk.to(k.dtype), dv, drpb, dw_parts.sum((0, 2)).to(inputs.kq_conv.dtype), None, None]
+    dak = dav = None
+    if ak is not None and (needs_grad[5] or needs_grad[6]):
+        dak, dav = _extra_token_gradients(problem, q, ak, av, grad_out, out, lse, grad_lse, precision, large)
+    grads = [dq, dk.to(k.dtype), dv, drpb, dw_parts.sum((0, 2)).to(inputs.kq_conv.dtype), dak, dav]
     return tuple(g if wanted else None for g, wanted in zip(grads, needs_grad))
+
+
+def _extra_token_gradients(problem, q, ak, av, grad_out, out, lse, grad_lse, precision, large):
+    """dAK, dAV by the neighbourhood backward's extra_dkdv_kernel: an additional token's scores
+    are plain whatever the convolution, and it needs only each row's LSE and delta."""
+    stats = launch.row_statistics(out, grad_out, lse, grad_lse)
+    dak, dav = torch.empty_like(ak), torch.empty_like(av)
+    exact = launch.exact_float32_products(precision)
+    block_m, block_e, stages = tiles_module.extra_kernel_blocks(problem, exact)
+    fast_launch.resolve(extra_dkdv_kernel)[(cdiv(problem.extra_tokens, block_e), problem.kv_heads, problem.batch)](
+        q, ak, av, grad_out, stats, dak, dav, q,
+        *launch.token_strides(q, 1), *launch._extra_strides(ak), *launch._extra_strides(av),
+        *launch.token_strides(grad_out, 1), *launch.token_strides(stats, 1), *launch._extra_strides(dak),
+        *launch._extra_strides(dav), *launch.token_strides(q, 1),
+        problem.heads // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, 1, 1,
+        problem.axes[0].length, problem.scale, problem.softcap or 1.0,
+        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_D=max(16, pow2_ceil(problem.head_dim)),
+        BLOCK_DV=tiles_module.value_block(problem), HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
+        PRECISION=precision, ATOMIC_DQ=False, num_warps=tiles_module.extra_kernel_warps(problem, exact),
+        num_stages=stages,
+    )
+    return dak, dav
 
 
 def _smaller_backward(tiles: Dict, problem: Problem) -> Optional[Dict]:
@@ -408,17 +417,3 @@ def _with_spills(dk: torch.Tensor, spill: torch.Tensor, block_n: int, halo_cols:
     shifted = full[:, halo_cols + block_n:halo_cols + block_n + tiles * block_n]
     shifted.view(B, tiles, block_n, Hkv, D)[:, :, :halo_cols] += right
     return full[:, halo_cols:halo_cols + L]
-
-
-def _reference_backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, reasons):
-    """The reference backend's blocked backward, announced once per problem (a SlowPathWarning)."""
-    from haloattn.backends.reference import attend
-
-    if problem.device.type != "cpu" and problem not in _WARNED and not interpreting():
-        _WARNED.add(problem)
-        warnings.warn(
-            f"haloattn: the backward of {problem.describe()} runs on the reference backend's tiles: "
-            f"triton's fused kq_conv backward does not take {' or '.join(reasons)} yet",
-            SlowPathWarning, stacklevel=6,
-        )
-    return attend.backward(problem, inputs, grad_out, grad_lse, needs_grad, out, lse)

@@ -4,8 +4,8 @@ Fused forward, deterministic backward and forward-mode AD (jvp_kernel) for patte
 "neighborhood" and "window" on ranks 1-3, every per-axis window / stride / dilation / causal /
 shift, GQA/MQA, D_v != D, head dims up to 256, float16 / bfloat16 / float32 (tf32 when
 ``torch.backends.cuda.matmul.allow_tf32``), scale, softcap, rpb, additional tokens and the LSE.
-Rank-1 problems with a key-query convolution (kq_conv) run a fused forward of their own
-(kq_conv_kernel); their backward recomputes on the reference backend's tiles (kq_conv_launch).
+Rank-1 problems with a key-query convolution (kq_conv) run fused kernels of their own, forward
+and deterministic backward (kq_conv_kernel, kq_conv_backward, kq_conv_launch).
 On CPU tensors it runs only under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), so
 ordinary CPU users keep the reference.
 """
