@@ -27,13 +27,14 @@ from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.triton import kq_conv_launch  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
-# name: (tokens, window, causal, heads, head_dim, (c_q, c_k), with rpb (and its gradient) and softcap)
+# name: (tokens, window, causal, heads, head_dim, (c_q, c_k), with rpb (and its gradient), softcap and
+# 8 additional tokens)
 PROBLEMS = [
     ("1-D 8192, window 1023 causal, 16 x 128, MTA 6x11", (8192, 1023, True, 16, 128, (6, 11), False)),
     ("1-D 16384, window 511, 16 x 64, MTA 6x11", (16384, 511, False, 16, 64, (6, 11), False)),
     ("1-D 4096, window 255 causal, 8 x 64, 2x1 (no halos)", (4096, 255, True, 8, 64, (2, 1), False)),
     ("1-D 4096, window 511, 8 x 256, 4x7", (4096, 511, False, 8, 256, (4, 7), False)),
-    ("1-D 2048, window 255, 8 x 64, 3x5, rpb and softcap", (2048, 255, False, 8, 64, (3, 5), True)),
+    ("1-D 2048, window 255, 8 x 64, 3x5, rpb, softcap, additional tokens", (2048, 255, False, 8, 64, (3, 5), True)),
 ]
 
 
@@ -44,8 +45,10 @@ def problem_inputs(tokens, window, causal, heads, head_dim, kernel, biased, dtyp
     q, k, v = (meta(1, tokens, heads, head_dim) for _ in range(3))
     weight = meta(heads, *kernel, dt=torch.float32)
     rpb = meta(heads, 2 * window - 1, dt=torch.float32) if biased else None
-    problem = build_problem(q, k, v, window, causal=causal, kq_conv=weight, rpb=rpb, softcap=30.0 if biased else None)
-    return problem, AttentionInputs(q, k, v, rpb, weight)
+    ak, av = (meta(1, 8, heads, head_dim) for _ in range(2)) if biased else (None, None)
+    problem = build_problem(q, k, v, window, causal=causal, kq_conv=weight, rpb=rpb, softcap=30.0 if biased else None,
+                            additional_keys=ak, additional_values=av)
+    return problem, AttentionInputs(q, k, v, rpb, weight, ak, av)
 
 
 def main():
@@ -65,7 +68,8 @@ def main():
             problem, inputs = problem_inputs(*shape, getattr(torch, dtype_name))
             with captured_launches(kq_conv_launch, GPUS[args.capability]) as sink:
                 out, lse = kq_conv_launch.forward(problem, inputs, config)
-                needs = (True, True, True, problem.has_rpb, True, False, False)
+                extra = problem.extra_tokens > 0
+                needs = (True, True, True, problem.has_rpb, True, extra, extra)
                 kq_conv_launch.backward(problem, inputs, out, lse, torch.empty_like(out), None, needs, config)
             for fn, grid, a, kw in sink:
                 label = f"{index}-{dtype_name}-{fn.__name__.replace('_kernel', '')}"

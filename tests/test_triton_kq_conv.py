@@ -98,13 +98,20 @@ def _direct(length, window, config, dtype=torch.float32, **options):
     assert (lse.double() - ref_lse).abs().max() <= oracle.LSE_TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("options", [dict(), dict(causal=True, dilation=2), dict(pattern="window", shift=5)])
-def test_walks_over_many_small_tiles(options):
-    """16-row, 16-column tiles on a 100-token grid: every program walks several key tiles, the
-    backward's key tiles spill into both neighbours, source tiles take dC from the next tile."""
+@pytest.mark.parametrize("length,window,options", [
+    (100, 41, dict()),
+    (100, 41, dict(causal=True, dilation=2)),
+    (100, 41, dict(pattern="window", shift=5)),
+    (160, 81, dict()),  # most tiles inside every window: no per-pair masks there (all_attended)
+    (160, 81, dict(causal=True, stride=3)),
+])
+def test_walks_over_many_small_tiles(length, window, options):
+    """16-row, 16-column tiles: every program walks several key tiles, the backward's key tiles
+    spill into both neighbours, source tiles take dC from the next tile, and on the longer windows
+    most tiles' sources and targets are all attended."""
     small = {"kq": {"block_m": 16, "block_n": 16, "warps": 1, "stages": 1},
              "kq_bwd": {"block_m": 16, "block_n": 16, "warps": 1, "stages": 1}}
-    _direct(100, 41, small, kernel=(4, 9), heads=2, kv_heads=1, **options)
+    _direct(length, window, small, kernel=(4, 9), heads=2, kv_heads=1, **options)
 
 
 def test_tiles_refitted_when_triton_refuses_them(monkeypatch):

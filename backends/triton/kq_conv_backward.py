@@ -27,8 +27,8 @@ host, so no two programs write one address.
 import triton
 import triton.language as tl
 
-from .kq_conv_scores import (band_part_transposed, convolved_tile, grid_sees, key_parts, load_row_stats,
-                             load_rows, source_scores, target_scores)
+from .kq_conv_scores import (attended, band_part_transposed, convolved_tile, grid_sees, key_parts, load_row_stats,
+                             load_rows, source_scores, sources_attended, target_scores, targets_attended)
 from .index_math import group_length, key_range
 from .scores import LOG2E, mma, tanh
 
@@ -37,14 +37,14 @@ TAIL = tl.constexpr(16)
 
 
 @triton.jit
-def score_gradients(c, rows, cols, lse, delta, do_rows, v_tile, RPB, srh, srk, h, L, Dl, WIN, S, shift, softcap,
-                    HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
+def score_gradients(c, rows, cols, full, lse, delta, do_rows, v_tile, RPB, srh, srk, h, L, Dl, WIN, S, shift,
+                    softcap, HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr,
                     WINDOW: tl.constexpr, PRECISION: tl.constexpr):
     """P and dC of a target tile from its convolved scores ``c``: ``dC = P (dO v^T - delta)``
-    through the softcap's derivative; both 0 on pairs outside the pattern."""
+    through the softcap's derivative; both 0 on pairs outside the pattern (``full``: none is)."""
     s, t = target_scores(c, rows, cols, RPB, srh, srk, h, L, Dl, WIN, softcap, HAS_RPB, HAS_SOFTCAP)
-    keep = grid_sees(rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
-    p = tl.where(keep, tl.math.exp2(s - (lse * LOG2E)[:, None]), 0.0)
+    p = attended(tl.math.exp2(s - (lse * LOG2E)[:, None]), 0.0, full, rows, cols, L, Dl, WIN, S, shift, CAUSAL,
+                 WINDOW)
     dp = mma(do_rows, tl.trans(v_tile), tl.zeros([do_rows.shape[0], v_tile.shape[0]], dtype=tl.float32), PRECISION)
     dc = p * (dp - delta[:, None])
     if HAS_SOFTCAP:
@@ -152,8 +152,9 @@ def dq_dw_kernel(
     v_base = V + b * svb + kvh * svh
     do_base = DO + b * sdob + h * sdoh
     bands_base = BANDS + h * sbh
-    rows = tile * BM + tl.arange(0, BM)
-    tail = tile * BM + BM + tl.arange(0, TAIL)
+    row0 = tile * BM
+    rows = row0 + tl.arange(0, BM)
+    tail = row0 + BM + tl.arange(0, TAIL)
     run_lo = tl.load(RUNS + 2 * tile)
     run_hi = tl.load(RUNS + 2 * tile + 1)
 
@@ -179,25 +180,33 @@ def dq_dw_kernel(
         cols = n0 + tl.arange(0, BN)
         k_tile, k_left, k_right = key_parts(k_base, skl, n0, L, BN, HALO, BLOCK_D, D, LARGE)
         v_tile = load_rows(v_base, cols, svl, L, BLOCK_DV, DV, LARGE)
-        c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, rows, bands_base, sba, L, Dl, WIN, S, shift,
-                           scale, BM, BN, HALO, C_Q, BLOCK_D, D, CAUSAL, WINDOW, LARGE, PRECISION, GRAD_PRECISION)
-        _, dc_main = score_gradients(c, rows, cols, lse_main, delta_main, do_main, v_tile, RPB, srh, srk, h, L, Dl,
-                                     WIN, S, shift, softcap, HAS_RPB, HAS_SOFTCAP, CAUSAL, WINDOW, PRECISION)
+        full = sources_attended(row0, n0, L, Dl, WIN, S, shift, C_Q, BM, BN, HALO, CAUSAL, WINDOW)
+        c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, rows, full, bands_base, sba, L, Dl, WIN, S,
+                           shift, scale, BM, BN, HALO, C_Q, BLOCK_D, D, CAUSAL, WINDOW, LARGE, PRECISION,
+                           GRAD_PRECISION)
+        _, dc_main = score_gradients(c, rows, cols, targets_attended(row0, n0, L, Dl, WIN, S, shift, BM, BN, CAUSAL,
+                                                                     WINDOW),
+                                     lse_main, delta_main, do_main, v_tile, RPB, srh, srk, h, L, Dl, WIN, S, shift,
+                                     softcap, HAS_RPB, HAS_SOFTCAP, CAUSAL, WINDOW, PRECISION)
         if HAS_DS:
             store_window_slots(DS + (b * H + h).to(tl.int64) * L * WIN, dc_main, rows, cols, L, Dl, WIN, S, shift,
                                CAUSAL, WINDOW)
         if C_Q > 1:
-            c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, tail, bands_base, sba, L, Dl, WIN, S,
-                               shift, scale, TAIL, BN, HALO, C_Q, BLOCK_D, D, CAUSAL, WINDOW, LARGE, PRECISION,
-                               GRAD_PRECISION)
-            _, dc_tail = score_gradients(c, tail, cols, lse_tail, delta_tail, do_tail, v_tile, RPB, srh, srk, h, L,
-                                         Dl, WIN, S, shift, softcap, HAS_RPB, HAS_SOFTCAP, CAUSAL, WINDOW, PRECISION)
+            tail_full = sources_attended(row0 + BM, n0, L, Dl, WIN, S, shift, C_Q, TAIL, BN, HALO, CAUSAL, WINDOW)
+            c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, tail, tail_full, bands_base, sba, L, Dl,
+                               WIN, S, shift, scale, TAIL, BN, HALO, C_Q, BLOCK_D, D, CAUSAL, WINDOW, LARGE,
+                               PRECISION, GRAD_PRECISION)
+            _, dc_tail = score_gradients(c, tail, cols, targets_attended(row0 + BM, n0, L, Dl, WIN, S, shift, TAIL,
+                                                                         BN, CAUSAL, WINDOW),
+                                         lse_tail, delta_tail, do_tail, v_tile, RPB, srh, srk, h, L, Dl, WIN, S,
+                                         shift, softcap, HAS_RPB, HAS_SOFTCAP, CAUSAL, WINDOW, PRECISION)
         # this tile's own S0 (the sources of the shifted targets)
-        s0_c = source_scores(q_rows, k_tile, rows, cols, L, Dl, WIN, S, shift, scale, CAUSAL, WINDOW, PRECISION)
+        s0_c = source_scores(q_rows, k_tile, rows, cols, full, L, Dl, WIN, S, shift, scale, CAUSAL, WINDOW,
+                             PRECISION)
         if HALO > 0:
-            s0_l = source_scores(q_rows, k_left, rows, n0 - HALO + halo, L, Dl, WIN, S, shift, scale, CAUSAL,
+            s0_l = source_scores(q_rows, k_left, rows, n0 - HALO + halo, full, L, Dl, WIN, S, shift, scale, CAUSAL,
                                  WINDOW, PRECISION)
-            s0_r = source_scores(q_rows, k_right, rows, n0 + BN + halo, L, Dl, WIN, S, shift, scale, CAUSAL,
+            s0_r = source_scores(q_rows, k_right, rows, n0 + BN + halo, full, L, Dl, WIN, S, shift, scale, CAUSAL,
                                  WINDOW, PRECISION)
         for a in range(C_Q):  # at run time: see convolved_tile
             dc_a = dc_main
@@ -209,7 +218,7 @@ def dq_dw_kernel(
                                            GRAD_PRECISION), C_Q)
             ds0 = mma(dc_a, band_part_transposed(bands_a, center_rows, BN), tl.zeros([BM, BN], dtype=tl.float32),
                       GRAD_PRECISION)
-            ds0 = tl.where(grid_sees(rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
+            ds0 = attended(ds0, 0.0, full, rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
             dq = mma(ds0.to(k_tile.dtype), k_tile, dq, PRECISION)
             if HALO > 0:
                 grad_l = add_at(grad_l, a, mma(tl.trans(s0_l), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
@@ -218,11 +227,11 @@ def dq_dw_kernel(
                                                GRAD_PRECISION), C_Q)
                 ds0 = mma(dc_a, band_part_transposed(bands_a, halo, BN), tl.zeros([BM, HALO], dtype=tl.float32),
                           GRAD_PRECISION)
-                ds0 = tl.where(grid_sees(rows, n0 - HALO + halo, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
+                ds0 = attended(ds0, 0.0, full, rows, n0 - HALO + halo, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
                 dq = mma(ds0.to(k_left.dtype), k_left, dq, PRECISION)
                 ds0 = mma(dc_a, band_part_transposed(bands_a, HALO + BN + halo, BN),
                           tl.zeros([BM, HALO], dtype=tl.float32), GRAD_PRECISION)
-                ds0 = tl.where(grid_sees(rows, n0 + BN + halo, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
+                ds0 = attended(ds0, 0.0, full, rows, n0 + BN + halo, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
                 dq = mma(ds0.to(k_right.dtype), k_right, dq, PRECISION)
 
     if HAS_EXTRA:
@@ -288,14 +297,17 @@ def dkdv_kernel(
         bands_base = BANDS + h * sbh
         for m0 in range(row_lo, row_hi, BM):
             rows = m0 + tl.arange(0, BM)
-            c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, rows, bands_base, sba, L, Dl, WIN, S,
+            full = sources_attended(m0, n0, L, Dl, WIN, S, shift, C_Q, BM, BN, HALO, CAUSAL, WINDOW)
+            c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, rows, full, bands_base, sba, L, Dl, WIN, S,
                                shift, scale, BM, BN, HALO, C_Q, BLOCK_D, D, CAUSAL, WINDOW, LARGE, PRECISION,
                                GRAD_PRECISION)
             do_rows = load_rows(do_base, rows, sdol, L, BLOCK_DV, DV_WIDTH, LARGE)
             lse = load_row_stats(LSE + b * slb + h * slh, rows, sll, L, LARGE)
             delta = load_row_stats(DELTA + b * sdb + h * sdh, rows, sdl, L, LARGE)
-            p, dc = score_gradients(c, rows, cols, lse, delta, do_rows, v_tile, RPB, srh, srk, h, L, Dl, WIN, S,
-                                    shift, softcap, HAS_RPB, HAS_SOFTCAP, CAUSAL, WINDOW, PRECISION)
+            p, dc = score_gradients(c, rows, cols, targets_attended(m0, n0, L, Dl, WIN, S, shift, BM, BN, CAUSAL,
+                                                                    WINDOW),
+                                    lse, delta, do_rows, v_tile, RPB, srh, srk, h, L, Dl, WIN, S, shift, softcap,
+                                    HAS_RPB, HAS_SOFTCAP, CAUSAL, WINDOW, PRECISION)
             dv = mma(tl.trans(p).to(do_rows.dtype), do_rows, dv, PRECISION)
             for a in range(C_Q):  # at run time: see convolved_tile
                 src = rows - (C_Q - 1) + a
@@ -303,16 +315,16 @@ def dkdv_kernel(
                 bands_a = bands_base + a * sba
                 ds0 = mma(dc, band_part_transposed(bands_a, center_rows, BN), tl.zeros([BM, BN], dtype=tl.float32),
                           GRAD_PRECISION)
-                ds0 = tl.where(grid_sees(src, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
+                ds0 = attended(ds0, 0.0, full, src, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
                 dk = mma(tl.trans(ds0).to(q_a.dtype), q_a, dk, PRECISION)
                 if HALO > 0:
                     ds0 = mma(dc, band_part_transposed(bands_a, halo, BN), tl.zeros([BM, HALO], dtype=tl.float32),
                               GRAD_PRECISION)
-                    ds0 = tl.where(grid_sees(src, left_cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
+                    ds0 = attended(ds0, 0.0, full, src, left_cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
                     dk_left = mma(tl.trans(ds0).to(q_a.dtype), q_a, dk_left, PRECISION)
                     ds0 = mma(dc, band_part_transposed(bands_a, HALO + BN + halo, BN),
                               tl.zeros([BM, HALO], dtype=tl.float32), GRAD_PRECISION)
-                    ds0 = tl.where(grid_sees(src, right_cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW), ds0, 0.0)
+                    ds0 = attended(ds0, 0.0, full, src, right_cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
                     dk_right = mma(tl.trans(ds0).to(q_a.dtype), q_a, dk_right, PRECISION)
 
     d = tl.arange(0, BLOCK_D)

@@ -20,7 +20,8 @@ dilation, and a dilated problem's run includes the other groups' columns, which 
 import triton
 import triton.language as tl
 
-from .kq_conv_scores import convolved_tile, grid_sees, key_parts, load_rows, target_scores
+from .kq_conv_scores import (attended, convolved_tile, key_parts, load_rows, sources_attended, target_scores,
+                             targets_attended)
 from .scores import LN2, LOG2E, mma, tanh
 
 
@@ -57,7 +58,8 @@ def kq_conv_forward_kernel(
     q_base = Q + b * sqb + h * sqh
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
-    rows = tile * BM + tl.arange(0, BM)
+    row0 = tile * BM
+    rows = row0 + tl.arange(0, BM)
     run_lo = tl.load(RUNS + 2 * tile)
     run_hi = tl.load(RUNS + 2 * tile + 1)
 
@@ -69,11 +71,13 @@ def kq_conv_forward_kernel(
     for n0 in range(run_lo, run_hi, BN):
         cols = n0 + tl.arange(0, BN)
         k_tile, k_left, k_right = key_parts(k_base, skl, n0, L, BN, HALO, BLOCK_D, D, LARGE)
-        c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, rows, BANDS + h * sbh, sba,
+        full = sources_attended(row0, n0, L, Dl, WIN, S, shift, C_Q, BM, BN, HALO, CAUSAL, WINDOW)
+        c = convolved_tile(q_base, sql, k_tile, k_left, k_right, n0, rows, full, BANDS + h * sbh, sba,
                            L, Dl, WIN, S, shift, scale, BM, BN, HALO, C_Q, BLOCK_D, D, CAUSAL, WINDOW, LARGE,
                            PRECISION, CONV_PRECISION)
         s, _ = target_scores(c, rows, cols, RPB, srh, srk, h, L, Dl, WIN, softcap, HAS_RPB, HAS_SOFTCAP)
-        s = tl.where(grid_sees(rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW), s, float("-inf"))
+        s = attended(s, float("-inf"), targets_attended(row0, n0, L, Dl, WIN, S, shift, BM, BN, CAUSAL, WINDOW),
+                     rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
         v_tile = load_rows(v_base, cols, svl, L, BLOCK_DV, DV, LARGE)
         m_i, l_i, acc = softmax_step(s, v_tile, m_i, l_i, acc, PRECISION)
 

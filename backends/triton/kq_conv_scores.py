@@ -29,6 +29,28 @@ def grid_sees(i, j, L, Dl, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constex
 
 
 @triton.jit
+def all_attended(row_lo, row_hi, col_lo, col_hi, L, Dl, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """Whether every pair of rows ``[row_lo, row_hi]`` x columns ``[col_lo, col_hi]`` is attended
+    (scalars): all inside the grid, no dilation (other groups' columns never are), and the last
+    row's first key and the first row's last key bracketing the columns (the ranges are monotone).
+    Such tiles skip the per-pair mask: most of a long window's tiles."""
+    inside = (row_lo >= 0) & (row_hi < L) & (col_lo >= 0) & (col_hi < L) & (Dl == 1)
+    lo, _ = key_range(tl.minimum(tl.maximum(row_hi, 0), L - 1), L, K, S, shift, CAUSAL, WINDOW)
+    _, hi = key_range(tl.minimum(tl.maximum(row_lo, 0), L - 1), L, K, S, shift, CAUSAL, WINDOW)
+    return inside & (lo <= col_lo) & (hi > col_hi)
+
+
+@triton.jit
+def attended(x, fill, full, rows, cols, L, Dl, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """``x`` with ``fill`` on the pairs not attended, unless ``full`` (all_attended) says none is."""
+    if full:
+        y = x
+    else:
+        y = tl.where(grid_sees(rows, cols, L, Dl, K, S, shift, CAUSAL, WINDOW), x, fill)
+    return y
+
+
+@triton.jit
 def load_rows(ptr, rows, row_stride, L, BLOCK_D: tl.constexpr, width, LARGE: tl.constexpr):
     """``[rows, BLOCK_D]`` tile of a token-major tensor; zero outside the grid and past ``width``."""
     d = tl.arange(0, BLOCK_D)
@@ -74,11 +96,28 @@ def convolve(s0, bands, acc, CONV_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def source_scores(q_rows, k_part, src_rows, cols, L, Dl, K, S, shift, scale, CAUSAL: tl.constexpr,
+def source_scores(q_rows, k_part, src_rows, cols, full, L, Dl, K, S, shift, scale, CAUSAL: tl.constexpr,
                   WINDOW: tl.constexpr, PRECISION: tl.constexpr):
-    """S0 of one part: ``scale * q k^T`` where the source pair is attended, else 0."""
+    """S0 of one part: ``scale * q k^T`` where the source pair is attended, else 0 (``full``:
+    every pair is)."""
     s0 = mma(q_rows, tl.trans(k_part), tl.zeros([q_rows.shape[0], k_part.shape[0]], dtype=tl.float32), PRECISION)
-    return tl.where(grid_sees(src_rows, cols, L, Dl, K, S, shift, CAUSAL, WINDOW), s0 * scale, 0.0)
+    return attended(s0 * scale, 0.0, full, src_rows, cols, L, Dl, K, S, shift, CAUSAL, WINDOW)
+
+
+@triton.jit
+def sources_attended(row0, n0, L, Dl, K, S, shift, C_Q: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     HALO: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """all_attended over every source of target rows ``[row0, row0 + BM)`` on the key tile at
+    ``n0``: the ``c_q - 1`` rows above them too, the halos' columns too."""
+    return all_attended(row0 - (C_Q - 1), row0 + BM - 1, n0 - HALO, n0 + BN + HALO - 1, L, Dl, K, S, shift,
+                        CAUSAL, WINDOW)
+
+
+@triton.jit
+def targets_attended(row0, n0, L, Dl, K, S, shift, BM: tl.constexpr, BN: tl.constexpr, CAUSAL: tl.constexpr,
+                     WINDOW: tl.constexpr):
+    """all_attended over the target tile ``[row0, row0 + BM) x [n0, n0 + BN)``."""
+    return all_attended(row0, row0 + BM - 1, n0, n0 + BN - 1, L, Dl, K, S, shift, CAUSAL, WINDOW)
 
 
 @triton.jit
@@ -95,14 +134,14 @@ def band_part_transposed(bands_a, band_rows, BN: tl.constexpr):
 
 
 @triton.jit
-def convolved_tile(q_base, q_row_stride, k_tile, k_left, k_right, n0, rows, bands_base, band_stride,
+def convolved_tile(q_base, q_row_stride, k_tile, k_left, k_right, n0, rows, full, bands_base, band_stride,
                    L, Dl, K, S, shift, scale,
                    BM: tl.constexpr, BN: tl.constexpr, HALO: tl.constexpr, C_Q: tl.constexpr,
                    BLOCK_D: tl.constexpr, width, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                    LARGE: tl.constexpr, PRECISION: tl.constexpr, CONV_PRECISION: tl.constexpr):
     """The convolved scores C of target rows ``rows`` on the key tile at ``n0``: for each row
     shift ``a``, S0 of the rows ``c_q - 1 - a`` above on the tile and its halos, through the band
-    matrices of kernel row ``a``."""
+    matrices of kernel row ``a``. ``full``: every source pair is attended (sources_attended)."""
     c = tl.zeros([BM, BN], dtype=tl.float32)
     cols = n0 + tl.arange(0, BN)
     center_rows = HALO + tl.arange(0, BN)
@@ -112,15 +151,15 @@ def convolved_tile(q_base, q_row_stride, k_tile, k_left, k_right, n0, rows, band
         src = rows - (C_Q - 1) + a
         q_a = load_rows(q_base, src, q_row_stride, L, BLOCK_D, width, LARGE)
         bands_a = bands_base + a * band_stride
-        s0 = source_scores(q_a, k_tile, src, cols, L, Dl, K, S, shift, scale, CAUSAL, WINDOW, PRECISION)
+        s0 = source_scores(q_a, k_tile, src, cols, full, L, Dl, K, S, shift, scale, CAUSAL, WINDOW, PRECISION)
         c = convolve(s0, band_part(bands_a, center_rows, BN), c, CONV_PRECISION)
         if HALO > 0:
             left = tl.arange(0, HALO)
-            s0 = source_scores(q_a, k_left, src, n0 - HALO + left, L, Dl, K, S, shift, scale, CAUSAL, WINDOW,
-                               PRECISION)
+            s0 = source_scores(q_a, k_left, src, n0 - HALO + left, full, L, Dl, K, S, shift, scale, CAUSAL,
+                               WINDOW, PRECISION)
             c = convolve(s0, band_part(bands_a, left, BN), c, CONV_PRECISION)
-            s0 = source_scores(q_a, k_right, src, n0 + BN + left, L, Dl, K, S, shift, scale, CAUSAL, WINDOW,
-                               PRECISION)
+            s0 = source_scores(q_a, k_right, src, n0 + BN + left, full, L, Dl, K, S, shift, scale, CAUSAL,
+                               WINDOW, PRECISION)
             c = convolve(s0, band_part(bands_a, HALO + BN + left, BN), c, CONV_PRECISION)
     return c
 
