@@ -67,15 +67,16 @@ def test_trace_of_a_cuda_call_warns_and_computes_the_contract():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("options", [dict(causal=True), dict(dilation=2, stride=3), dict(pattern="window", shift=3)])
 def test_key_query_convolution_on_cuda_matches_the_oracle(dtype, options):
-    """kq_conv runs on the reference backend's tiles on every device; off CPUs its grouped conv2d
-    gives every plane a channel of its own, so CUDA takes PyTorch's depthwise kernel (exact float32
-    products) rather than cuDNN's TF32. Output and every gradient, kernel included, against the
-    float64 oracle on the CPU."""
+    """kq_conv on the reference backend's tiles (forced: on CUDA the dispatcher picks triton's fused
+    kernels, tests/test_triton_kq_conv_gpu.py); off CPUs its grouped conv2d gives every plane a
+    channel of its own, so CUDA takes PyTorch's depthwise kernel (exact float32 products) rather
+    than cuDNN's TF32. Output and every gradient, kernel included, against the float64 oracle on
+    the CPU."""
     L, K, H, Hkv, D = 75, 12, 4, 2, 16
     q, k, v = randn(31, 2, L, H, D, dtype=dtype), randn(32, 2, L, Hkv, D, dtype=dtype), randn(33, 2, L, Hkv, D, dtype=dtype)
     conv = (0.5 * randn(34, H, 4, 7, dtype=torch.float64)).detach().to(dtype).requires_grad_()
     kw = dict(options, kq_conv=conv, softcap=8.0)
-    out = haloattn.attention(q, k, v, K, **kw)
+    out = haloattn.attention(q, k, v, K, backend="reference", **kw)
     grad = randn(35, *out.shape, dtype=dtype).detach()
     got = [out, *torch.autograd.grad(out, (q, k, v, conv), grad)]
     leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v, conv)]

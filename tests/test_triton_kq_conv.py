@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 import haloattn  # noqa: E402
 from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.backends.reference import attend  # noqa: E402
-from haloattn.backends.triton import fast_launch, kq_conv_launch  # noqa: E402
+from haloattn.backends.triton import batch_slices, fast_launch, kq_conv_launch  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
@@ -76,6 +76,13 @@ def test_the_bias_gradient(reference_backward_calls, options):
 def test_additional_tokens(reference_backward_calls, options):
     check_kq_conv(33, 9, extra=5, **options)
     assert reference_backward_calls == []
+
+
+def test_batches_past_the_grid_limit_run_in_slices(monkeypatch):
+    """More batch entries than a grid axis holds (65535; here 2) run slice by slice, the kernel's
+    and the bias' gradients summed over slices."""
+    monkeypatch.setattr(batch_slices, "MAX_GRID_BATCH", 2)
+    check_kq_conv(20, 5, batch=5, rpb=True, extra=2)
 
 
 def _direct(length, window, config, dtype=torch.float32, **options):

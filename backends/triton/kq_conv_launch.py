@@ -16,17 +16,19 @@ from haloattn.backend import AttentionInputs
 from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
-from . import fast_launch, launch
-from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
+from . import batch_slices, fast_launch, launch
 from . import tiles as tiles_module
 from .backward_kernels import extra_dkdv_kernel
 from .kq_conv_backward import dkdv_kernel, dq_dw_kernel
+from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .kq_conv_kernel import kq_conv_forward_kernel
 from .launch import _precision, _unit_last, cdiv, needs_int64
 from .tiles import pow2_ceil
 
-# Limits of the fused kernel (beyond them the reference backend runs the problem, and explain()
-# says why): row shifts are unrolled at compile time, and a halo is one tile of HALO columns.
+# Limits of the fused kernels (beyond them the reference backend runs the problem, and explain()
+# says why): dq_dw_kernel takes the rows its shifts reach from one 16-row tile after its own
+# (kq_conv_backward.TAIL) and holds one dW accumulator a kernel row, and a halo is one tile of
+# HALO columns.
 MAX_ROW_SHIFTS = 16
 MAX_KEY_REACH = 64
 
@@ -50,7 +52,7 @@ def not_supported_reasons(problem: Problem) -> List[str]:
     c_q, c_k = problem.kq_conv_shape
     reasons = []
     if c_q > MAX_ROW_SHIFTS:
-        reasons.append(f"kq_conv has c_q={c_q} row shifts; the fused kernel unrolls at most {MAX_ROW_SHIFTS}")
+        reasons.append(f"kq_conv has c_q={c_q} kernel rows; the fused kernels take at most {MAX_ROW_SHIFTS}")
     if (c_k - 1) // 2 > MAX_KEY_REACH:
         reasons.append(f"kq_conv has c_k={c_k} (reach {(c_k - 1) // 2}); the fused kernel reaches at most "
                        f"{MAX_KEY_REACH} keys either side (c_k <= {2 * MAX_KEY_REACH + 1})")
@@ -58,8 +60,10 @@ def not_supported_reasons(problem: Problem) -> List[str]:
 
 
 def default_config(problem: Problem) -> Dict:
+    """The forward's tiles (``kq``) and the backward's (``kq_bwd``)."""
     tiles = WIDE_HEAD_TILES if max(problem.head_dim, problem.value_dim) > WIDE_HEAD else DEFAULT_TILES
-    return {"kq": dict(tiles)}
+    backward = FLOAT32_BACKWARD_TILES if problem.dtype == torch.float32 else BACKWARD_TILES
+    return {"kq": dict(tiles), "kq_bwd": dict(backward)}
 
 
 def candidate_configs(problem: Problem) -> List[Dict]:
@@ -112,17 +116,26 @@ def toeplitz_bands(weight: torch.Tensor, block_n: int, halo_cols: int, dtype: to
     return bands.to(dtype).contiguous()
 
 
+def _row_bounds(axis, pattern: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """First and last grid column each grid row sees (its keys are every ``dilation``-th column
+    between them)."""
+    group, lo, hi = key_range(axis, pattern, torch.arange(axis.length))
+    return group + axis.dilation * lo, group + axis.dilation * (hi - 1)
+
+
+def _column_spans(first: torch.Tensor, last: torch.Tensor, block_m: int, rows_after: int) -> torch.Tensor:
+    """``[first, last + 1)`` over the rows of each BM-row tile and the ``rows_after`` rows after
+    it, flattened (rows past the grid repeat the last row)."""
+    span = cdiv(first.numel(), block_m) * block_m + rows_after
+    pad = span - first.numel()
+    f = torch.cat([first, first[-1:].expand(pad)]).unfold(0, block_m + rows_after, block_m).amin(1)
+    g = torch.cat([last, last[-1:].expand(pad)]).unfold(0, block_m + rows_after, block_m).amax(1)
+    return torch.stack([f, g + 1], 1).reshape(-1)
+
+
 @functools.lru_cache(maxsize=256)
 def _runs_on_host(axis, pattern: str, block_m: int) -> Tuple[int, ...]:
-    L = axis.length
-    rows = torch.arange(L)
-    group, lo, hi = key_range(axis, pattern, rows)
-    first, last = group + axis.dilation * lo, group + axis.dilation * (hi - 1)
-    tiles = cdiv(L, block_m)
-    pad = tiles * block_m - L
-    first = torch.cat([first, first[-1:].expand(pad)]).view(tiles, block_m).amin(1)
-    last = torch.cat([last, last[-1:].expand(pad)]).view(tiles, block_m).amax(1)
-    return tuple(torch.stack([first, last + 1], 1).reshape(-1).tolist())
+    return tuple(_column_spans(*_row_bounds(axis, pattern), block_m, 0).tolist())
 
 
 def tile_runs(problem: Problem, block_m: int, device) -> torch.Tensor:
@@ -158,7 +171,7 @@ _FITTED = plan_cache()
 MAX_REFITS = 6
 
 
-def _fitted(key, tiles: Dict, shrink, run) -> None:
+def _fitted(key, tiles: Dict, shrink, run):
     """``run(tiles)``, with tiles shrunk (``shrink``) and the run repeated while Triton refuses a
     kernel for its shared memory: the estimate is the compiler's (smaller GPUs than Hopper, float32
     operands, wide heads); the tiles that fitted are kept for the next call. Every run writes its
@@ -189,6 +202,8 @@ def _smaller_forward(tiles: Dict) -> Optional[Dict]:
 
 
 def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    if batch_slices.needs_slices(problem):  # more batch entries than a grid axis holds
+        return batch_slices.forward_in_slices(forward, problem, inputs, config)
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     rpb = inputs.rpb
@@ -246,7 +261,7 @@ def _launch(problem, tiles, precision, conv, halo_cols, q, k, v, out, lse, bands
 def backward_tiles(config, problem: Problem) -> Dict:
     """The backward's tiles (config part ``kq_bwd``): BM source or target rows, BN key columns
     (at least a halo wide, so that each halo spills into one neighbouring tile)."""
-    base = dict(FLOAT32_BACKWARD_TILES if problem.dtype == torch.float32 else BACKWARD_TILES)
+    base = default_config(problem)["kq_bwd"]
     given = config.get("kq_bwd") if isinstance(config, dict) else None
     tiles = dict(base, **(given if isinstance(given, dict) else {}))
     for name in ("block_m", "block_n"):
@@ -260,25 +275,12 @@ def backward_tiles(config, problem: Problem) -> Dict:
     return tiles
 
 
-def _row_bounds(problem: Problem) -> Tuple[torch.Tensor, torch.Tensor]:
-    """First and last grid column each grid row sees."""
-    axis = problem.axes[0]
-    group, lo, hi = key_range(axis, problem.pattern, torch.arange(axis.length))
-    return group + axis.dilation * lo, group + axis.dilation * (hi - 1)
-
-
 @functools.lru_cache(maxsize=256)
 def _backward_runs_on_host(problem: Problem, block_m: int, block_n: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     L = problem.axes[0].length
-    c_q = problem.kq_conv_shape[0]
-    first, last = _row_bounds(problem)
+    first, last = _row_bounds(problem.axes[0], problem.pattern)
     # dq_dw_kernel: a tile of source rows needs dC on its rows and the c_q - 1 after them
-    tiles = cdiv(L, block_m)
-    span = tiles * block_m + c_q - 1
-    pad = span - L
-    f = torch.cat([first, first[-1:].expand(pad)]).unfold(0, block_m + c_q - 1, block_m).amin(1)
-    g = torch.cat([last, last[-1:].expand(pad)]).unfold(0, block_m + c_q - 1, block_m).amax(1)
-    query_runs = torch.stack([f, g + 1], 1).reshape(-1)
+    query_runs = _column_spans(first, last, block_m, problem.kq_conv_shape[0] - 1)
     # dkdv_kernel: the rows that see a column of the key tile: from the first row whose last
     # column reaches the tile (running maximum) to the last whose first column lies before its end
     # (running minimum from the end)
@@ -294,6 +296,9 @@ def _backward_runs_on_host(problem: Problem, block_m: int, block_n: int) -> Tupl
 def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=None):
     """Every gradient the call needs: dq_dw_kernel, dkdv_kernel, and for additional tokens the
     neighbourhood backward's extra_dkdv_kernel."""
+    if batch_slices.needs_slices(problem):
+        return batch_slices.backward_in_slices(backward, problem, inputs, out, lse, grad_out, grad_lse, needs_grad,
+                                               config)
     q, k, v = (_unit_last(t) for t in inputs[:3])
     ak, av = _unit_last(inputs.additional_keys), _unit_last(inputs.additional_values)
     grad_out = _unit_last(grad_out)
