@@ -31,3 +31,12 @@ def seeds():
 def test_tiny_random_problem_compiled(dtype, seed):
     verdict = check(seed, "triton", HEAD_DIMS, "cuda", DTYPES[dtype])
     assert verdict == "OK" or verdict.startswith("REFUSED"), verdict
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("seed", range(9500, 9530))
+def test_tiny_random_key_query_convolution_compiled(dtype, seed):
+    """Rank-1 problems with a key-query convolution (triton's kq_conv kernels), the kernel's
+    gradient checked too."""
+    verdict = check(seed, "triton", (16, 32, 64), "cuda", DTYPES[dtype], kq_conv=True)
+    assert verdict == "OK", verdict

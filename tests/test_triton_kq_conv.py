@@ -18,6 +18,7 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 
 import oracle  # noqa: E402
 from kq_conv_check import check_kq_conv, kq_conv_inputs  # noqa: E402
+from tiny_random import check as tiny_random_check  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -53,6 +54,13 @@ def reference_backward_calls(monkeypatch):
 def test_against_the_oracle(reference_backward_calls, length, window, options):
     check_kq_conv(length, window, **options)
     assert reference_backward_calls == []  # fused
+
+
+@pytest.mark.parametrize("seed", range(17100, 17106))
+def test_tiny_random_problems(seed):
+    """tests/tiny_random.py's rank-1 problems with a kernel of 1-6 x 1-11 (random scales, losses
+    on the output, the LSE or their sums, rpb, softcap, additional tokens)."""
+    assert tiny_random_check(seed, "triton", kq_conv=True) == "OK"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

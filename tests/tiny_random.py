@@ -28,10 +28,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 HEAD_DIMS = (8, 16, 32)
 
 
-def random_spec(seed: int, head_dims=HEAD_DIMS):
-    """A problem (in test_reference_oracle.make_inputs's format) and a loss kind."""
+def random_spec(seed: int, head_dims=HEAD_DIMS, kq_conv: bool = False):
+    """A problem (in test_reference_oracle.make_inputs's format) and a loss kind. ``kq_conv``: a
+    rank-1 problem with a key-query convolution of 1-6 x 1-11 (other seeds draw as before)."""
     r = random.Random(seed)
-    rank = r.choice((1, 2, 2, 3))
+    rank = 1 if kq_conv else r.choice((1, 2, 2, 3))
     pattern = "neighborhood" if r.random() < 0.8 else "window"
     max_length = {1: 40, 2: 11, 3: 6}[rank]
     spatial, window, stride, dilation, causal, shift = [], [], [], [], [], []
@@ -56,6 +57,8 @@ def random_spec(seed: int, head_dims=HEAD_DIMS):
                 rpb=r.random() < 0.3, softcap=r.choice((None, None, None, 4.0)),
                 scale=r.choice((None, None, 0.3, 2.5, -0.7, 0.0)), extra=r.choice((0, 0, 2)),
                 score_mod=None, mask_mod=None, kq_conv=None, seed=seed)
+    if kq_conv:
+        spec["kq_conv"] = (r.randint(1, 6), r.choice((1, 3, 5, 11)))
     return spec, r.choice(("out", "lse", "sum"))
 
 
@@ -67,15 +70,16 @@ def _on_device(t, device: str):
 
 
 def _leaves(tensors: dict, kw: dict) -> list:
-    extras = [kw.get(name) for name in ("rpb", "additional_keys", "additional_values")]
+    extras = [kw.get(name) for name in ("rpb", "kq_conv", "additional_keys", "additional_values")]
     return [t for t in list(tensors.values()) + extras if t is not None]
 
 
-def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu", dtype=torch.float32) -> str:
+def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu", dtype=torch.float32,
+          kq_conv: bool = False) -> str:
     """The backend on ``device`` against the oracles, which run on the CPU (leaves of their own with
     the same values); errors are measured there. 16-bit inputs are held to SEMANTICS.md's
     tolerances of their dtype (oracle.TOLERANCE), the gradients' floor computed in that dtype."""
-    spec, loss_kind = random_spec(seed, head_dims)
+    spec, loss_kind = random_spec(seed, head_dims, kq_conv)
     tensors, kw = make_inputs(spec, dtype, requires_grad=True)
     tolerance, lse_tolerance = oracle.TOLERANCE[dtype], oracle.LSE_TOLERANCE[dtype]
     run_tensors = {name: _on_device(t, device) for name, t in tensors.items()}

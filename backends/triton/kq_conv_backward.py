@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from .kq_conv_scores import (attended, band_part_transposed, convolved_tile, grid_sees, key_parts, load_row_stats,
-                             load_rows, source_scores, sources_attended, target_scores, targets_attended)
+                             load_rows, query_program, source_scores, sources_attended, target_scores,
+                             targets_attended)
 from .index_math import group_length, key_range
 from .scores import LOG2E, mma, tanh
 
@@ -137,19 +138,8 @@ def dq_dw_kernel(
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_DS: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, GRAD_PRECISION: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    tiles = tl.num_programs(0)
-    dw_ptr = DW + ((b * H + h) * tiles + tile) * (C_Q * C_K)
-    kvh = h // GROUP
-    if LARGE:
-        b = b.to(tl.int64)
-        h = h.to(tl.int64)
-        kvh = kvh.to(tl.int64)
-    q_base = Q + b * sqb + h * sqh
-    k_base = K + b * skb + kvh * skh
-    v_base = V + b * svb + kvh * svh
+    tile, b, h, kvh, q_base, k_base, v_base = query_program(Q, K, V, sqb, sqh, skb, skh, svb, svh, GROUP, LARGE)
+    dw_ptr = DW + ((b * H + h) * tl.num_programs(0) + tile) * (C_Q * C_K)
     do_base = DO + b * sdob + h * sdoh
     bands_base = BANDS + h * sbh
     row0 = tile * BM

@@ -20,8 +20,8 @@ dilation, and a dilated problem's run includes the other groups' columns, which 
 import triton
 import triton.language as tl
 
-from .kq_conv_scores import (attended, convolved_tile, key_parts, load_rows, sources_attended, target_scores,
-                             targets_attended)
+from .kq_conv_scores import (attended, convolved_tile, key_parts, load_rows, query_program, sources_attended,
+                             target_scores, targets_attended)
 from .scores import LN2, LOG2E, mma, tanh
 
 
@@ -47,17 +47,7 @@ def kq_conv_forward_kernel(
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr, LARGE: tl.constexpr,
     PRECISION: tl.constexpr, CONV_PRECISION: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    kvh = h // GROUP
-    if LARGE:
-        b = b.to(tl.int64)
-        h = h.to(tl.int64)
-        kvh = kvh.to(tl.int64)
-    q_base = Q + b * sqb + h * sqh
-    k_base = K + b * skb + kvh * skh
-    v_base = V + b * svb + kvh * svh
+    tile, b, h, kvh, q_base, k_base, v_base = query_program(Q, K, V, sqb, sqh, skb, skh, svb, svh, GROUP, LARGE)
     row0 = tile * BM
     rows = row0 + tl.arange(0, BM)
     run_lo = tl.load(RUNS + 2 * tile)

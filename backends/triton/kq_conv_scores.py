@@ -15,6 +15,21 @@ from .scores import LOG2E, mma, tanh
 
 
 @triton.jit
+def query_program(Q, K, V, sqb, sqh, skb, skh, svb, svh, GROUP, LARGE: tl.constexpr):
+    """A program over query tiles (grid: tiles, heads, batch): its tile, batch, head and key head
+    (int64 with LARGE) and its q, k, v base pointers."""
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    kvh = h // GROUP
+    if LARGE:
+        b = b.to(tl.int64)
+        h = h.to(tl.int64)
+        kvh = kvh.to(tl.int64)
+    return tile, b, h, kvh, Q + b * sqb + h * sqh, K + b * skb + kvh * skh, V + b * svb + kvh * svh
+
+
+@triton.jit
 def grid_sees(i, j, L, Dl, K, S, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
     """[rows, cols] mask: grid query ``i`` attends grid key ``j`` (both may lie outside the grid,
     which attends nothing): same dilation group, and ``j``'s group coordinate in ``i``'s range."""
