@@ -22,6 +22,7 @@ import triton.language as tl
 from .descriptors import add_to_box, group_descriptor, kv_descriptors, kv_tail_descriptors, load_box, load_token_tile
 from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, next3, query_range, query_walk, split3
+from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
 
 
@@ -84,7 +85,7 @@ def softcap_chain(ds, t, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def dq_kernel(
-    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV, O, LSE, DLSE,
+    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV, O, LSE, DLSE, MT0, MT1, MT2, MT3,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -105,6 +106,8 @@ def dq_kernel(
     HAS_RPB: tl.constexpr, RPB_GRAD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, HAS_DLSE: tl.constexpr, WAIT_DQ: tl.constexpr,
+    HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -150,6 +153,8 @@ def dq_kernel(
     st1, nk1, all_lo1, all_hi1 = key_walk(xs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, ANCHOR)
     st2, nk2, all_lo2, all_hi2 = key_walk(xs2, Lg2, K2, S2, SH2, C2, WINDOW, TM2, TN2, ANCHOR)
     n_tiles = nk0 * nk1 * nk2
+    if HAS_SCORE_MOD or HAS_MASK_MOD:
+        q_flat = flat_tokens(g0, g1, g2, x0, x1, x2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[:, None]
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + bh[0] * skb + kvh.to(tl.int64) * skh
@@ -183,11 +188,19 @@ def dq_kernel(
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
         else:
             bias = 0.0
-        s, t = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+        if HAS_SCORE_MOD or HAS_MASK_MOD:
+            kv_flat = flat_tokens(g0, g1, g2, y0, y1, y2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[None, :]
+        if HAS_SCORE_MOD:
+            s, t, slope = modded_scores(qk, bias, scale, softcap, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, HAS_RPB,
+                                        HAS_SOFTCAP, SCORE_MOD, SCORE_MOD_GRAD, True)
+        else:
+            s, t = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
         p = tl.math.exp2(s - lse2[:, None])
         p = mask_pairs(p, 0.0, lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2,
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
+        if HAS_MASK_MOD:
+            p = masked_by_mod(p, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         dp = mma(do, tl.trans(vt), None, PRECISION)
         if TAIL_DV > 0:
             vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
@@ -195,6 +208,8 @@ def dq_kernel(
                                       TAIL_DV)
             dp = mma(do_tail, tl.trans(vt_tail), dp, PRECISION)
         ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
+        if HAS_SCORE_MOD:
+            ds = ds * slope
         dq = mma(ds.to(kt.dtype), kt, dq, PRECISION)
         if TAIL_D > 0:
             dq_tail = mma(ds.to(kt_tail.dtype), kt_tail, dq_tail, PRECISION)
@@ -221,10 +236,20 @@ def dq_kernel(
             kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
             qk = mma(q, tl.trans(kt), None, PRECISION)
-            s, t = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
+            if HAS_SCORE_MOD or HAS_MASK_MOD:
+                kv_flat = extra_tokens(e, E, L0, L1, L2, WIDE_INDEX)[None, :]
+            if HAS_SCORE_MOD:
+                s, t, slope = modded_scores(qk, 0.0, scale, softcap, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, False,
+                                            HAS_SOFTCAP, SCORE_MOD, SCORE_MOD_GRAD, True)
+            else:
+                s, t = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
             p = tl.where(e_ok[None, :], tl.math.exp2(s - lse2[:, None]), 0.0)
+            if HAS_MASK_MOD:
+                p = masked_by_mod(p, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
             dp = mma(do, tl.trans(vt), None, PRECISION)
             ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
+            if HAS_SCORE_MOD:
+                ds = ds * slope
             dq = mma(ds.to(kt.dtype), kt, dq, PRECISION)
 
     dq_rows = bh[0] * sdqb + bh[1] * sdqh + i0 * sdq0 + i1 * sdq1 + i2 * sdq2
@@ -237,7 +262,7 @@ def dq_kernel(
 
 @triton.jit
 def dkdv_kernel(
-    Q, K, V, DO, STATS, DK, DV, RPB, DQA, DSB,
+    Q, K, V, DO, STATS, DK, DV, RPB, DQA, DSB, MT0, MT1, MT2, MT3,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -258,6 +283,8 @@ def dkdv_kernel(
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr, TMA_DQ: tl.constexpr,
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, WAIT_DK: tl.constexpr,
+    HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -299,6 +326,8 @@ def dkdv_kernel(
     qlo0, qhi0 = query_range(y0, Lg0, K0, S0, SH0, C0, WINDOW)
     qlo1, qhi1 = query_range(y1, Lg1, K1, S1, SH1, C1, WINDOW)
     qlo2, qhi2 = query_range(y2, Lg2, K2, S2, SH2, C2, WINDOW)
+    if HAS_SCORE_MOD or HAS_MASK_MOD:
+        kv_flat = flat_tokens(g0, g1, g2, y0, y1, y2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[:, None]
 
     m0, m1, m2 = split3(tl.arange(0, BLOCK_M), TM1, TM2)
     if TMA:
@@ -370,10 +399,17 @@ def dkdv_kernel(
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, False)
         else:
             bias = 0.0
-        sT, tT = finish_scores(qkT, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+        if HAS_SCORE_MOD or HAS_MASK_MOD:
+            q_flat = flat_tokens(g0, g1, g2, x0, x1, x2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[None, :]
+        if HAS_SCORE_MOD:
+            sT, tT, slope = modded_scores(qkT, bias, scale, softcap, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3,
+                                          HAS_RPB, HAS_SOFTCAP, SCORE_MOD, SCORE_MOD_GRAD, True)
+        else:
+            sT, tT = finish_scores(qkT, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
         pT = tl.math.exp2(sT - lse2[None, :])
-        if TMA and HAS_RPB:
-            # Rows outside the grid came as zeros (stats_box): a large bias could make their P inf.
+        if TMA and (HAS_RPB or HAS_SCORE_MOD):
+            # Rows outside the grid came as zeros (stats_box): a large bias or modded score could
+            # make their P inf.
             if (xs0 < 0) | (xs0 + TM0 > Lg0) | (xs1 < 0) | (xs1 + TM1 > Lg1) | (xs2 < 0) | (xs2 + TM2 > Lg2):
                 pT = tl.where(q_ok[None, :], pT, 0.0)
         # The keys every query of this query tile sees (the walk over them is not used here).
@@ -387,12 +423,16 @@ def dkdv_kernel(
         # "rows are queries" in its own terms.
         pT = mask_pairs(pT, 0.0, qlo0, qhi0, qlo1, qhi1, qlo2, qhi2, x0, x1, x2, cross0, cross1, cross2,
                         True, RANK, AXIS_MASKS)
+        if HAS_MASK_MOD:
+            pT = masked_by_mod(pT, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         if TAIL_DV > 0:
             dv_tail_acc = mma(pT.to(do_tail.dtype), do_tail, dv_tail_acc, PRECISION)
             dpT = mma(vt_tail, tl.trans(do_tail), dpT, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
+        if HAS_SCORE_MOD:
+            dsT = dsT * slope
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
         if TAIL_D > 0:
             dk_tail = mma(dsT.to(q_tail.dtype), q_tail, dk_tail, PRECISION)
@@ -447,7 +487,7 @@ def dkdv_kernel(
 
 @triton.jit
 def extra_dkdv_kernel(
-    Q, AK, AV, DO, STATS, DAK, DAV, DQA,
+    Q, AK, AV, DO, STATS, DAK, DAV, DQA, MT0, MT1, MT2, MT3,
     sqb, sq0, sq1, sq2, sqh,
     sakb, sake, sakh, savb, save, savh,
     sdob, sdo0, sdo1, sdo2, sdoh,
@@ -458,6 +498,8 @@ def extra_dkdv_kernel(
     scale, softcap,
     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, LARGE: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -475,8 +517,11 @@ def extra_dkdv_kernel(
     dk = tl.zeros([BLOCK_E, BLOCK_D], tl.float32)
     dvacc = tl.zeros([BLOCK_E, BLOCK_DV], tl.float32)
     rows = tl.arange(0, BLOCK_M)
+    if HAS_SCORE_MOD or HAS_MASK_MOD:
+        kv_flat = extra_tokens(e, E, L0, L1, L2, WIDE_INDEX)[:, None]
     for it in range(0, G * n_blocks):
-        h64 = (kvh * G + it // n_blocks).to(tl.int64)
+        h = kvh * G + it // n_blocks
+        h64 = h.to(tl.int64)
         flat = (it % n_blocks) * BLOCK_M + rows
         q_ok = flat < N
         i0, i1, i2 = split3(flat, L1, L2)
@@ -488,11 +533,23 @@ def extra_dkdv_kernel(
                      mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
         lse2, delta = row_stats(STATS, b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
         qkT = mma(kt, tl.trans(q), None, PRECISION)
-        sT, tT = finish_scores(qkT, 0.0, scale, softcap, False, HAS_SOFTCAP)
+        if HAS_SCORE_MOD or HAS_MASK_MOD:
+            q_flat = tl.minimum(flat, N - 1)[None, :]
+            if WIDE_INDEX:
+                q_flat = q_flat.to(tl.int64)
+        if HAS_SCORE_MOD:
+            sT, tT, slope = modded_scores(qkT, 0.0, scale, softcap, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, False,
+                                          HAS_SOFTCAP, SCORE_MOD, SCORE_MOD_GRAD, True)
+        else:
+            sT, tT = finish_scores(qkT, 0.0, scale, softcap, False, HAS_SOFTCAP)
         pT = tl.where(e_ok[:, None], tl.math.exp2(sT - lse2[None, :]), 0.0)
+        if HAS_MASK_MOD:
+            pT = masked_by_mod(pT, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         dsT = softcap_chain(pT * (dpT - delta[None, :]), tT, HAS_SOFTCAP)
+        if HAS_SCORE_MOD:
+            dsT = dsT * slope
         dk = mma(dsT.to(q.dtype), q, dk, PRECISION)
         if ATOMIC_DQ:  # the additional keys' share of dQ (see dkdv_kernel)
             dq_part = mma(tl.trans(dsT).to(kt.dtype), kt, None, PRECISION)

@@ -5,17 +5,19 @@ kernels put the batch on the third (query or key tiles on the first, which holds
 larger batch (short sequences folded into the batch, say) runs as one launch per slice of at most
 that many batch entries: the slices are views, the kernels are the same compiled ones (the batch
 is a grid size, not a compile-time constant), outputs are joined and the bias gradient summed.
+score_mod and mask_mod see the caller's batch index: each slice's mods add its first entry.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, List
 
 import torch
 
 from haloattn.backend import AttentionInputs
-from haloattn.problem import Problem
+from haloattn.problem import Problem, mods_on_indices
 
 MAX_GRID_BATCH = 65535
 # Inputs without a batch axis: the bias table and the key-query convolution weights.
@@ -30,11 +32,21 @@ def batch_slices(batch: int) -> List[slice]:
     return [slice(start, min(start + MAX_GRID_BATCH, batch)) for start in range(0, batch, MAX_GRID_BATCH)]
 
 
+@functools.lru_cache(maxsize=64)
+def _mods_from(score_mod, mask_mod, first: int):
+    """The mods of a slice that starts at batch entry ``first`` (the same functions for the same
+    slice on every call, so a compiled mod is compiled once)."""
+    return mods_on_indices(score_mod, mask_mod, lambda b, h: (b + first, h))
+
+
 def _part(problem: Problem, inputs: AttentionInputs, part: slice):
     sliced = AttentionInputs(*(
         t if t is None or name in _SHARED else t[part] for name, t in zip(AttentionInputs._fields, inputs)
     ))
-    return dataclasses.replace(problem, batch=part.stop - part.start), sliced
+    changes = dict(batch=part.stop - part.start)
+    if part.start and (problem.score_mod is not None or problem.mask_mod is not None):
+        changes["score_mod"], changes["mask_mod"] = _mods_from(problem.score_mod, problem.mask_mod, part.start)
+    return dataclasses.replace(problem, **changes), sliced
 
 
 def forward_in_slices(forward: Callable, problem: Problem, inputs: AttentionInputs, config):

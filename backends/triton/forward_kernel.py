@@ -20,6 +20,7 @@ import triton.language as tl
 
 from .descriptors import kv_descriptors, kv_tail_descriptors, load_token_tile
 from .index_math import crosses, group_length, key_range, key_walk, next3, split3
+from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
 from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
 
 
@@ -114,7 +115,7 @@ def softmax_scores(qk, bias, scale, softcap, HAS_RPB: tl.constexpr, HAS_SOFTCAP:
 
 @triton.jit
 def forward_kernel(
-    Q, K, V, O, LSE, RPB, AK, AV,
+    Q, K, V, O, LSE, RPB, AK, AV, MT0, MT1, MT2, MT3,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -132,7 +133,8 @@ def forward_kernel(
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
-    PACK: tl.constexpr,
+    PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -173,6 +175,8 @@ def forward_kernel(
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
     lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
+    if HAS_SCORE_MOD or HAS_MASK_MOD:
+        q_flat = flat_tokens(g0, g1, g2, x0, x1, x2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[:, None]
     # The walk over the union of the tile's key ranges, and their intersection (all_lo, all_hi).
     st0, nk0, all_lo0, all_hi0 = key_walk(xs0, Lg0, K0, S0, SH0, C0, WINDOW, TM0, TN0, ANCHOR)
     st1, nk1, all_lo1, all_hi1 = key_walk(xs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, ANCHOR)
@@ -232,10 +236,18 @@ def forward_kernel(
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
         else:
             bias = 0.0
-        s = softmax_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP, FOLD_SCALE)
+        if HAS_SCORE_MOD or HAS_MASK_MOD:
+            kv_flat = flat_tokens(g0, g1, g2, y0, y1, y2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[None, :]
+        if HAS_SCORE_MOD:
+            s, _, _ = modded_scores(qk, bias, scale, softcap, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, HAS_RPB,
+                                    HAS_SOFTCAP, SCORE_MOD, SCORE_MOD, False)
+        else:
+            s = softmax_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP, FOLD_SCALE)
         s = mask_pairs(s, float("-inf"), lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2,
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
+        if HAS_MASK_MOD:
+            s = masked_by_mod(s, float("-inf"), b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         if PACK > 1:
             # The pair the last step finished goes out here, where the rescale below reads the
             # accumulator anyway: read right after its last product was issued, the branch would
@@ -283,8 +295,16 @@ def forward_kernel(
             e_ok = e < E
             kt = tl.load(ak_base + e[:, None] * sake + d[None, :], mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
             qk = mma(q, tl.trans(kt), None, PRECISION)
-            s = softmax_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP, FOLD_SCALE)
+            if HAS_SCORE_MOD or HAS_MASK_MOD:
+                kv_flat = extra_tokens(e, E, L0, L1, L2, WIDE_INDEX)[None, :]
+            if HAS_SCORE_MOD:
+                s, _, _ = modded_scores(qk, 0.0, scale, softcap, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, False,
+                                        HAS_SOFTCAP, SCORE_MOD, SCORE_MOD, False)
+            else:
+                s = softmax_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP, FOLD_SCALE)
             s = tl.where(e_ok[None, :], s, float("-inf"))
+            if HAS_MASK_MOD:
+                s = masked_by_mod(s, float("-inf"), b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
             m_i, l_i, acc, acc_tail = online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY_RESCALE, False)
             p = probabilities(s, m_i, unit)
             l_i += tl.sum(p, 1)

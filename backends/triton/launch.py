@@ -186,6 +186,32 @@ def _extra_strides(t: Optional[torch.Tensor]) -> list:
     return [t.stride(0), t.stride(1), t.stride(2)]
 
 
+def fused_mods(problem: Problem):
+    """The problem's score_mod / mask_mod compiled for the kernels (mod_codegen, checked once per
+    problem), or None without mods."""
+    if problem.score_mod is None and problem.mask_mod is None:
+        return None
+    from .mod_check import checked_mods
+
+    return checked_mods(problem)
+
+
+def mod_tensors(mods, filler: torch.Tensor) -> list:
+    """The tensors the mods read (the kernels' MOD_T0..MOD_T3), ``filler`` where there are none."""
+    return mods.tensor_args(filler) if mods is not None else [filler] * 4
+
+
+def mod_constexprs(problem: Problem, mods, large: bool, gradient: bool = False) -> dict:
+    """The kernels' mod constexprs. Flat indices are int64 where the problem is addressed in int64
+    or where a product of two of them could pass int32 (PyTorch hands the mods int64 indices)."""
+    flags = dict(HAS_SCORE_MOD=mods is not None and mods.has_score, HAS_MASK_MOD=mods is not None and mods.has_mask,
+                 SCORE_MOD=mods.score if mods is not None else None, MASK_MOD=mods.mask if mods is not None else None,
+                 WIDE_INDEX=large or (problem.tokens + problem.extra_tokens) ** 2 > INT32_LIMIT)
+    if gradient:
+        flags["SCORE_MOD_GRAD"] = mods.score_grad if mods is not None else None
+    return flags
+
+
 def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[torch.Tensor, torch.Tensor]:
     if batch_slices.needs_slices(problem):
         return batch_slices.forward_in_slices(forward, problem, inputs, config)
@@ -198,9 +224,11 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     config = config or tiles.default_config(problem, exact_float32=exact_float32_products(precision))
     key = (problem, config_key(config), tensor_layout(q), tensor_layout(k), tensor_layout(v),
            tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), precision)
-    tensors = (q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q)
+    mods = fused_mods(problem)
+    tensors = (q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
+               *mod_tensors(mods, q))
     _run_fitted(_FORWARD_PLANS, key, problem, config,
-                lambda cfg: _forward_launch(problem, cfg, q, k, v, out, lse, rpb, ak, av),
+                lambda cfg: _forward_launch(problem, cfg, q, k, v, out, lse, rpb, ak, av, mods),
                 lambda launch: _start(launch, *tensors))
     return out, lse
 
@@ -260,7 +288,7 @@ def _run_fitted(plans, key, problem: Problem, config, build, run, before_retry=N
 _FORWARD_PLANS = plan_cache()
 
 
-def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
+def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Launch:
     cfg = tiles.normalise(config, problem)["fwd"]
     H, B, r = problem.heads, problem.batch, problem.rank
     geo = geometry(problem)
@@ -272,7 +300,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
     grid = (grid0, H, B) if pack == 1 else (grid0 * cdiv(B * H, pack), 1, 1)
     return Launch(forward_kernel, grid, [
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
-        *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(out, r),
+        *mod_tensors(mods, q), *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(out, r),
         *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
         H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, H, B,
         *geo.runtime_args(cfg["q"]),
@@ -284,8 +312,10 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av) -> Launch:
         LARGE=large, PRECISION=precision, RANK=r,
         TMA=pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v),
         LAZY_RESCALE=cfg.get("lazy_rescale", False),
-        FOLD_SCALE=cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None,
-        PACK=pack, **_walk_constexprs(cfg), num_warps=cfg["warps"], num_stages=cfg["stages"],
+        FOLD_SCALE=(cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None
+                    and problem.score_mod is None),
+        PACK=pack, **_walk_constexprs(cfg), **mod_constexprs(problem, mods, large),
+        num_warps=cfg["warps"], num_stages=cfg["stages"],
     ))
 
 
@@ -406,8 +436,10 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
                              device=q.device) if need_rpb else None)
     dk, dv = (torch.empty_like(k), torch.empty_like(v)) if run_dkdv else (None, None)
     dak, dav = (torch.empty_like(ak), torch.empty_like(av)) if run_extra else (None, None)
+    mods = fused_mods(problem)
     tensors = dict(q=q, k=k, v=v, do=do, out=out, stats=stats, dq=dq, rpb=rpb, ds=ds_buffer, ak=ak, av=av,
-                   dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum, lse=lse, dlse=grad_lse)
+                   dk=dk, dv=dv, dak=dak, dav=dav, dq_sum=dq_sum, lse=lse, dlse=grad_lse,
+                   **dict(zip(MOD_TENSOR_NAMES, mod_tensors(mods, q))))
     key = (problem, config_key(config), flags, precision,
            *(tensor_layout(t) for t in (q, k, v, do, out, stats, rpb, ak, av, dq, dk, dv, lse, grad_lse)))
 
@@ -415,7 +447,8 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
         for launch, names in launches:
             _start(launch, *(tensors[name] if tensors[name] is not None else q for name in names))
 
-    _run_fitted(_BACKWARD_PLANS, key, problem, config, lambda cfg: _backward_launches(problem, cfg, flags, tensors), run,
+    _run_fitted(_BACKWARD_PLANS, key, problem, config,
+                lambda cfg: _backward_launches(problem, cfg, flags, tensors, mods), run,
                 before_retry=dq_sum.zero_ if dq_sum is not None else None)
 
     if dq_sum is not None:
@@ -432,7 +465,10 @@ def dq_kernel_runs(flags) -> bool:
     return (need_q or need_rpb) and not atomic
 
 
-def _backward_launches(problem: Problem, config, flags, tensors) -> list:
+MOD_TENSOR_NAMES = ("mod0", "mod1", "mod2", "mod3")
+
+
+def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> list:
     """The backward's kernel launches for these gradients, each with the names of its tensors in
     order (a name whose tensor is absent is passed ``q``, which the kernel does not read)."""
     need_q, need_k, need_v, need_rpb, need_ak, need_av, atomic, has_dlse = flags
@@ -445,12 +481,13 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
     large = needs_int64(q, k, v, do, tensors["out"])
     softcap = problem.softcap or 1.0
     feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=_precision(q.dtype), RANK=r)
+    with_mods = mod_constexprs(problem, mods, large, gradient=True)
     stats_strides = token_strides(tensors["stats"], r)
     launches = []
 
     if dq_kernel_runs(flags):
         cfg = cfgs["dq"]
-        names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av", "out", "lse", "dlse")
+        names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av", "out", "lse", "dlse", *MOD_TENSOR_NAMES)
         launches.append((Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
@@ -463,14 +500,15 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             **head_block_constexprs(problem, cfg, feature["PRECISION"]),
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
             TMA=use_descriptors(cfg.get("tma", False), large, k, v), **_walk_constexprs(cfg),
-            HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), num_warps=cfg["warps"], num_stages=cfg["stages"],
+            HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), **with_mods, num_warps=cfg["warps"],
+            num_stages=cfg["stages"],
         )), names))
 
     dq_sum_strides = token_strides(t["dq_sum"], r)
     if need_k or need_v or atomic:
         cfg = cfgs["dkdv"]
         tma = use_descriptors(cfg.get("tma", False), large, q, do)
-        names = ("q", "k", "v", "do", "stats", "dk", "dv", "rpb", "dq_sum", "ds")
+        names = ("q", "k", "v", "do", "stats", "dk", "dv", "rpb", "dq_sum", "ds", *MOD_TENSOR_NAMES)
         launches.append((Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
             *(t[name] for name in names),
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
@@ -482,12 +520,12 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
             **head_block_constexprs(problem, cfg, feature["PRECISION"], atomic_dq=atomic and need_q),
             HAS_RPB=rpb is not None, TMA=tma, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
-            WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), num_warps=cfg["warps"],
+            WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), **with_mods, num_warps=cfg["warps"],
             num_stages=cfg["stages"],
         )), names))
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
-        names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum")
+        names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum", *MOD_TENSOR_NAMES)
         exact = exact_float32_products(feature["PRECISION"])
         block_m, block_e, stages = tiles.extra_kernel_blocks(problem, exact)
         launches.append((Launch(extra_dkdv_kernel, (cdiv(problem.extra_tokens, block_e), Hkv, B), [
@@ -499,7 +537,7 @@ def _backward_launches(problem: Problem, config, flags, tensors) -> list:
         ], dict(
             BLOCK_M=block_m, BLOCK_E=block_e, HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
             PRECISION=feature["PRECISION"], BLOCK_D=_block(problem.head_dim), BLOCK_DV=tiles.value_block(problem),
-            ATOMIC_DQ=atomic and need_q, num_warps=tiles.extra_kernel_warps(problem, exact),
+            ATOMIC_DQ=atomic and need_q, **with_mods, num_warps=tiles.extra_kernel_warps(problem, exact),
             num_stages=stages,
         )), names))
     return launches

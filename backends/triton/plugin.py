@@ -3,7 +3,8 @@
 Fused forward, deterministic backward and forward-mode AD (jvp_kernel) for patterns
 "neighborhood" and "window" on ranks 1-3, every per-axis window / stride / dilation / causal /
 shift, GQA/MQA, D_v != D, head dims up to 256, float16 / bfloat16 / float32 (tf32 when
-``torch.backends.cuda.matmul.allow_tf32``), scale, softcap, rpb, additional tokens and the LSE.
+``torch.backends.cuda.matmul.allow_tf32``), scale, softcap, rpb, additional tokens and the LSE;
+score_mod and mask_mod compiled into the kernels (mod_codegen) where their operators allow.
 Rank-1 problems with a key-query convolution (kq_conv) run fused kernels of their own, forward
 and deterministic backward (kq_conv_kernel, kq_conv_backward, kq_conv_launch).
 On CPU tensors it runs only under ``TRITON_INTERPRET=1`` (Triton's interpreter, for tests), so
@@ -104,14 +105,20 @@ class TritonBackend(Backend):
         for value, what in ((problem.head_dim, "head_dim"), (problem.value_dim, "value head_dim (D_v)")):
             if value > MAX_HEAD_DIM:
                 reasons.append(f"{what} {value} exceeds {MAX_HEAD_DIM}")
-        if problem.score_mod is not None:
-            reasons.append("score_mod is not supported (an arbitrary Python function per score: the flex backend runs it on CUDA, the reference backend elsewhere)")
-        if problem.mask_mod is not None:
-            reasons.append("mask_mod is not supported (an arbitrary Python function per pair: the flex backend runs it on CUDA, the reference backend elsewhere)")
+        has_mods = problem.score_mod is not None or problem.mask_mod is not None
+        if has_mods and problem.kq_conv_shape is not None:
+            reasons.append("score_mod / mask_mod with kq_conv: the fused key-query convolution takes no mods "
+                           "(the reference backend runs them)")
         if problem.kq_conv_shape is not None and not reasons:
             from . import kq_conv_launch
 
             reasons.extend(kq_conv_launch.not_supported_reasons(problem))
+        if has_mods and not reasons:
+            # Last: it traces the mods (once per problem), which is only worth it for a problem
+            # the kernels otherwise run.
+            from . import mod_codegen
+
+            reasons.extend(mod_codegen.not_fusable_reasons(problem))
         return reasons
 
     def configs(self, problem):
@@ -144,7 +151,9 @@ class TritonBackend(Backend):
     def jvp_not_supported_reasons(self, problem) -> List[str]:
         if problem.kq_conv_shape is not None:
             return ["kq_conv: no forward-mode rule in the fused kernel (the reference backend has one)"]
-        return []  # every problem the forward runs (jvp_kernel has the forward's features)
+        if problem.score_mod is not None or problem.mask_mod is not None:
+            return ["score_mod / mask_mod: the fused tangent kernel takes no mods (the reference backend has the rule)"]
+        return []  # every other problem the forward runs (jvp_kernel has the forward's features)
 
     def jvp(self, problem, inputs, tangents, out, lse, config=None):
         from . import jvp_launch

@@ -1,0 +1,112 @@
+"""The check a generated mod passes before a kernel uses it (mod_codegen): the device functions,
+run by Triton's CPU interpreter on sample points, against the user's own functions in PyTorch on
+the same points. Points are drawn in the problem's index ranges (batch, head, flat query and key
+indices, additional tokens included), half of them near the diagonal (a table indexed by
+``q_idx - kv_idx`` may cover only the window's offsets); scores are random normals, scaled.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from haloattn.geometry import key_range
+
+from .mod_codegen import CHECK_POINTS, MAX_CAPTURED, ModsNotFusable, fused_mods
+
+
+@triton.jit
+def _score_points(S, B, H, Q, KV, OUT, T0, T1, T2, T3, FN: tl.constexpr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    out = FN(tl.load(S + i), tl.load(B + i), tl.load(H + i), tl.load(Q + i), tl.load(KV + i), T0, T1, T2, T3)
+    tl.store(OUT + i, out)
+
+
+@triton.jit
+def _mask_points(B, H, Q, KV, OUT, T0, T1, T2, T3, FN: tl.constexpr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    out = FN(tl.load(B + i), tl.load(H + i), tl.load(Q + i), tl.load(KV + i), T0, T1, T2, T3)
+    tl.store(OUT + i, out.to(tl.int8))
+
+
+def _points(problem, seed: int):
+    """CHECK_POINTS attended pairs of ``problem`` (the pattern's own, and additional tokens where
+    it has them), drawn at random: pairs every backend evaluates the mods on, so the user's
+    functions are defined there."""
+    g = torch.Generator().manual_seed(seed)
+    n = CHECK_POINTS
+    b = torch.randint(0, problem.batch, (n,), generator=g)
+    h = torch.randint(0, problem.heads, (n,), generator=g)
+    q = torch.zeros(n, dtype=torch.int64)
+    kv = torch.zeros(n, dtype=torch.int64)
+    for axis in problem.axes:
+        i = torch.randint(0, axis.length, (n,), generator=g)
+        group, lo, hi = key_range(axis, problem.pattern, i)
+        y = lo + (torch.rand(n, generator=g) * (hi - lo)).long().clamp(max=(hi - lo - 1).clamp(min=0))
+        q = q * axis.length + i
+        kv = kv * axis.length + y * axis.dilation + group
+    if problem.extra_tokens:
+        extra = torch.rand(n, generator=g) < 0.25
+        kv = torch.where(extra, problem.tokens + torch.randint(0, problem.extra_tokens, (n,), generator=g), kv)
+    s = torch.randn(n, generator=g) * 4.0
+    return s, b, h, q, kv
+
+
+def _run_interpreted(kernel, *args, **constexprs):
+    from .interpreter_compat import kernel as interpreted
+
+    interpreted(kernel)[(1,)](*args, **constexprs)
+
+
+def _user_scores(score_mod, s, b, h, q, kv, device):
+    s = s.to(device).requires_grad_(True)
+    out = score_mod(s, b.to(device), h.to(device), q.to(device), kv.to(device)).to(torch.float32)
+    out = out.expand_as(s) if out.shape != s.shape else out
+    (grad,) = torch.autograd.grad(out.sum(), s, allow_unused=True)
+    if grad is None:
+        grad = torch.zeros_like(s)
+    return out.detach().cpu(), grad.cpu()
+
+
+def _disagreement(name: str, ours: torch.Tensor, theirs: torch.Tensor, points) -> None:
+    """Raise where ``ours`` (the generated code's) and ``theirs`` (PyTorch's) differ at a point."""
+    both_special = ~torch.isfinite(ours) & ~torch.isfinite(theirs) & ((ours == theirs) | (ours.isnan() & theirs.isnan()))
+    differ = ~both_special & ~((ours - theirs).abs() <= 1e-5 + 1e-4 * theirs.abs())
+    if differ.any():
+        i = int(differ.nonzero()[0, 0])
+        s, b, h, q, kv = points
+        raise ModsNotFusable(
+            f"{name}: the compiled code disagrees with the function (at b={int(b[i])}, h={int(h[i])}, "
+            f"q_idx={int(q[i])}, kv_idx={int(kv[i])}, score {float(s[i]):.4g}: {float(ours[i]):.6g} "
+            f"against {float(theirs[i]):.6g})")
+
+
+@functools.lru_cache(maxsize=256)
+def checked_mods(problem):
+    """fused_mods for the problem's mods, checked on attended pairs of the problem (once per
+    problem); raises ModsNotFusable."""
+    mods = fused_mods(problem.score_mod, problem.mask_mod, problem.device)
+    captured = [t.detach().cpu() for t in mods.tensors]
+    device = problem.device
+    for seed in (0, 1):
+        points = _points(problem, seed)
+        s, b, h, q, kv = points
+        narrow = [t.to(torch.int32) for t in (b, h, q, kv)]
+        tables = captured + [s] * (MAX_CAPTURED - len(captured))
+        if problem.score_mod is not None:
+            theirs, their_gradient = _user_scores(problem.score_mod, *points, device)
+            ours, our_gradient = torch.empty(len(s)), torch.empty(len(s))
+            _run_interpreted(_score_points, s, *narrow, ours, *tables, FN=mods.score, N=len(s))
+            _run_interpreted(_score_points, s, *narrow, our_gradient, *tables, FN=mods.score_grad, N=len(s))
+            _disagreement("score_mod", ours, theirs, points)
+            _disagreement("score_mod's derivative", our_gradient, their_gradient, points)
+        if problem.mask_mod is not None:
+            theirs = problem.mask_mod(*(t.to(device) for t in (b, h, q, kv)))
+            theirs = torch.as_tensor(theirs).to(torch.bool).cpu().expand(len(s)).float()
+            ours = torch.empty(len(s), dtype=torch.int8)
+            _run_interpreted(_mask_points, *narrow, ours, *tables, FN=mods.mask, N=len(s))
+            _disagreement("mask_mod", ours.float(), theirs, points)
+    return mods
