@@ -154,7 +154,8 @@ def test_reasons_are_precise(monkeypatch):
     ]
     assert _reasons(pattern="window", dtype=torch.float64) == ["float64 runs on the reference backend"]
     assert _reasons(pattern="window", score_mod=lambda s, b, h, q, k: s) == [
-        "score_mod is not supported (the flex backend runs it on CUDA, the reference backend elsewhere)"
+        "score_mod is not supported here: backend 'triton' compiles it into its kernels where its operators "
+        "allow (else the flex backend runs it on CUDA, the reference backend elsewhere)"
     ]
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     (reason,) = _reasons(pattern="window")

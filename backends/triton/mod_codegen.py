@@ -64,7 +64,9 @@ class FusedMods:
 def _traced(fn: Callable, args) -> torch.fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    return make_fx(fn, tracing_mode="real")(*args)
+    # Functionalized: the graphs of derivatives use in-place operators (logical_and_), which
+    # become their functional forms, so every node is one value.
+    return make_fx(torch.func.functionalize(fn, remove="mutations_and_views"), tracing_mode="real")(*args)
 
 
 def _trace_inputs(device) -> tuple:
@@ -108,7 +110,7 @@ _UNARY = {
     "expm1": "(tl.exp(ops.as_float({0})) - 1.0)", "sqrt": "tl.sqrt(ops.as_float({0}))",
     "rsqrt": "tl.rsqrt(ops.as_float({0}))", "sin": "tl.sin(ops.as_float({0}))", "cos": "tl.cos(ops.as_float({0}))",
     "tanh": "ops.tanh({0})", "sigmoid": "ops.sigmoid({0})", "sign": "ops.sign({0})",
-    "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "reciprocal": "(1.0 / ops.as_float({0}))",
+    "sgn": "ops.sign({0})", "floor": "tl.floor({0})", "ceil": "tl.ceil({0})", "reciprocal": "(1.0 / ops.as_float({0}))",
     "logical_not": "({0} == 0)", "bitwise_not": "(~{0})", "relu": "tl.maximum({0}, 0)",
 }
 _BINARY = {
@@ -246,6 +248,8 @@ class _Translator:
         args, kwargs = node.args, node.kwargs
         if packet is None:
             self.fail(f"the Python call {target}")
+        if packet.endswith("_copy") and packet[:-5] in _IDENTITY | {"select"}:
+            packet = packet[:-5]  # functionalization's copying forms of views: values are per pair
         if packet in ("add", "sub", "rsub"):
             alpha = kwargs.get("alpha", 1)
             a, b = self.operand(args[0]), self.operand(args[1])
@@ -270,6 +274,8 @@ class _Translator:
             return _UNARY[packet].format(self.operand(args[0]))
         if packet == "where":
             return f"tl.where({self.operand(args[0])}, {self.operand(args[1])}, {self.operand(args[2])})"
+        if packet == "masked_fill":
+            return f"tl.where({self.operand(args[1])}, {self.operand(args[2])}, {self.operand(args[0])})"
         if packet in ("clamp", "clamp_min", "clamp_max"):
             x = self.operand(args[0])
             lo = args[1] if packet != "clamp_max" else None
@@ -296,6 +302,11 @@ class _Translator:
                 return self.operand(args[0])
             if dtype not in _DTYPES:
                 self.fail(f"a cast to {dtype}")
+            if dtype in (torch.float16, torch.bfloat16):
+                # PyTorch would round every later operator's result to 16 bits too; the kernels
+                # compute the mods in float32 (and Triton's interpreter, which checks a
+                # translation, does not round to nearest-even).
+                self.fail(f"arithmetic in {dtype} (a cast to it)")
             return f"({self.operand(args[0])}).to({_DTYPES[dtype]})"
         if packet in ("scalar_tensor", "full"):
             value = args[0] if packet == "scalar_tensor" else args[1]

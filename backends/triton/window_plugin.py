@@ -74,7 +74,9 @@ class TritonWindowBackend(Backend):
             (problem.mask_mod is not None, "mask_mod"),
         ):
             if flag:
-                reasons.append(f"{name} is not supported (the flex backend runs it on CUDA, the reference backend elsewhere)")
+                reasons.append(f"{name} is not supported here: backend 'triton' compiles it into its kernels "
+                               "where its operators allow (else the flex backend runs it on CUDA, the reference "
+                               "backend elsewhere)")
         if problem.kq_conv_shape is not None:
             # not flex's either: a per-score Flex mod cannot see the neighbouring scores it mixes
             reasons.append("kq_conv is not supported (the reference backend runs it)")
