@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call for the flex backend: install (no CUDA module), its GPU tests (compiled Flex
-# against the float64 reference; xdist spreads Flex's compiles over the cores), then
+# One device call for mods on a GPU: install (no CUDA module), the GPU tests of the flex backend
+# (compiled Flex against the float64 reference; xdist spreads Flex's compiles over the cores) and
+# of the mods compiled into backend triton (tests/test_triton_mods_gpu.py), then
 # bench_flex_mods.py. Files under $OUT: device.txt, flex_tests.log, flex_mods.{md,json}.
 #   bash benchmarks/gpu_run_flex.sh          (SKIP_TESTS=1 / SKIP_BENCH=1 to leave one out)
 set -o pipefail
@@ -18,7 +19,7 @@ stamp() { echo "[$(( $(date +%s) - began )) s] $*"; }
 stamp "installed"
 if [ -z "$SKIP_TESTS" ]; then
   timeout ${TEST_TIMEOUT:-330} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -rf --tb=short tests/test_flex_gpu.py \
-    > "$OUT/flex_tests.log" 2>&1
+    tests/test_triton_mods_gpu.py > "$OUT/flex_tests.log" 2>&1
   stamp "flex tests: exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/flex_tests.log" | tail -25
 fi
 if [ -z "$SKIP_BENCH" ]; then

@@ -31,6 +31,17 @@ from haloattn.problem import build_problem  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.exists(tool("ptxas")), reason="Triton's bundled ptxas is missing")
 
+# Mods compiled into the kernels (mod_codegen): a captured bias table read per pair, a gate, a mask.
+_BIAS_TABLE = torch.empty(4, 64, device="meta")
+
+
+def _biased_below_the_diagonal(s, b, h, q_idx, kv_idx):
+    return torch.where(kv_idx <= q_idx, s + _BIAS_TABLE[h, (q_idx - kv_idx) % 64], torch.tanh(s) * 2.0)
+
+
+def _every_fifth_offset_masked(b, h, q_idx, kv_idx):
+    return (q_idx - kv_idx) % 5 != 2
+
 # name: (launcher, spatial, window, dtype, heads, kv_heads, head_dim, value_dim, rpb, extra tokens, options)
 CASES = {
     "neighbourhood_2d_rpb_softcap": (launch, (16, 16), 5, torch.bfloat16, 2, 2, 64, 64, True, 0,
@@ -67,6 +78,13 @@ CASES = {
     # streamed boxes of another shape than dQ's (tiles.KEY_MAJOR_BOXES).
     "neighbourhood_3d_key_major_boxes_hd64": (launch, (10, 20, 20), (5, 9, 9), torch.bfloat16, 4, 2, 64, 64, False, 0,
                                               {}),
+    # score_mod and mask_mod with rpb, softcap and additional tokens (every hook of every kernel).
+    "neighbourhood_2d_mods_rpb_softcap_extra_keys": (launch, (16, 16), 5, torch.bfloat16, 4, 2, 64, 64, True, 3,
+                                                     dict(softcap=30.0, score_mod=_biased_below_the_diagonal,
+                                                          mask_mod=_every_fifth_offset_masked)),
+    "neighbourhood_3d_float32_mask_mod_causal": (launch, (4, 8, 8), (3, 5, 5), torch.float32, 2, 2, 32, 32, False, 0,
+                                                 dict(causal=(True, False, False),
+                                                      mask_mod=_every_fifth_offset_masked)),
     "window_swin_shift_rpb": (window_launch, (14, 14), 7, torch.float16, 3, 3, 32, 32, True, 0, dict(shift=3)),
     "window_3d_dilated_causal_gqa_softcap": (window_launch, (4, 8, 8), (2, 2, 4), torch.float32, 4, 2, 30, 16,
                                              True, 0, dict(dilation=(1, 2, 2), causal=(True, False, False),
@@ -127,16 +145,26 @@ def _capture(name, launcher, problem, inputs, gpu, config=None) -> list:
     from unittest import mock
 
     # Host-side reductions after the kernels (the rpb gradient's bincount, say) have no meta kernel.
+    # Mods on meta tensors are compiled unchecked (the check runs the user's functions on values).
     with mock.patch.object(launch, "rpb_gradient", lambda *args: None), \
             mock.patch.object(window_launch, "table_gradient", lambda *args: None), \
+            mock.patch.object(launch, "fused_mods", _unchecked_mods), \
             captured_launches(launcher, gpu) as sink:
         config = config or _forward_packing(name, problem)
         out, lse = launcher.forward(problem, inputs, config)
         needs = (True, True, True, inputs.rpb is not None, False, problem.extra_tokens > 0, problem.extra_tokens > 0)
         launcher.backward(problem, inputs, out, lse, torch.empty_like(out), torch.empty_like(lse), needs, config)
-        if launcher is launch:  # the forward-mode rule, every input moving
+        if launcher is launch and not problem.has_mods:  # the forward-mode rule, every input moving
             jvp_launch.jvp(problem, inputs, inputs, out, lse, config)
     return [(fn, args, kwargs) for fn, _, args, kwargs in sink]
+
+
+def _unchecked_mods(problem):
+    from haloattn.backends.triton import mod_codegen
+
+    if not problem.has_mods:
+        return None
+    return mod_codegen.fused_mods(problem.score_mod, problem.mask_mod, problem.device)
 
 
 def _build(fn, args, kwargs, label: str, capability: int) -> dict:
@@ -244,7 +272,8 @@ def test_kernels_compile_for_sm90(name, compiled):
     check_kernels_run(name, *compiled, GPUS[90])
 
 
-@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[0] is launch])
+@pytest.mark.parametrize("name", [name for name, case in CASES.items()
+                                  if case[0] is launch and not {"score_mod", "mask_mod"} & set(case[-1])])
 def test_jvp_kernel_compiles_with_asynchronous_wgmma(name, compiled):
     """The forward-mode kernel builds for every neighbourhood case (all tangents: q, k, v, rpb and
     the additional tokens'), and ptxas keeps its products asynchronous (an 8-warp build at head

@@ -15,10 +15,9 @@ from haloattn.backends.triton import batch_slices, mod_check, mod_codegen  # noq
 from haloattn.backends.triton.plugin import TritonBackend  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
-import oracle  # noqa: E402
-
-FLOAT32_TOLERANCE = 1e-5
-BFLOAT16_TOLERANCE = 1.5e-2
+from mods_check import (FLOAT32_TOLERANCE, alibi, checkerboard, gated, per_head_extras, relative_error,  # noqa: E402
+                        sparse_rows)
+from mods_check import check_mods as _check  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -104,80 +103,6 @@ def test_each_operator_matches_pytorch(name):
 
 # --- whole problems against the float64 oracle ---------------------------------------------
 
-def alibi(slopes):
-    def score_mod(s, b, h, q, kv):
-        return s - slopes[h] * (q - kv).abs()
-    return score_mod
-
-
-def checkerboard(b, h, q, kv):
-    return ((q + kv) % 2 == 0) | (q == kv)
-
-
-def gated(s, b, h, q, kv):
-    return torch.where(kv <= q, torch.tanh(s * 0.5) * 3.0, s + 0.25 * b)
-
-
-def sparse_rows(b, h, q, kv):
-    # Queries divisible by 5 see no key at all (output 0, LSE -inf, no gradient).
-    return (q % 5 != 0) & (kv % 3 != h % 3)
-
-
-def per_head_extras(b, h, q, kv, tokens):
-    return (kv < tokens) | ((kv - tokens + h) % 2 == 0)
-
-
-def _relative_error(x, ref):
-    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def _check(spatial, window, *, heads=4, kv_heads=2, head_dim=16, value_dim=None, batch=2, dtype=torch.float32,
-           extra=0, rpb=False, seed=0, **options):
-    torch.manual_seed(seed)
-    value_dim = value_dim or head_dim
-    q = torch.randn(batch, *spatial, heads, head_dim, dtype=torch.float64)
-    k = torch.randn(batch, *spatial, kv_heads, head_dim, dtype=torch.float64)
-    v = torch.randn(batch, *spatial, kv_heads, value_dim, dtype=torch.float64)
-    leaves = [q, k, v]
-    if rpb:
-        table = torch.randn(heads, *(2 * w - 1 for w in window), dtype=torch.float64) * 0.5
-        options["rpb"] = table
-        leaves.append(table)
-    if extra:
-        options["additional_keys"] = torch.randn(batch, extra, kv_heads, head_dim, dtype=torch.float64)
-        options["additional_values"] = torch.randn(batch, extra, kv_heads, value_dim, dtype=torch.float64)
-        leaves += [options["additional_keys"], options["additional_values"]]
-    grad_out = torch.randn(batch, *spatial, heads, value_dim, dtype=torch.float64)
-    grad_lse = torch.randn(batch, *spatial, heads, dtype=torch.float64)
-
-    ours = [t.to(dtype).requires_grad_(True) for t in leaves]
-    ours_options = dict(options)
-    names = ["rpb"] * rpb + ["additional_keys", "additional_values"] * bool(extra)
-    for name, t in zip(names, ours[3:]):
-        ours_options[name] = t
-    out, lse = haloattn.attention(*ours[:3], window, return_lse=True, backend="triton", **ours_options)
-    finite = torch.isfinite(lse)
-    (out.double() * grad_out).sum().add((lse.double() * grad_lse)[finite].sum()).backward()
-
-    theirs = [t.clone().requires_grad_(True) for t in leaves]
-    their_options = dict(options)
-    for name, t in zip(names, theirs[3:]):
-        their_options[name] = t
-    ref_out, ref_lse = oracle.attention(*theirs[:3], window, **their_options)
-    ref_finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, ref_finite)
-    (ref_out * grad_out).sum().add((ref_lse * grad_lse)[ref_finite].sum()).backward()
-
-    tolerance = FLOAT32_TOLERANCE if dtype == torch.float32 else BFLOAT16_TOLERANCE
-    assert _relative_error(out, ref_out) < tolerance
-    lse_error = (lse.double() - ref_lse)[finite].abs().max().item() if finite.any() else 0.0
-    assert lse_error < (1e-4 if dtype == torch.float32 else 2e-2)
-    for mine, reference in zip(ours, theirs):
-        assert torch.isfinite(mine.grad).all()
-        assert _relative_error(mine.grad, reference.grad) < tolerance * (1 if dtype == torch.float32 else 2)
-    return finite
-
-
 def test_alibi_on_a_causal_dilated_line(reference_calls):
     _check((40,), (9,), dilation=2, causal=True, score_mod=alibi(torch.rand(4, dtype=torch.float64) + 0.1))
     assert reference_calls == []
@@ -241,7 +166,7 @@ def test_captured_tables_are_read_at_every_call():
     second = haloattn.attention(q, k, v, 5, score_mod=score_mod, backend="triton")
     expected = haloattn.attention(q.double(), k.double(), v.double(), 5, score_mod=score_mod, backend="reference")
     assert not torch.allclose(first, second)
-    assert _relative_error(second, expected) < FLOAT32_TOLERANCE
+    assert relative_error(second, expected) < FLOAT32_TOLERANCE
 
 
 def test_dispatch_prefers_the_fused_kernels():
