@@ -240,3 +240,14 @@ def test_the_generated_source_is_readable():
     mods = mod_codegen.fused_mods(alibi(SLOPES), checkerboard, torch.device("cpu"))
     assert "@triton.jit\ndef score_mod(" in mods.source and "def mask_mod(" in mods.source
     assert "ops.gather(T0" in mods.source and len(mods.tensors) == 1 and mods.tensors[0] is SLOPES
+
+
+def test_a_score_mod_that_sends_whole_rows_to_minus_infinity(reference_calls):
+    # Flex's idiom for masking inside a score_mod: rows whose every score is -inf have no
+    # probability mass (output 0, LSE -inf) and no gradient, never NaN.
+    def rows_off(s, b, h, q_idx, kv_idx):
+        return torch.where((q_idx % 4 == 1) | (kv_idx == q_idx + 1), float("-inf"), s)
+
+    finite = _check((6, 7), (3, 3), heads=2, kv_heads=1, score_mod=rows_off)
+    assert not finite.all()
+    assert reference_calls == []

@@ -22,7 +22,7 @@ import triton.language as tl
 from .descriptors import add_to_box, group_descriptor, kv_descriptors, kv_tail_descriptors, load_box, load_token_tile
 from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, next3, query_range, query_walk, split3
-from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
+from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, massless_rows, modded_scores
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
 
 
@@ -145,6 +145,8 @@ def dq_kernel(
                                 bh[0] * slsb + bh[1] * slsh + i0 * sls0 + i1 * sls1 + i2 * sls2,
                                 bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, do, do_tail, q_ok, dv,
                                 dv_tail, HEAD_DV, HAS_DLSE, TAIL_DV)
+    if HAS_SCORE_MOD:
+        lse2 = massless_rows(lse2)
 
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
@@ -392,6 +394,8 @@ def dkdv_kernel(
             lse2, delta = stats_box(stats_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M)
         else:
             lse2, delta = row_stats(STATS, b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
+        if HAS_SCORE_MOD:
+            lse2 = massless_rows(lse2)
         qkT = mma(kt, tl.trans(q), None, PRECISION)
         if TAIL_D > 0:
             qkT = mma(kt_tail, tl.trans(q_tail), qkT, PRECISION)
@@ -532,6 +536,8 @@ def extra_dkdv_kernel(
         do = tl.load(DO + (b64 * sdob + h64 * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None] + dv[None, :],
                      mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
         lse2, delta = row_stats(STATS, b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
+        if HAS_SCORE_MOD:
+            lse2 = massless_rows(lse2)
         qkT = mma(kt, tl.trans(q), None, PRECISION)
         if HAS_SCORE_MOD or HAS_MASK_MOD:
             q_flat = tl.minimum(flat, N - 1)[None, :]

@@ -63,3 +63,11 @@ def modded_scores(qk, bias, scale, softcap, b, h, q_flat, kv_flat, T0, T1, T2, T
 def masked_by_mod(x, fill, b, h, q_flat, kv_flat, T0, T1, T2, T3, MASK_MOD: tl.constexpr):
     """``x`` with ``fill`` where mask_mod refuses the pair."""
     return tl.where(MASK_MOD(b, h, q_flat, kv_flat, T0, T1, T2, T3), x, fill)
+
+
+@triton.jit
+def massless_rows(lse2):
+    """The backward's row LSEs with -inf (rows whose every score a score_mod sent to -inf: no
+    probability mass, output 0) made +inf: P = exp2(s - lse) is then 0 on their pairs, where
+    exp2(-inf + inf) would be NaN."""
+    return tl.where(lse2 == float("-inf"), float("inf"), lse2)
