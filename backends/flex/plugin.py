@@ -1,7 +1,8 @@
 """Registers the FlexAttention backend (`flex`) with haloattn's plugin manager.
 
-It exists for what the fused kernels cannot take: arbitrary ``score_mod`` / ``mask_mod`` Python
-functions. torch's FlexAttention compiles them into fused Triton kernels; this backend gives it
+It exists for the ``score_mod`` / ``mask_mod`` Python functions the fused kernels cannot take
+(backend ``triton`` compiles most of them itself: mod_codegen; the rest, an operator without a
+translation say, come here). torch's FlexAttention compiles them into fused Triton kernels; this backend gives it
 haloattn's pattern (lookup-table mask, exact BlockMask over 128-token grid tiles), rpb, softcap,
 additional tokens, GQA and the LSE, so such problems run fused on the GPU instead of on the
 reference. Below every fused haloattn kernel in priority: without mods they are faster.
