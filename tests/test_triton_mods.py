@@ -251,3 +251,13 @@ def test_a_score_mod_that_sends_whole_rows_to_minus_infinity(reference_calls):
     finite = _check((6, 7), (3, 3), heads=2, kv_heads=1, score_mod=rows_off)
     assert not finite.all()
     assert reference_calls == []
+
+
+def test_a_mod_that_raises_on_the_sample_pairs_is_a_reason():
+    table = torch.randn(3)
+
+    def too_short(s, b, h, q_idx, kv_idx):
+        return s + table[q_idx]  # indexes past the table for most queries: PyTorch raises
+
+    reasons, chosen = _triton_reasons(score_mod=too_short)
+    assert len(reasons) == 1 and "could not be compiled and checked (IndexError" in reasons[0], reasons

@@ -88,8 +88,20 @@ def _disagreement(name: str, ours: torch.Tensor, theirs: torch.Tensor, points) -
 @functools.lru_cache(maxsize=256)
 def checked_mods(problem):
     """fused_mods for the problem's mods, checked on attended pairs of the problem (once per
-    problem); raises ModsNotFusable."""
-    mods = fused_mods(problem.score_mod, problem.mask_mod, problem.device)
+    problem); raises ModsNotFusable, also where anything else fails on the way (the generated code
+    does not load or run, the user's function raises on the sample pairs)."""
+    try:
+        mods = fused_mods(problem.score_mod, problem.mask_mod, problem.device)
+        _check(problem, mods)
+    except ModsNotFusable:
+        raise
+    except Exception as err:  # noqa: BLE001 - any failure of generated or user code is a reason
+        raise ModsNotFusable(f"the mods could not be compiled and checked ({type(err).__name__}: "
+                             f"{str(err).strip().splitlines()[-1][:160] if str(err).strip() else ''})") from None
+    return mods
+
+
+def _check(problem, mods) -> None:
     captured = [t.detach().cpu() for t in mods.tensors]
     device = problem.device
     for seed in (0, 1):
@@ -110,4 +122,3 @@ def checked_mods(problem):
             ours = torch.empty(len(s), dtype=torch.int8)
             _run_interpreted(_mask_points, *narrow, ours, *tables, FN=mods.mask, N=len(s))
             _disagreement("mask_mod", ours.float(), theirs, points)
-    return mods
