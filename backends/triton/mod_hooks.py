@@ -11,7 +11,7 @@ the grid, so a mod never sees an index no token has.
 import triton
 import triton.language as tl
 
-from .scores import LOG2E, tanh
+from .scores import log2_scores
 
 
 @triton.jit
@@ -50,12 +50,7 @@ def modded_scores(qk, bias, scale, softcap, b, h, q_flat, kv_flat, T0, T1, T2, T
         slope = SCORE_MOD_GRAD(u, b, h, q_flat, kv_flat, T0, T1, T2, T3)
     else:
         slope = 1.0
-    if HAS_SOFTCAP:
-        t = tanh(s / softcap)
-        s = t * (softcap * LOG2E)
-    else:
-        t = s
-        s = s * LOG2E
+    s, t = log2_scores(s, softcap, HAS_SOFTCAP)
     return s, t, slope
 
 

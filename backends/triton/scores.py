@@ -49,18 +49,26 @@ def relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2
 
 
 @triton.jit
+def log2_scores(s, softcap, HAS_SOFTCAP: tl.constexpr):
+    """Scores (scaled, biased, modded) through softcap into the log2 domain; also tanh(s /
+    softcap), or the scores themselves without softcap."""
+    if HAS_SOFTCAP:
+        t = tanh(s / softcap)
+        s = t * (softcap * LOG2E)
+    else:
+        t = s
+        s = s * LOG2E
+    return s, t
+
+
+@triton.jit
 def finish_scores(qk, bias, scale, softcap, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr):
     """From raw dot products to log2-domain scores; also returns tanh(s / softcap) (or 0)."""
     if HAS_BIAS or HAS_SOFTCAP:
         s = qk * scale
         if HAS_BIAS:
             s = s + bias
-        if HAS_SOFTCAP:
-            t = tanh(s / softcap)
-            s = t * (softcap * LOG2E)
-        else:
-            t = s
-            s = s * LOG2E
+        s, t = log2_scores(s, softcap, HAS_SOFTCAP)
     else:
         s = qk * (scale * LOG2E)
         t = s
