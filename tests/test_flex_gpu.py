@@ -120,13 +120,20 @@ def test_random_problems_with_mods(seed):
     run_case(p, seed)
 
 
-def test_dispatcher_runs_mods_on_flex_without_a_slow_path_warning():
+def score_erf(score, b, h, q_idx, kv_idx):
+    return score + torch.erf(score) - 0.01 * (q_idx - kv_idx).abs()
+
+
+@pytest.mark.parametrize("mod,fused_by", [(score_alibi, "triton"), (score_erf, "flex")])
+def test_dispatcher_runs_mods_fused_without_a_slow_path_warning(mod, fused_by):
+    """Mods run fused: compiled into backend triton's kernels where it can (ALiBi), on flex where
+    it cannot (erf has no translation), never on the reference."""
     q, k, v = (torch.randn(1, 40, 40, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    assert haloattn.explain(q, k, v, 9, score_mod=score_alibi, verbose=False).chosen == "flex"
+    assert haloattn.explain(q, k, v, 9, score_mod=mod, verbose=False).chosen == fused_by
     with warnings.catch_warnings():
         warnings.simplefilter("error", haloattn.SlowPathWarning)
-        out = haloattn.attention(q, k, v, 9, score_mod=score_alibi)
-    ref = haloattn.attention(q.double(), k.double(), v.double(), 9, score_mod=score_alibi, backend="reference")
+        out = haloattn.attention(q, k, v, 9, score_mod=mod)
+    ref = haloattn.attention(q.double(), k.double(), v.double(), 9, score_mod=mod, backend="reference")
     assert oracle.rel_error(out, ref) <= TOLERANCE[torch.bfloat16]
 
 
