@@ -40,3 +40,12 @@ def test_tiny_random_key_query_convolution_compiled(dtype, seed):
     gradient checked too."""
     verdict = check(seed, "triton", (16, 32, 64), "cuda", DTYPES[dtype], kq_conv=True)
     assert verdict == "OK", verdict
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("seed", range(9600, 9630))
+def test_tiny_random_problems_with_mods_compiled(dtype, seed):
+    """Problems with a score_mod and / or mask_mod (tiny_random.SCORE_MODS / MASK_MODS), which
+    backend triton compiles into its kernels."""
+    verdict = check(seed, "triton", (16, 32, 64), "cuda", DTYPES[dtype], mods=True)
+    assert verdict == "OK", verdict

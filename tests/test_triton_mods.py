@@ -18,6 +18,7 @@ from haloattn.problem import build_problem  # noqa: E402
 from mods_check import (FLOAT32_TOLERANCE, alibi, checkerboard, gated, per_head_extras, relative_error,  # noqa: E402
                         sparse_rows)
 from mods_check import check_mods as _check  # noqa: E402
+from tiny_random import check as tiny_random_check  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -143,6 +144,13 @@ def test_rows_the_mask_empties_give_zero_and_no_gradient(reference_calls):
 
 def test_bfloat16():
     _check((7, 9), (3, 5), dtype=torch.bfloat16, score_mod=gated, mask_mod=checkerboard, head_dim=32)
+
+
+@pytest.mark.parametrize("seed", range(18100, 18106))
+def test_tiny_random_problems_with_mods(seed):
+    """tests/tiny_random.py's problems (every pattern option, rpb, softcap, scales, additional
+    tokens, losses on the output, the LSE or their sums) with a score_mod and / or a mask_mod."""
+    assert tiny_random_check(seed, "triton", mods=True) == "OK"
 
 
 def test_batch_slices_pass_the_callers_batch_index(monkeypatch):

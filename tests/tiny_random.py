@@ -28,9 +28,40 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 HEAD_DIMS = (8, 16, 32)
 
 
-def random_spec(seed: int, head_dims=HEAD_DIMS, kq_conv: bool = False):
+def _alibi(s, b, h, q_idx, kv_idx):
+    return s - 0.05 * (h + 1) * (q_idx - kv_idx).abs()
+
+
+def _gate(s, b, h, q_idx, kv_idx):
+    return torch.where(kv_idx <= q_idx, torch.tanh(s * 0.5) * 3.0, s + 0.25 * b)
+
+
+def _index_arithmetic(s, b, h, q_idx, kv_idx):
+    return s + ((q_idx - kv_idx) // 3) * 0.1 + ((q_idx * 7 + kv_idx) % 5) * 0.05
+
+
+def _checker(b, h, q_idx, kv_idx):
+    return ((q_idx + kv_idx) % 2 == 0) | (q_idx == kv_idx)
+
+
+def _documents(b, h, q_idx, kv_idx):
+    return torch.div(q_idx, 5, rounding_mode="floor") == torch.div(kv_idx, 5, rounding_mode="floor")
+
+
+def _per_head(b, h, q_idx, kv_idx):
+    return (kv_idx + h) % 3 != 0
+
+
+# Mods of the --mods sweep: elementwise, no captured tensors (the backend runs on its device, the
+# oracle on the CPU); masks may leave a row without keys (its gradients are then not compared).
+SCORE_MODS = (None, _alibi, _gate, _index_arithmetic)
+MASK_MODS = (None, _checker, _documents, _per_head)
+
+
+def random_spec(seed: int, head_dims=HEAD_DIMS, kq_conv: bool = False, mods: bool = False):
     """A problem (in test_reference_oracle.make_inputs's format) and a loss kind. ``kq_conv``: a
-    rank-1 problem with a key-query convolution of 1-6 x 1-11 (other seeds draw as before)."""
+    rank-1 problem with a key-query convolution of 1-6 x 1-11; ``mods``: a score_mod and / or a
+    mask_mod from SCORE_MODS / MASK_MODS (other seeds draw as before)."""
     r = random.Random(seed)
     rank = 1 if kq_conv else r.choice((1, 2, 2, 3))
     pattern = "neighborhood" if r.random() < 0.8 else "window"
@@ -59,6 +90,10 @@ def random_spec(seed: int, head_dims=HEAD_DIMS, kq_conv: bool = False):
                 score_mod=None, mask_mod=None, kq_conv=None, seed=seed)
     if kq_conv:
         spec["kq_conv"] = (r.randint(1, 6), r.choice((1, 3, 5, 11)))
+    if mods:
+        spec["score_mod"], spec["mask_mod"] = r.choice(SCORE_MODS), r.choice(MASK_MODS)
+        if spec["score_mod"] is None and spec["mask_mod"] is None:
+            spec["score_mod"] = _gate
     return spec, r.choice(("out", "lse", "sum"))
 
 
@@ -75,11 +110,11 @@ def _leaves(tensors: dict, kw: dict) -> list:
 
 
 def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu", dtype=torch.float32,
-          kq_conv: bool = False) -> str:
+          kq_conv: bool = False, mods: bool = False) -> str:
     """The backend on ``device`` against the oracles, which run on the CPU (leaves of their own with
     the same values); errors are measured there. 16-bit inputs are held to SEMANTICS.md's
     tolerances of their dtype (oracle.TOLERANCE), the gradients' floor computed in that dtype."""
-    spec, loss_kind = random_spec(seed, head_dims, kq_conv)
+    spec, loss_kind = random_spec(seed, head_dims, kq_conv, mods)
     tensors, kw = make_inputs(spec, dtype, requires_grad=True)
     tolerance, lse_tolerance = oracle.TOLERANCE[dtype], oracle.LSE_TOLERANCE[dtype]
     run_tensors = {name: _on_device(t, device) for name, t in tensors.items()}
