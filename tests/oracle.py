@@ -155,7 +155,7 @@ def _scores(
         bias = torch.where(keep, rpb.to(compute_dtype)[(slice(None), *idx)], torch.zeros((), dtype=compute_dtype))
         s = s + bias.unsqueeze(0)
     if score_mod is not None:
-        s = score_mod(s, b_idx, h_idx, q_idx, kv_idx)
+        s = score_mod(s, b_idx, h_idx, q_idx, kv_idx).to(s.dtype)  # kept in the computation's dtype
 
     if additional_keys is not None:
         ak = additional_keys.to(compute_dtype).permute(0, 2, 1, 3).repeat_interleave(G, dim=1)
@@ -164,7 +164,7 @@ def _scores(
         se = scale * qf @ ak.transpose(-1, -2)
         e_idx = (N + torch.arange(E)).view(1, 1, 1, E)
         if score_mod is not None:
-            se = score_mod(se, b_idx, h_idx, q_idx, e_idx)
+            se = score_mod(se, b_idx, h_idx, q_idx, e_idx).to(se.dtype)
         keep_e = torch.ones(B, H, N, E, dtype=torch.bool)
         if mask_mod is not None:
             keep_e = keep_e & torch.as_tensor(mask_mod(b_idx, h_idx, q_idx, e_idx)).bool()

@@ -67,6 +67,8 @@ OPERATOR_MODS = {
     "cast_to_float64": lambda s, b, h, q, kv: s.to(torch.float64) * 1.5 + b,
     "sin_cos_expm1": lambda s, b, h, q, kv: torch.sin(s) + torch.cos(s * 0.5) + torch.expm1(s * 0.1),
     "reciprocal_neg_minimum": lambda s, b, h, q, kv: -torch.minimum(s, 1.0 / (1.0 + s * s)),
+    "add_sub_alpha_rsub": lambda s, b, h, q, kv: torch.add(s, q, alpha=0.5) - torch.sub(kv, s, alpha=2) + (1 - s),
+    "where_of_constants": lambda s, b, h, q, kv: s * torch.where(q > kv, 2, 3) + torch.where(q < kv, 1.5, 0.0),
 }
 
 

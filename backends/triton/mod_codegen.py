@@ -12,9 +12,9 @@ every call (as FlexAttention reads them). Operators outside the table below, dat
 Python control flow, tables on another device and too many tables make ``ModsNotFusable``, whose
 message the triton backend gives as its reason (the flex and reference backends then run the mod).
 
-Before a translation is used it is checked against the mod itself on sample points (Triton's CPU
-interpreter, random scores, indices of both signs): a disagreement is a reason too, never a wrong
-answer.
+Before a translation is used it is checked against the mod itself on pairs the problem attends
+(mod_check: Triton's CPU interpreter against PyTorch, random scores): a disagreement is a reason
+too, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -251,13 +251,14 @@ class _Translator:
         if packet.endswith("_copy") and packet[:-5] in _IDENTITY | {"select"}:
             packet = packet[:-5]  # functionalization's copying forms of views: values are per pair
         if packet in ("add", "sub", "rsub"):
+            # add / sub: x +- alpha * y; rsub(x, y): y - alpha * x
             alpha = kwargs.get("alpha", 1)
-            a, b = self.operand(args[0]), self.operand(args[1])
-            if alpha != 1:
-                b = f"({b} * {_literal(alpha)})"
+            x, y = self.operand(args[0]), self.operand(args[1])
             if packet == "rsub":
-                a, b = b, a
-            return f"({a} {'+' if packet == 'add' else '-'} {b})"
+                x, y = y, x
+            if alpha != 1:
+                y = f"({y} * {_literal(alpha)})"
+            return f"({x} {'+' if packet == 'add' else '-'} {y})"
         if packet == "div" and overload == "Tensor_mode" or (packet == "div" and "rounding_mode" in kwargs):
             mode = kwargs.get("rounding_mode")
             a, b = self.typed_operand(args[0]), self.typed_operand(args[1])
@@ -310,7 +311,8 @@ class _Translator:
             return f"({self.operand(args[0])}).to({_DTYPES[dtype]})"
         if packet in ("scalar_tensor", "full"):
             value = args[0] if packet == "scalar_tensor" else args[1]
-            return _literal(value)
+            dtype = kwargs.get("dtype") or node.meta.get("val", torch.empty(0)).dtype
+            return _literal(float(value) if dtype.is_floating_point else value)
         if packet in _LIKE or packet == "full_like":
             value = _LIKE.get(packet, args[1] if packet == "full_like" else 0)
             dtype = kwargs.get("dtype") or node.meta.get("val", torch.empty(0)).dtype
