@@ -12,8 +12,6 @@ pytest.importorskip("triton")
 import haloattn  # noqa: E402
 from haloattn.backends.reference import attend  # noqa: E402
 from haloattn.backends.triton import batch_slices, mod_check, mod_codegen  # noqa: E402
-from haloattn.backends.triton.plugin import TritonBackend  # noqa: E402
-from haloattn.problem import build_problem  # noqa: E402
 
 from mods_check import (FLOAT32_TOLERANCE, alibi, checkerboard, gated, per_head_extras, relative_error,  # noqa: E402
                         sparse_rows)
@@ -222,26 +220,28 @@ def test_more_captured_tensors_than_places():
     assert len(reasons) == 1 and f"more than {mod_codegen.MAX_CAPTURED} captured tensors" in reasons[0]
 
 
-def test_a_translation_that_disagrees_is_a_reason(monkeypatch):
-    original = mod_codegen._BINARY["mul"]
-    monkeypatch.setitem(mod_codegen._BINARY, "mul", "({0} + {1})")  # a deliberately wrong translation
+@pytest.mark.parametrize("operator,wrong,mod,named", [
+    ("mul", "({0} + {1})", lambda s, b, h, q, kv: s * 1.5, "score_mod: the compiled code disagrees"),
+    # The derivative is traced through torch.func.grad and checked by autograd: a wrong rule shows.
+    ("tanh_backward", "({0} * (1.0 + {1} * {1}))", lambda s, b, h, q, kv: torch.tanh(s) * 2.0,
+     "score_mod's derivative: the compiled code disagrees"),
+])
+def test_a_translation_that_disagrees_is_a_reason(monkeypatch, operator, wrong, mod, named):
+    right = mod_codegen._BINARY[operator]
+    monkeypatch.setitem(mod_codegen._BINARY, operator, wrong)  # a deliberately wrong translation
     mod_codegen._fused_mods.cache_clear()
     mod_check.checked_mods.cache_clear()
     try:
-        reasons, chosen = _triton_reasons(score_mod=lambda s, b, h, q, kv: s * 1.5)
+        reasons, chosen = _triton_reasons(score_mod=mod)
     finally:
-        monkeypatch.setitem(mod_codegen._BINARY, "mul", original)
+        monkeypatch.setitem(mod_codegen._BINARY, operator, right)
         mod_codegen._fused_mods.cache_clear()
         mod_check.checked_mods.cache_clear()
-    assert len(reasons) == 1 and "disagrees with the function" in reasons[0], reasons
+    assert len(reasons) == 1 and named in reasons[0], reasons
     assert chosen == "reference"
 
 
-def test_forward_mode_and_kq_conv_decline_mods():
-    q = torch.randn(1, 12, 2, 16)
-    problem = build_problem(q, q, q, 5, score_mod=gated)
-    assert TritonBackend().jvp_not_supported_reasons(problem) == [
-        "score_mod / mask_mod: the fused tangent kernel takes no mods (the reference backend has the rule)"]
+def test_kq_conv_declines_mods():
     reasons, _ = _triton_reasons(score_mod=gated, kq_conv=torch.randn(2, 2, 3))
     assert any(r.startswith("score_mod / mask_mod with kq_conv") for r in reasons)
 
@@ -271,3 +271,18 @@ def test_a_mod_that_raises_on_the_sample_pairs_is_a_reason():
 
     reasons, chosen = _triton_reasons(score_mod=too_short)
     assert len(reasons) == 1 and "could not be compiled and checked (IndexError" in reasons[0], reasons
+
+
+@pytest.mark.parametrize("spatial,window,shape,options", [
+    ((7, 6), (3, 3), dict(extra=2, batch=2, rpb=True), dict(score_mod=gated, mask_mod=checkerboard, softcap=4.0)),
+    ((12,), 5, dict(heads=4, kv_heads=2), dict(causal=True, dilation=2, score_mod=alibi(torch.rand(4) + 0.1))),
+])
+def test_forward_mode_tangents_with_mods(reference_calls, spatial, window, shape, options):
+    """torch.func.jvp through the fused tangent kernel with the mods compiled in, against
+    torch.func.jvp of the float64 oracle (every input moving)."""
+    from test_jvp import assert_close, jvp_both, make_primals
+
+    primals, gen = make_primals(spatial, window, **shape)
+    ours, ref = jvp_both(primals, gen, tuple(primals), window, dtype=torch.float32, backend="triton", **options)
+    assert_close(ours, ref, torch.float32)
+    assert reference_calls == []

@@ -4,7 +4,8 @@ head, batch).
 For one query row with scores s_j (after bias and softcap), P_j = exp(s_j - lse) and O = sum P_j
 V_j, the tangents for input tangents (dQ, dK, dV, d rpb, and those of the additional tokens) are
 
-    dS_j   = (1 - tanh^2) * (scale * (dQ . K_j + Q . dK_j) + d rpb_j)   (the tanh factor with softcap)
+    dS_j   = (1 - tanh^2) * m'_j * (scale * (dQ . K_j + Q . dK_j) + d rpb_j)
+             (the tanh factor with softcap; m'_j = d score_mod / d s with a score_mod)
     d lse  = sum_j P_j dS_j
     dO     = sum_j P_j dS_j V_j + sum_j P_j dV_j - d lse * O
 
@@ -24,6 +25,7 @@ import triton.language as tl
 from .backward_kernels import softcap_chain
 from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, next3, split3
+from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias
 
 
@@ -47,9 +49,10 @@ def _key_rows(base, s0, s1, s2, y0, y1, y2, g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg
 
 
 @triton.jit
-def _score_tangent(q, kt, tq, tkt, trpb, t, scale, T_Q: tl.constexpr, T_K: tl.constexpr, T_RPB: tl.constexpr,
-                   HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
-    """dS of a tile's pairs (natural-log units): scale (dQ K^T + Q dK^T) + d rpb, through softcap."""
+def _score_tangent(q, kt, tq, tkt, trpb, t, slope, scale, T_Q: tl.constexpr, T_K: tl.constexpr, T_RPB: tl.constexpr,
+                   HAS_SOFTCAP: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, PRECISION: tl.constexpr):
+    """dS of a tile's pairs (natural-log units): scale (dQ K^T + Q dK^T) + d rpb, through score_mod
+    (its derivative ``slope``) and softcap."""
     ds = tl.zeros([q.shape[0], kt.shape[0]], tl.float32)
     if T_Q:
         ds = mma(tq, tl.trans(kt), ds, PRECISION)
@@ -58,12 +61,14 @@ def _score_tangent(q, kt, tq, tkt, trpb, t, scale, T_Q: tl.constexpr, T_K: tl.co
     ds = ds * scale
     if T_RPB:
         ds += trpb
+    if HAS_SCORE_MOD:
+        ds = ds * slope
     return softcap_chain(ds, t, HAS_SOFTCAP)
 
 
 @triton.jit
 def jvp_kernel(
-    Q, K, V, TQ, TK, TV, RPB, TRPB, AK, AV, TAK, TAV, O, LSE, TO, TLSE,
+    Q, K, V, TQ, TK, TV, RPB, TRPB, AK, AV, TAK, TAV, O, LSE, TO, TLSE, MT0, MT1, MT2, MT3,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -90,6 +95,8 @@ def jvp_kernel(
     T_AK: tl.constexpr, T_AV: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, RANK: tl.constexpr,
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr,
+    HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -117,6 +124,8 @@ def jvp_kernel(
     st1, nk1, all_lo1, all_hi1 = key_walk(xs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, ANCHOR)
     st2, nk2, all_lo2, all_hi2 = key_walk(xs2, Lg2, K2, S2, SH2, C2, WINDOW, TM2, TN2, ANCHOR)
     n_tiles = nk0 * nk1 * nk2
+    if HAS_SCORE_MOD or HAS_MASK_MOD:
+        q_flat = flat_tokens(g0, g1, g2, x0, x1, x2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[:, None]
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     kv_b, kv_h = b.to(tl.int64), kvh.to(tl.int64)
@@ -135,11 +144,20 @@ def jvp_kernel(
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
         else:
             bias = 0.0
-        s, t = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+        if HAS_SCORE_MOD or HAS_MASK_MOD:
+            kv_flat = flat_tokens(g0, g1, g2, y0, y1, y2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[None, :]
+        if HAS_SCORE_MOD:
+            s, t, slope = modded_scores(qk, bias, scale, softcap, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, HAS_RPB,
+                                        HAS_SOFTCAP, SCORE_MOD, SCORE_MOD_GRAD, HAS_DS)
+        else:
+            s, t = finish_scores(qk, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
+            slope = 1.0
         p = tl.math.exp2(s - lse2[:, None])
         p = mask_pairs(p, 0.0, lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2,
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
+        if HAS_MASK_MOD:
+            p = masked_by_mod(p, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         if HAS_DS:
             tkt = kt
             if T_K:
@@ -148,7 +166,8 @@ def jvp_kernel(
             trpb = 0.0
             if T_RPB:
                 trpb = relative_bias(TRPB, strh, str0, str1, str2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
-            pds = p * _score_tangent(q, kt, tq, tkt, trpb, t, scale, T_Q, T_K, T_RPB, HAS_SOFTCAP, PRECISION)
+            pds = p * _score_tangent(q, kt, tq, tkt, trpb, t, slope, scale, T_Q, T_K, T_RPB, HAS_SOFTCAP,
+                                     HAS_SCORE_MOD, PRECISION)
             t_lse += tl.sum(pds, 1)
             t_out = mma(pds.to(vt.dtype), vt, t_out, PRECISION)
         if T_V:
@@ -169,14 +188,24 @@ def jvp_kernel(
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV),
                          other=0.0)
             qk = mma(q, tl.trans(kt), None, PRECISION)
-            s, t = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
+            if HAS_SCORE_MOD or HAS_MASK_MOD:
+                kv_flat = extra_tokens(e, E, L0, L1, L2, WIDE_INDEX)[None, :]
+            if HAS_SCORE_MOD:
+                s, t, slope = modded_scores(qk, 0.0, scale, softcap, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, False,
+                                            HAS_SOFTCAP, SCORE_MOD, SCORE_MOD_GRAD, T_Q or T_AK)
+            else:
+                s, t = finish_scores(qk, 0.0, scale, softcap, False, HAS_SOFTCAP)
+                slope = 1.0
             p = tl.where(e_ok[None, :], tl.math.exp2(s - lse2[:, None]), 0.0)
+            if HAS_MASK_MOD:
+                p = masked_by_mod(p, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
             if T_Q or T_AK:
                 tkt = kt
                 if T_AK:
                     tkt = tl.load(tak_base + e[:, None] * stake + d[None, :],
                                   mask=e_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-                pds = p * _score_tangent(q, kt, tq, tkt, 0.0, t, scale, T_Q, T_AK, False, HAS_SOFTCAP, PRECISION)
+                pds = p * _score_tangent(q, kt, tq, tkt, 0.0, t, slope, scale, T_Q, T_AK, False, HAS_SOFTCAP,
+                                         HAS_SCORE_MOD, PRECISION)
                 t_lse += tl.sum(pds, 1)
                 t_out = mma(pds.to(vt.dtype), vt, t_out, PRECISION)
             if T_AV:

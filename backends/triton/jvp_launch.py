@@ -15,7 +15,8 @@ from . import batch_slices, tiles
 from .fast_launch import Launch, config_key, plan_cache, tensor_layout
 from .jvp_kernel import jvp_kernel
 from .launch import (_block, _extra_strides, _precision, _rpb_strides, _run_fitted, _start, _tile_constexprs,
-                     _unit_last, _walk_constexprs, exact_float32_products, geometry, needs_int64, token_strides)
+                     _unit_last, _walk_constexprs, exact_float32_products, fused_mods, geometry, mod_constexprs,
+                     mod_tensors, needs_int64, token_strides)
 
 _JVP_PLANS = plan_cache()
 
@@ -32,16 +33,18 @@ def jvp(problem: Problem, inputs: AttentionInputs, tangents: AttentionInputs, ou
     t_out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
     t_lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     config = config or tiles.default_config(problem, exact_float32=exact_float32_products(_precision(q.dtype)))
+    mods = fused_mods(problem)
     tensors = dict(q=q, k=k, v=v, tq=tq, tk=tk, tv=tv, rpb=rpb, trpb=trpb, ak=ak, av=av, tak=tak, tav=tav,
-                   out=_unit_last(out), lse=lse, t_out=t_out, t_lse=t_lse)
+                   out=_unit_last(out), lse=lse, t_out=t_out, t_lse=t_lse,
+                   **dict(zip(("mod0", "mod1", "mod2", "mod3"), mod_tensors(mods, q))))
     key = (problem, config_key(config), _precision(q.dtype), *(tensor_layout(t) for t in tensors.values()))
     ordered = [t if t is not None else q for t in tensors.values()]
-    _run_fitted(_JVP_PLANS, key, problem, config, lambda cfg: _jvp_launch(problem, cfg, tensors),
+    _run_fitted(_JVP_PLANS, key, problem, config, lambda cfg: _jvp_launch(problem, cfg, tensors, mods),
                 lambda launch: _start(launch, *ordered))
     return t_out, t_lse
 
 
-def _jvp_launch(problem: Problem, config, tensors: dict) -> Launch:
+def _jvp_launch(problem: Problem, config, tensors: dict, mods) -> Launch:
     cfg = tiles.jvp_tiles(problem, tiles.normalise(config, problem)["dq"])
     t = {name: (value if value is not None else tensors["q"]) for name, value in tensors.items()}
     q, k, v = tensors["q"], tensors["k"], tensors["v"]
@@ -69,5 +72,5 @@ def _jvp_launch(problem: Problem, config, tensors: dict) -> Launch:
         T_Q=present["tq"], T_K=present["tk"], T_V=present["tv"], T_RPB=present["trpb"],
         T_AK=present["tak"], T_AV=present["tav"],
         LARGE=large, PRECISION=_precision(q.dtype), RANK=r, **_walk_constexprs(cfg),
-        num_warps=cfg["warps"], num_stages=cfg["stages"],
+        **mod_constexprs(problem, mods, large, gradient=True), num_warps=cfg["warps"], num_stages=cfg["stages"],
     ))

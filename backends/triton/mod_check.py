@@ -8,6 +8,7 @@ indices, additional tokens included), half of them near the diagonal (a table in
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 import triton
@@ -62,14 +63,16 @@ def _run_interpreted(kernel, *args, **constexprs):
 
 
 def _user_scores(score_mod, s, b, h, q, kv, device):
-    with torch.enable_grad():  # the check may run inside a forward, where autograd is off
+    """score_mod's values and derivatives at the points, by autograd (not the torch.func.grad the
+    translation's derivative is traced from: the check is independent of it)."""
+    with torch.enable_grad():
         s = s.to(device, copy=True).requires_grad_(True)
         out = score_mod(s, b.to(device), h.to(device), q.to(device), kv.to(device)).to(torch.float32)
         out = out.expand_as(s) if out.shape != s.shape else out
-        (grad,) = torch.autograd.grad(out.sum(), s, allow_unused=True) if out.requires_grad else (None,)
-    if grad is None:
-        grad = torch.zeros_like(s)
-    return out.detach().cpu(), grad.cpu()
+        (slope,) = torch.autograd.grad(out.sum(), s, allow_unused=True) if out.requires_grad else (None,)
+    if slope is None:
+        slope = torch.zeros_like(s)
+    return out.detach().cpu(), slope.detach().cpu()
 
 
 def _disagreement(name: str, ours: torch.Tensor, theirs: torch.Tensor, points) -> None:
@@ -91,14 +94,43 @@ def checked_mods(problem):
     problem); raises ModsNotFusable, also where anything else fails on the way (the generated code
     does not load or run, the user's function raises on the sample pairs)."""
     try:
-        mods = fused_mods(problem.score_mod, problem.mask_mod, problem.device)
-        _check(problem, mods)
+        mods = _outside_transforms(_compiled_and_checked, problem)
     except ModsNotFusable:
         raise
     except Exception as err:  # noqa: BLE001 - any failure of generated or user code is a reason
         raise ModsNotFusable(f"the mods could not be compiled and checked ({type(err).__name__}: "
                              f"{str(err).strip().splitlines()[-1][:160] if str(err).strip() else ''})") from None
     return mods
+
+
+def _compiled_and_checked(problem):
+    mods = fused_mods(problem.score_mod, problem.mask_mod, problem.device)
+    _check(problem, mods)
+    return mods
+
+
+def _outside_transforms(fn, *args):
+    """``fn(*args)`` on a thread of its own: torch.func's transforms (a jvp or vmap the call runs
+    under), autograd's grad mode and the device are per thread, so the trace and the check see the
+    functions themselves, with autograd on. (Disabling the transforms in place would also disable
+    the torch.func.grad that the derivative is traced from: it traced as 0.)"""
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    result = {}
+
+    def run():
+        try:
+            if device is not None:
+                torch.cuda.set_device(device)
+            result["value"] = fn(*args)
+        except BaseException as err:  # noqa: BLE001 - re-raised on the caller's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=run, name="haloattn-mod-check")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def _check(problem, mods) -> None:

@@ -151,9 +151,7 @@ class TritonBackend(Backend):
     def jvp_not_supported_reasons(self, problem) -> List[str]:
         if problem.kq_conv_shape is not None:
             return ["kq_conv: no forward-mode rule in the fused kernel (the reference backend has one)"]
-        if problem.score_mod is not None or problem.mask_mod is not None:
-            return ["score_mod / mask_mod: the fused tangent kernel takes no mods (the reference backend has the rule)"]
-        return []  # every other problem the forward runs (jvp_kernel has the forward's features)
+        return []  # every problem the forward runs (jvp_kernel has the forward's features, mods included)
 
     def jvp(self, problem, inputs, tangents, out, lse, config=None):
         from . import jvp_launch
