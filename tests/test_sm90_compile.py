@@ -149,12 +149,13 @@ def _capture(name, launcher, problem, inputs, gpu, config=None) -> list:
     with mock.patch.object(launch, "rpb_gradient", lambda *args: None), \
             mock.patch.object(window_launch, "table_gradient", lambda *args: None), \
             mock.patch.object(launch, "fused_mods", _unchecked_mods), \
+            mock.patch.object(jvp_launch, "fused_mods", _unchecked_mods), \
             captured_launches(launcher, gpu) as sink:
         config = config or _forward_packing(name, problem)
         out, lse = launcher.forward(problem, inputs, config)
         needs = (True, True, True, inputs.rpb is not None, False, problem.extra_tokens > 0, problem.extra_tokens > 0)
         launcher.backward(problem, inputs, out, lse, torch.empty_like(out), torch.empty_like(lse), needs, config)
-        if launcher is launch and not problem.has_mods:  # the forward-mode rule, every input moving
+        if launcher is launch:  # the forward-mode rule, every input moving
             jvp_launch.jvp(problem, inputs, inputs, out, lse, config)
     return [(fn, args, kwargs) for fn, _, args, kwargs in sink]
 
@@ -272,8 +273,7 @@ def test_kernels_compile_for_sm90(name, compiled):
     check_kernels_run(name, *compiled, GPUS[90])
 
 
-@pytest.mark.parametrize("name", [name for name, case in CASES.items()
-                                  if case[0] is launch and not {"score_mod", "mask_mod"} & set(case[-1])])
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case[0] is launch])
 def test_jvp_kernel_compiles_with_asynchronous_wgmma(name, compiled):
     """The forward-mode kernel builds for every neighbourhood case (all tangents: q, k, v, rpb and
     the additional tokens'), and ptxas keeps its products asynchronous (an 8-warp build at head
