@@ -1,8 +1,9 @@
 """The check a generated mod passes before a kernel uses it (mod_codegen): the device functions,
 run by Triton's CPU interpreter on sample points, against the user's own functions in PyTorch on
-the same points. Points are drawn in the problem's index ranges (batch, head, flat query and key
-indices, additional tokens included), half of them near the diagonal (a table indexed by
-``q_idx - kv_idx`` may cover only the window's offsets); scores are random normals, scaled.
+the same points (values, and derivatives by autograd). The points are pairs the problem attends
+(a query drawn per axis, a key from its window; additional tokens too), which every backend
+evaluates the mods on: a table indexed by ``q_idx - kv_idx`` may cover only the window's offsets.
+Scores are random normals, scaled by 4.
 """
 
 from __future__ import annotations
