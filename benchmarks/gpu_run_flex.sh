@@ -18,12 +18,12 @@ stamp() { echo "[$(( $(date +%s) - began )) s] $*"; }
 } 2>&1 | tee "$OUT/device.txt"
 stamp "installed"
 if [ -z "$SKIP_TESTS" ]; then
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -rf --tb=short tests/test_flex_gpu.py \
+  timeout ${TEST_TIMEOUT:-420} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -rf --tb=short tests/test_flex_gpu.py \
     tests/test_triton_mods_gpu.py > "$OUT/flex_tests.log" 2>&1
   stamp "flex tests: exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/flex_tests.log" | tail -25
 fi
 if [ -z "$SKIP_BENCH" ]; then
-  timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bench_flex_mods.py --markdown "$OUT/flex_mods.md" --json "$OUT/flex_mods.json" \
+  timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/bench_flex_mods.py --markdown "$OUT/flex_mods.md" --json "$OUT/flex_mods.json" \
     $BENCH_ARGS 2>&1 | tail -12
   stamp "flex bench: exit $?"
 fi
