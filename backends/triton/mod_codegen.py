@@ -19,11 +19,13 @@ too, never a wrong answer.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import importlib.util
 import math
 import os
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -370,6 +372,9 @@ def _module_directory() -> str:
     global _DIRECTORY
     if _DIRECTORY is None:
         _DIRECTORY = tempfile.mkdtemp(prefix="haloattn_mods_")
+        # Removed at exit: Triton reads a function's source when it is defined, and keys its own
+        # cache of compiled kernels on that source, not on the file.
+        atexit.register(shutil.rmtree, _DIRECTORY, True)
     return _DIRECTORY
 
 
