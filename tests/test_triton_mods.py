@@ -55,6 +55,8 @@ OPERATOR_MODS = {
     "true_divide_ints": lambda s, b, h, q, kv: s + (q - kv) / 4,
     "table_negative_index": lambda s, b, h, q, kv: s + TABLE[h % 5, (q - kv).clamp(-7, 6)],
     "table_select": lambda s, b, h, q, kv: s + TABLE[2][(q + kv) % 7],
+    "table_transposed_unsqueezed": lambda s, b, h, q, kv: s + TABLE.t()[(q - kv) % 7, h % 5]
+    + TABLE.unsqueeze(0)[0, h % 5, kv % 7],
     "slopes_abs": lambda s, b, h, q, kv: s - SLOPES[h] * (q - kv).abs(),
     "where_tanh_sigmoid": lambda s, b, h, q, kv: torch.where(q > kv, torch.tanh(s), torch.sigmoid(s) * 2),
     "exp_log": lambda s, b, h, q, kv: torch.log1p(torch.exp(s)) - torch.log(1.0 + (q - kv).abs().float()),

@@ -128,7 +128,9 @@ _BINARY = {
 }
 # Shape-only operators: every value here is one element per pair.
 _IDENTITY = {"expand", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "clone", "alias", "detach",
-             "contiguous", "sum", "lift_fresh_copy", "_to_copy_identity", "permute", "t"}
+             "contiguous", "sum", "lift_fresh_copy", "permute", "t"}
+# Of those, the ones that keep a captured tensor's elements where they are.
+_KEEPS_LAYOUT = {"clone", "alias", "detach", "contiguous", "lift_fresh_copy"}
 _LIKE = {"ones_like": 1, "zeros_like": 0}
 
 
@@ -238,6 +240,23 @@ class _Translator:
                          captured.sizes[:dim] + captured.sizes[dim + 1:],
                          captured.strides[:dim] + captured.strides[dim + 1:], captured.numel)
 
+    def relaid(self, captured: _Captured, packet: str, node: torch.fx.Node) -> _Captured:
+        """A view of a captured tensor that moves its dims (permute, t) or adds or drops dims of
+        length 1 (unsqueeze, squeeze, view / reshape to such a shape); other views are reasons."""
+        sizes, strides = list(captured.sizes), list(captured.strides)
+        if packet in ("permute", "t"):
+            order = list(node.args[1]) if packet == "permute" else list(reversed(range(len(sizes))))
+            order = [d % len(sizes) for d in order]
+            return _Captured(captured.slot, captured.offset, tuple(sizes[d] for d in order),
+                             tuple(strides[d] for d in order), captured.numel)
+        shape = tuple(node.meta["val"].shape) if "val" in node.meta else None
+        if packet != "expand" and shape is not None and [n for n in shape if n != 1] == [n for n in sizes if n != 1]:
+            kept = iter([(n, st) for n, st in zip(sizes, strides) if n != 1])
+            new = [(1, 0) if n == 1 else next(kept) for n in shape]
+            return _Captured(captured.slot, captured.offset, tuple(n for n, _ in new), tuple(st for _, st in new),
+                             captured.numel)
+        self.fail(f"{packet} of a captured tensor of shape {list(sizes)}")
+
     def assign(self, expression: str) -> str:
         name = f"v{len(self.lines)}"
         self.lines.append(f"    {name} = {expression}")
@@ -325,9 +344,12 @@ class _Translator:
         if packet == "select":
             return self.select(self.values[args[0].name], args[1], args[2])
         if packet in _IDENTITY:
-            if isinstance(args[0], torch.fx.Node):
-                return self.values[args[0].name]
-            return _literal(args[0])
+            if not isinstance(args[0], torch.fx.Node):
+                return _literal(args[0])
+            value = self.values[args[0].name]
+            if isinstance(value, _Captured) and packet not in _KEEPS_LAYOUT:
+                return self.relaid(value, packet, node)
+            return value
         self.fail(f"the operator aten.{packet}.{overload or 'default'}")
 
     def body(self) -> str:
