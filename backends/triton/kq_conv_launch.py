@@ -382,7 +382,7 @@ def _extra_token_gradients(problem, q, ak, av, grad_out, out, lse, grad_lse, pre
     exact = launch.exact_float32_products(precision)
     block_m, block_e, stages = tiles_module.extra_kernel_blocks(problem, exact)
     fast_launch.resolve(extra_dkdv_kernel)[(cdiv(problem.extra_tokens, block_e), problem.kv_heads, problem.batch)](
-        q, ak, av, grad_out, stats, dak, dav, q,
+        q, ak, av, grad_out, stats, dak, dav, q, *launch.mod_tensors(None, q),
         *launch.token_strides(q, 1), *launch._extra_strides(ak), *launch._extra_strides(av),
         *launch.token_strides(grad_out, 1), *launch.token_strides(stats, 1), *launch._extra_strides(dak),
         *launch._extra_strides(dav), *launch.token_strides(q, 1),
@@ -390,7 +390,8 @@ def _extra_token_gradients(problem, q, ak, av, grad_out, out, lse, grad_lse, pre
         problem.axes[0].length, problem.scale, problem.softcap or 1.0,
         BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_D=max(16, pow2_ceil(problem.head_dim)),
         BLOCK_DV=tiles_module.value_block(problem), HAS_SOFTCAP=problem.softcap is not None, LARGE=large,
-        PRECISION=precision, ATOMIC_DQ=False, num_warps=tiles_module.extra_kernel_warps(problem, exact),
+        PRECISION=precision, ATOMIC_DQ=False, **launch.mod_constexprs(problem, None, large, gradient=True),
+        num_warps=tiles_module.extra_kernel_warps(problem, exact),
         num_stages=stages,
     )
     return dak, dav
