@@ -25,7 +25,7 @@ import triton.language as tl
 from .backward_kernels import softcap_chain
 from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, next3, split3
-from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
+from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, massless_rows, modded_scores
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias
 
 
@@ -115,7 +115,7 @@ def jvp_kernel(
     lse = tl.load(LSE + b.to(tl.int64) * slb + h.to(tl.int64) * slh + i0 * sl0 + i1 * sl1 + i2 * sl2,
                   mask=q_ok, other=float("inf"))
     # P = exp2(s - lse2); rows outside the grid or that saw no key (lse -inf) get P = 0.
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    lse2 = massless_rows(lse * LOG2E)
 
     lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
     lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)

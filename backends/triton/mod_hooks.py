@@ -62,7 +62,7 @@ def masked_by_mod(x, fill, b, h, q_flat, kv_flat, T0, T1, T2, T3, MASK_MOD: tl.c
 
 @triton.jit
 def massless_rows(lse2):
-    """The backward's row LSEs with -inf (rows whose every score a score_mod sent to -inf: no
-    probability mass, output 0) made +inf: P = exp2(s - lse) is then 0 on their pairs, where
-    exp2(-inf + inf) would be NaN."""
+    """Row LSEs (log2 units) with -inf (rows without probability mass: no key seen, or every score
+    sent to -inf by a score_mod; output 0) made +inf: P = exp2(s - lse) is then 0 on their pairs,
+    where exp2(-inf + inf) would be NaN. The backward's and the tangent kernel's."""
     return tl.where(lse2 == float("-inf"), float("inf"), lse2)
