@@ -11,6 +11,9 @@ TORCH_VERSION ?= 2.13.0
 TRITON_VERSION ?= 3.6.0
 PROFILE_ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: one per core (the interpreted kernels are single-threaded
+# Python, so a 2-core CI machine runs the suite in about half the time); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= auto
 
 .PHONY: demo test test-torch-versions install clean
 
@@ -38,7 +41,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/haloattn profile $(PROFILE_ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Not part of `make test`: downloads several GB a version (tests/other_torch_versions.sh).
 test-torch-versions:
