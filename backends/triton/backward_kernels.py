@@ -85,7 +85,7 @@ def softcap_chain(ds, t, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def dq_kernel(
-    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV, O, LSE, DLSE, MT0, MT1, MT2, MT3,
+    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV, O, LSE, DLSE, MT0, MT1, MT2, MT3, LIVE,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -98,7 +98,7 @@ def dq_kernel(
     sakb, sake, sakh, savb, save, savh,
     H, G, E, HEAD_D, HEAD_DV,
     L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NT0, NT1, NT2,
-    scale, softcap,
+    scale, softcap, slive_b, slive_h, slive_t,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
     TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
     TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
@@ -107,7 +107,7 @@ def dq_kernel(
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, HAS_DLSE: tl.constexpr, WAIT_DQ: tl.constexpr,
     HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
-    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -157,6 +157,10 @@ def dq_kernel(
     n_tiles = nk0 * nk1 * nk2
     if HAS_SCORE_MOD or HAS_MASK_MOD:
         q_flat = flat_tokens(g0, g1, g2, x0, x1, x2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[:, None]
+    if LIVE_STEPS:
+        # Only the steps where mask_mod leaves a pair (live_steps.py), as in forward_kernel.
+        live = LIVE + bh[0] * slive_b + bh[1] * slive_h + tl.program_id(0).to(tl.int64) * slive_t
+        n_tiles = tl.load(live)
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + bh[0] * skb + kvh.to(tl.int64) * skh
@@ -174,6 +178,8 @@ def dq_kernel(
     dq_tail = tl.zeros([BLOCK_M, TAIL_DW], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for _tile in range(0, n_tiles):
+        if LIVE_STEPS:
+            j0, j1, j2 = split3(tl.load(live + 1 + _tile), nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
@@ -264,7 +270,7 @@ def dq_kernel(
 
 @triton.jit
 def dkdv_kernel(
-    Q, K, V, DO, STATS, DK, DV, RPB, DQA, DSB, MT0, MT1, MT2, MT3,
+    Q, K, V, DO, STATS, DK, DV, RPB, DQA, DSB, MT0, MT1, MT2, MT3, LIVE,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -276,7 +282,7 @@ def dkdv_kernel(
     sdqab, sdqa0, sdqa1, sdqa2, sdqah,
     H, G, HEAD_D, HEAD_DV,
     L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NK0, NK1, NK2,
-    scale, softcap,
+    scale, softcap, slive_b, slive_h, slive_t,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
     TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
     TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
@@ -286,7 +292,7 @@ def dkdv_kernel(
     ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr, TMA_DQ: tl.constexpr,
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, WAIT_DK: tl.constexpr,
     HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
-    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -320,6 +326,12 @@ def dkdv_kernel(
     qst1, nq1 = query_walk(ys1, Lg1, K1, S1, SH1, C1, WINDOW, TN1, TM1, ANCHOR)
     qst2, nq2 = query_walk(ys2, Lg2, K2, S2, SH2, C2, WINDOW, TN2, TM2, ANCHOR)
     nq = nq0 * nq1 * nq2
+    if LIVE_STEPS:
+        # Only the steps where mask_mod leaves a pair for some query head of this kv head
+        # (live_steps.py); ``t`` indexes the list within the current head's pass.
+        live = LIVE + b64 * slive_b + kvh64 * slive_h + tl.program_id(0).to(tl.int64) * slive_t
+        nq = tl.load(live)
+        t = tl.zeros((), tl.int32)
     # Pairs are masked by the inverse rule: the queries [qlo, qhi) that see each key row, fixed
     # for the program (a few registers), tested against the query columns' coordinates. The
     # forward rule needs [lo, hi) of every query column, recomputed on each masked step for the
@@ -363,6 +375,8 @@ def dkdv_kernel(
     group_head = tl.zeros((), tl.int32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for _step in range(0, G * nq):
+        if LIVE_STEPS:
+            j0, j1, j2 = split3(tl.load(live + 1 + t), nq1, nq2)
         h = kvh * G + group_head
         xs0, xs1, xs2 = qst0 + j0 * TM0, qst1 + j1 * TM1, qst2 + j2 * TM2
         x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
@@ -472,10 +486,15 @@ def dkdv_kernel(
             slot = ((y0[:, None] - lo0[None, :]) * K1 + (y1[:, None] - lo1[None, :])) * K2 + (y2[:, None] - lo2[None, :])
             ds_rows = ((b64 * H + h64) * (L0 * L1 * L2) + (i0 * L1 + i1) * L2 + i2) * (K0 * K1 * K2)
             tl.store(DSB + ds_rows[None, :] + slot, dsT, mask=seen)
-        j0, j1, j2 = next3(j0, j1, j2, nq1, nq2)
-        next_head = j0 == nq0
+        if LIVE_STEPS:
+            t += 1
+            next_head = t == nq
+            t = tl.where(next_head, 0, t)
+        else:
+            j0, j1, j2 = next3(j0, j1, j2, nq1, nq2)
+            next_head = j0 == nq0
+            j0 = tl.where(next_head, 0, j0)
         group_head += next_head.to(tl.int32)
-        j0 = tl.where(next_head, 0, j0)
 
     tl.store(DK + (b64 * sdkb + kvh64 * sdkh + k0 * sdk0 + k1 * sdk1 + k2 * sdk2)[:, None] + d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d[None, :] < HEAD_D))

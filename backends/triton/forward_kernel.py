@@ -115,7 +115,7 @@ def softmax_scores(qk, bias, scale, softcap, HAS_RPB: tl.constexpr, HAS_SOFTCAP:
 
 @triton.jit
 def forward_kernel(
-    Q, K, V, O, LSE, RPB, AK, AV, MT0, MT1, MT2, MT3,
+    Q, K, V, O, LSE, RPB, AK, AV, MT0, MT1, MT2, MT3, LIVE,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -125,7 +125,7 @@ def forward_kernel(
     sakb, sake, sakh, savb, save, savh,
     G, E, HEAD_D, HEAD_DV, HEADS, BATCH,
     L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NT0, NT1, NT2,
-    scale, softcap,
+    scale, softcap, slive_b, slive_h, slive_t,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
     TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
     TN0: tl.constexpr, TN1: tl.constexpr, TN2: tl.constexpr,
@@ -134,7 +134,7 @@ def forward_kernel(
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
-    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -182,6 +182,11 @@ def forward_kernel(
     st1, nk1, all_lo1, all_hi1 = key_walk(xs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, ANCHOR)
     st2, nk2, all_lo2, all_hi2 = key_walk(xs2, Lg2, K2, S2, SH2, C2, WINDOW, TM2, TN2, ANCHOR)
     n_tiles = nk0 * nk1 * nk2
+    if LIVE_STEPS:
+        # Only the steps where mask_mod leaves a pair (live_steps.py): their count, then the list.
+        tl.static_assert(PACK == 1, "packed pairs walk one list for all pairs")
+        live = LIVE + b.to(tl.int64) * slive_b + h.to(tl.int64) * slive_h + tile_id.to(tl.int64) * slive_t
+        n_tiles = tl.load(live)
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
@@ -222,6 +227,8 @@ def forward_kernel(
                 k_tail_desc = k_base + BLOCK_D
             if TAIL_DV > 0:
                 v_tail_desc = v_base + BLOCK_DV
+        if LIVE_STEPS:
+            j0, j1, j2 = split3(tl.load(live + 1 + _step), nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,

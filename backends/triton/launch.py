@@ -28,6 +28,7 @@ from .plugin import interpreting
 from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .backward_kernels import dkdv_kernel, dq_kernel, extra_dkdv_kernel, row_stats_kernel
 from .forward_kernel import forward_kernel
+from .live_steps import live_steps
 
 INT32_LIMIT = 2**31 - 1
 
@@ -229,8 +230,28 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
                *mod_tensors(mods, q))
     _run_fitted(_FORWARD_PLANS, key, problem, config,
                 lambda cfg: _forward_launch(problem, cfg, q, k, v, out, lse, rpb, ak, av, mods),
-                lambda launch: _start(launch, *tensors))
+                lambda plan: _start(plan.launch, *tensors, plan.live_lists(tensors[-4:], q)))
     return out, lse
+
+
+class LivePlan:
+    """A kernel's launch and the plan of its live-step lists (live_steps.LiveSteps; None without a
+    mask_mod, when the kernel walks every step)."""
+
+    __slots__ = ("launch", "live")
+
+    def __init__(self, launch: Launch, live):
+        self.launch, self.live = launch, live
+
+    def live_lists(self, mod_tensors, filler: torch.Tensor) -> torch.Tensor:
+        """The lists for this call (made from the mask's tensors as they are now), or ``filler``."""
+        return self.live.compute(mod_tensors) if self.live is not None else filler
+
+
+def _live_arguments(live) -> dict:
+    """The kernels' LIVE_STEPS constexpr and list strides."""
+    strides = live.strides if live is not None else (0, 0, 0)
+    return dict(zip(("slive_b", "slive_h", "slive_t"), strides), LIVE_STEPS=live is not None)
 
 
 # Kernels whose tiles the config sets, by the config part that sets them.
@@ -288,21 +309,24 @@ def _run_fitted(plans, key, problem: Problem, config, build, run, before_retry=N
 _FORWARD_PLANS = plan_cache()
 
 
-def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Launch:
+def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> LivePlan:
     cfg = tiles.normalise(config, problem)["fwd"]
     H, B, r = problem.heads, problem.batch, problem.rank
     geo = geometry(problem)
     large = needs_int64(q, k, v, out)
     precision = _precision(q.dtype)
-    pack = cfg.get("pack", 1)
+    with_mods = mod_constexprs(problem, mods, large)
+    live = live_steps(problem, mods, geo, cfg, False, with_mods["WIDE_INDEX"], q.device)
+    # Packed programs share one walk between pairs; a list of live steps is a pair's own.
+    pack = cfg.get("pack", 1) if live is None else 1
     grid0 = geo.grid0(cfg["q"])
     # Packed programs run `pack` (batch, head) pairs of one query tile each, on a flat grid.
     grid = (grid0, H, B) if pack == 1 else (grid0 * cdiv(B * H, pack), 1, 1)
-    return Launch(forward_kernel, grid, [
+    return LivePlan(Launch(forward_kernel, grid, [
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
-        *mod_tensors(mods, q), *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(out, r),
-        *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
-        H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, H, B,
+        *mod_tensors(mods, q), q, *token_strides(q, r), *token_strides(k, r), *token_strides(v, r),
+        *token_strides(out, r), *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak),
+        *_extra_strides(av), H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, H, B,
         *geo.runtime_args(cfg["q"]),
         problem.scale, problem.softcap or 1.0,
     ], dict(
@@ -314,9 +338,9 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> La
         LAZY_RESCALE=cfg.get("lazy_rescale", False),
         FOLD_SCALE=(cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None
                     and problem.score_mod is None),
-        PACK=pack, **_walk_constexprs(cfg), **mod_constexprs(problem, mods, large),
+        PACK=pack, **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
         num_warps=cfg["warps"], num_stages=cfg["stages"],
-    ))
+    )), live)
 
 
 # Triton 3.6 miscompiles the split head's tail product in three TF32 parts ("tf32x3") on sm_90:
@@ -443,9 +467,15 @@ def backward(problem: Problem, inputs: AttentionInputs, out, lse, grad_out, grad
     key = (problem, config_key(config), flags, precision,
            *(tensor_layout(t) for t in (q, k, v, do, out, stats, rpb, ak, av, dq, dk, dv, lse, grad_lse)))
 
+    mod_list = [tensors[name] for name in MOD_TENSOR_NAMES]
+
     def run(launches):
         for launch, names in launches:
-            _start(launch, *(tensors[name] if tensors[name] is not None else q for name in names))
+            args = [tensors[name] if tensors[name] is not None else q for name in names]
+            if isinstance(launch, LivePlan):
+                _start(launch.launch, *args, launch.live_lists(mod_list, q))
+            else:
+                _start(launch, *args)
 
     _run_fitted(_BACKWARD_PLANS, key, problem, config,
                 lambda cfg: _backward_launches(problem, cfg, flags, tensors, mods), run,
@@ -482,14 +512,16 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
     softcap = problem.softcap or 1.0
     feature = dict(HAS_SOFTCAP=problem.softcap is not None, LARGE=large, PRECISION=_precision(q.dtype), RANK=r)
     with_mods = mod_constexprs(problem, mods, large, gradient=True)
+    wide_index = with_mods["WIDE_INDEX"]
     stats_strides = token_strides(tensors["stats"], r)
     launches = []
 
     if dq_kernel_runs(flags):
         cfg = cfgs["dq"]
+        live = live_steps(problem, mods, geo, cfg, False, wide_index, q.device)
         names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av", "out", "lse", "dlse", *MOD_TENSOR_NAMES)
-        launches.append((Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
-            *(t[name] for name in names),
+        launches.append((LivePlan(Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
+            *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
             *stats_strides, *token_strides(t["out"], r), *token_strides(t["lse"], r),
             *token_strides(t["dq"], r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
@@ -500,17 +532,18 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
             **head_block_constexprs(problem, cfg, feature["PRECISION"]),
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
             TMA=use_descriptors(cfg.get("tma", False), large, k, v), **_walk_constexprs(cfg),
-            HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), **with_mods, num_warps=cfg["warps"],
-            num_stages=cfg["stages"],
-        )), names))
+            HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), **with_mods, **_live_arguments(live),
+            num_warps=cfg["warps"], num_stages=cfg["stages"],
+        )), live), names))
 
     dq_sum_strides = token_strides(t["dq_sum"], r)
     if need_k or need_v or atomic:
         cfg = cfgs["dkdv"]
         tma = use_descriptors(cfg.get("tma", False), large, q, do)
+        live = live_steps(problem, mods, geo, cfg, True, wide_index, q.device)
         names = ("q", "k", "v", "do", "stats", "dk", "dv", "rpb", "dq_sum", "ds", *MOD_TENSOR_NAMES)
-        launches.append((Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
-            *(t[name] for name in names),
+        launches.append((LivePlan(Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
+            *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
             *stats_strides, *token_strides(t["dk"], r), *token_strides(t["dv"], r), *_rpb_strides(rpb, r),
             *dq_sum_strides, H, G, problem.head_dim, problem.value_dim,
@@ -520,9 +553,9 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
             **head_block_constexprs(problem, cfg, feature["PRECISION"], atomic_dq=atomic and need_q),
             HAS_RPB=rpb is not None, TMA=tma, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
-            WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), **with_mods, num_warps=cfg["warps"],
-            num_stages=cfg["stages"],
-        )), names))
+            WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
+            num_warps=cfg["warps"], num_stages=cfg["stages"],
+        )), live), names))
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
         names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum", *MOD_TENSOR_NAMES)

@@ -54,6 +54,9 @@ class FusedMods:
     has_mask: bool
     tensors: Tuple[torch.Tensor, ...]
     source: str
+    # The index arguments ("b", "h") mask_mod's result depends on: live_steps keeps one list of a
+    # tile's live steps for all batch entries (heads) where it reads no b (h).
+    mask_reads: frozenset = frozenset()
 
     def tensor_args(self, filler: torch.Tensor) -> list:
         return list(self.tensors) + [filler] * (MAX_CAPTURED - len(self.tensors))
@@ -429,8 +432,15 @@ def _function(name: str, params: List[str], body: List[str], result: str, kind: 
     return "\n".join(lines) + "\n\n"
 
 
-def _generate(score_mod, mask_mod, device) -> Tuple[str, List[torch.Tensor]]:
+def _arguments_read(gm: torch.fx.GraphModule, params: List[str]) -> frozenset:
+    """The parameters (named as ``params``, in order) whose placeholders feed the graph."""
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    return frozenset(name for name, node in zip(params, placeholders) if node.users)
+
+
+def _generate(score_mod, mask_mod, device) -> Tuple[str, List[torch.Tensor], frozenset]:
     tensors: List[torch.Tensor] = []
+    mask_reads = frozenset()
     parts = []
     s, b, h, q, kv = _trace_inputs(device)
     if score_mod is not None:
@@ -444,13 +454,14 @@ def _generate(score_mod, mask_mod, device) -> Tuple[str, List[torch.Tensor]]:
         parts.append(_function("score_grad", _SCORE_PARAMS, [], "1.0", "score"))
     if mask_mod is not None:
         gm = _trace("mask_mod", mask_mod, (b, h, q, kv))
+        mask_reads = _arguments_read(gm, _MASK_PARAMS)
         translator = _Translator("mask_mod", gm, _MASK_PARAMS, device, tensors)
         result = translator.body()
         parts.append(_function("mask_mod", _MASK_PARAMS, translator.lines, result, "mask"))
     else:
         parts.append(_function("mask_mod", _MASK_PARAMS, [], "1", "mask"))
     what = " and ".join(getattr(fn, "__qualname__", type(fn).__name__) for fn in (score_mod, mask_mod) if fn is not None)
-    return _MODULE_HEADER.format(what=what) + "".join(parts), tensors
+    return _MODULE_HEADER.format(what=what) + "".join(parts), tensors, mask_reads
 
 
 def fused_mods(score_mod, mask_mod, device) -> FusedMods:
@@ -462,10 +473,10 @@ def fused_mods(score_mod, mask_mod, device) -> FusedMods:
 @functools.lru_cache(maxsize=128)
 def _fused_mods(score_mod, mask_mod, device: torch.device) -> FusedMods:
     with _LOCK:
-        source, tensors = _generate(score_mod, mask_mod, device)
+        source, tensors, mask_reads = _generate(score_mod, mask_mod, device)
         module = _load_module(source)
     return FusedMods(module.score_mod, module.score_grad, module.mask_mod, score_mod is not None,
-                     mask_mod is not None, tuple(tensors), source)
+                     mask_mod is not None, tuple(tensors), source, mask_reads)
 
 
 def not_fusable_reasons(problem) -> List[str]:
