@@ -90,3 +90,18 @@ def test_random_problems_with_mods(seed, dtype):
     problem = random_mods_problem(rng)
     spatial, window = problem.pop("spatial"), problem.pop("window")
     check_mods(spatial, window, dtype=dtype, device="cuda", seed=seed, **problem)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("spatial,window,rows_per_part", [((4096,), (1023,), 300), ((64, 64), (21, 21), 640),
+                                                        ((8, 24, 24), (5, 11, 11), 1152)])
+def test_documents_that_empty_most_steps(spatial, window, rows_per_part):
+    """Long windows over short documents (parts of ``rows_per_part`` flat tokens): most steps of
+    each walk lie in other documents and are skipped (live_steps.py), at the default tiles."""
+    def on(device):
+        def mask_mod(b, h, q_idx, kv_idx):
+            return q_idx // rows_per_part == kv_idx // rows_per_part
+        return dict(mask_mod=mask_mod)
+    check_mods(spatial, window, heads=2, kv_heads=1, head_dim=64, batch=1, dtype=torch.bfloat16, device="cuda",
+               mods_on=on)
