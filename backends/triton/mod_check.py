@@ -18,6 +18,7 @@ import triton.language as tl
 from haloattn.geometry import key_range
 
 from .mod_codegen import CHECK_POINTS, MAX_CAPTURED, ModsNotFusable, fused_mods
+from .plugin import interpreting
 
 
 @triton.jit
@@ -57,10 +58,24 @@ def _points(problem, seed: int):
     return s, b, h, q, kv
 
 
-def _run_interpreted(kernel, *args, **constexprs):
-    from .interpreter_compat import kernel as interpreted
+def _check_device(problem) -> torch.device:
+    """Where the check runs the generated functions: compiled on the problem's GPU, as the kernels
+    will run them, or in Triton's interpreter on the CPU where the kernels are interpreted too.
+    Never interpreted in a process that compiles: an interpreted run leaves triton.language
+    patched for the interpreter, and every kernel compiled after it in the process then fails
+    ("'ir.value' object has no attribute 'dtype'", H100, 2026-12-05)."""
+    if problem.device.type == "cuda" and not interpreting():
+        return problem.device
+    return torch.device("cpu")
 
-    interpreted(kernel)[(1,)](*args, **constexprs)
+
+def _run_points(kernel, device: torch.device, *args, **constexprs):
+    if device.type == "cuda":
+        kernel[(1,)](*args, **constexprs)
+    else:
+        from .interpreter_compat import kernel as interpreted
+
+        interpreted(kernel)[(1,)](*args, **constexprs)
 
 
 def _user_scores(score_mod, s, b, h, q, kv, device):
@@ -135,23 +150,25 @@ def _outside_transforms(fn, *args):
 
 
 def _check(problem, mods) -> None:
-    captured = [t.detach().cpu() for t in mods.tensors]
     device = problem.device
+    run_on = _check_device(problem)
+    captured = [t.detach().to(run_on) for t in mods.tensors]
     for seed in (0, 1):
         points = _points(problem, seed)
         s, b, h, q, kv = points
-        narrow = [t.to(torch.int32) for t in (b, h, q, kv)]
-        tables = captured + [s] * (MAX_CAPTURED - len(captured))
+        narrow = [t.to(device=run_on, dtype=torch.int32) for t in (b, h, q, kv)]
+        s_run = s.to(run_on)
+        tables = captured + [s_run] * (MAX_CAPTURED - len(captured))
         if problem.score_mod is not None:
             theirs, their_gradient = _user_scores(problem.score_mod, *points, device)
-            ours, our_gradient = torch.empty(len(s)), torch.empty(len(s))
-            _run_interpreted(_score_points, s, *narrow, ours, *tables, FN=mods.score, N=len(s))
-            _run_interpreted(_score_points, s, *narrow, our_gradient, *tables, FN=mods.score_grad, N=len(s))
-            _disagreement("score_mod", ours, theirs, points)
-            _disagreement("score_mod's derivative", our_gradient, their_gradient, points)
+            ours, our_gradient = torch.empty(len(s), device=run_on), torch.empty(len(s), device=run_on)
+            _run_points(_score_points, run_on, s_run, *narrow, ours, *tables, FN=mods.score, N=len(s))
+            _run_points(_score_points, run_on, s_run, *narrow, our_gradient, *tables, FN=mods.score_grad, N=len(s))
+            _disagreement("score_mod", ours.cpu(), theirs, points)
+            _disagreement("score_mod's derivative", our_gradient.cpu(), their_gradient, points)
         if problem.mask_mod is not None:
             theirs = problem.mask_mod(*(t.to(device) for t in (b, h, q, kv)))
             theirs = torch.as_tensor(theirs).to(torch.bool).cpu().expand(len(s)).float()
-            ours = torch.empty(len(s), dtype=torch.int8)
-            _run_interpreted(_mask_points, *narrow, ours, *tables, FN=mods.mask, N=len(s))
-            _disagreement("mask_mod", ours.float(), theirs, points)
+            ours = torch.empty(len(s), dtype=torch.int8, device=run_on)
+            _run_points(_mask_points, run_on, *narrow, ours, *tables, FN=mods.mask, N=len(s))
+            _disagreement("mask_mod", ours.cpu().float(), theirs, points)
