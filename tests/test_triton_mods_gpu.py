@@ -105,3 +105,15 @@ def test_documents_that_empty_most_steps(spatial, window, rows_per_part):
         return dict(mask_mod=mask_mod)
     check_mods(spatial, window, heads=2, kv_heads=1, head_dim=64, batch=1, dtype=torch.bfloat16, device="cuda",
                mods_on=on)
+
+
+@gpu
+@needs_cuda
+def test_kernels_still_compile_after_a_mods_check():
+    """The check of a mod runs its generated code compiled on the GPU: an interpreted check left
+    triton.language patched for the interpreter, and every kernel compiled after it in the
+    process failed (2026-12-05). A new problem (its own head dim, so its own compile) after a
+    checked mod must build and match the oracle."""
+    check_mods((40,), (7,), heads=2, head_dim=16, dtype=torch.float16, device="cuda",
+               mods_on=lambda device: dict(mask_mod=checkerboard, score_mod=gated))
+    check_mods((9, 11), (3, 5), heads=2, head_dim=40, dtype=torch.float16, device="cuda")
