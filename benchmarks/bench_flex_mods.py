@@ -6,7 +6,8 @@ Times forward and forward+backward through ``haloattn.attention`` (gathers into 
 order and scatters back included), median of triton.testing.do_bench; effective TFLOP/s count
 attended pairs only (4 * B * H * D * pairs forward, 2.5x that for the backward), as in
 bench_neighborhood.py. The first flex call's wall time (compiling Flex's forward, or forward and
-backward) is reported too.
+backward) is reported too. Problems with a mask_mod are also timed with backend triton walking
+every step (the mask applied per pair, none skipped): what live_steps.py saves.
 
     python benchmarks/bench_flex_mods.py [--markdown FILE] [--json FILE] [--no-reference]
 """
@@ -14,8 +15,10 @@ backward) is reported too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from unittest import mock
 
 import torch
 from triton.testing import do_bench
@@ -88,6 +91,24 @@ def timed(backend, q, k, v, window, kw, backward):
                     return_mode="median")
 
 
+@contextlib.contextmanager
+def every_step(on: bool):
+    """With ``on``, backend triton walks every step of each tile with the mask_mod applied per
+    pair, as before live_steps.py: the A/B of skipping the steps the mask empties (launch plans
+    are rebuilt on entry and exit)."""
+    if not on:
+        yield
+        return
+    from haloattn.backends.triton import fast_launch, launch
+
+    fast_launch.clear_plans()
+    try:
+        with mock.patch.object(launch, "live_steps", lambda *args: None):
+            yield
+    finally:
+        fast_launch.clear_plans()
+
+
 def measure(row, with_reference):
     name, spatial, window, options, heads, head_dim = row
     q, k, v, kw = make(spatial, window, options, heads, head_dim, requires_grad=True)
@@ -101,10 +122,13 @@ def measure(row, with_reference):
     result["flex_first_call_s"] = time.time() - t0
     plain = {n: x for n, x in kw.items() if n not in ("score_mod", "mask_mod")}
     runs = [("triton", kw), ("flex", kw), ("triton_without_mod", plain)] + ([("reference", kw)] if with_reference else [])
+    if "mask_mod" in kw:
+        runs.append(("triton_every_step", kw))
     for label, args in runs:
-        backend = "triton" if label == "triton_without_mod" else label
+        backend = "triton" if label in ("triton_without_mod", "triton_every_step") else label
         for backward in (False, True):
-            ms = timed(backend, q, k, v, window, args, backward)
+            with every_step(label == "triton_every_step"):
+                ms = timed(backend, q, k, v, window, args, backward)
             key = f"{label}_{'fwdbwd' if backward else 'fwd'}"
             result[key + "_ms"] = ms
             result[key + "_tflops"] = flops * (3.5 if backward else 1.0) / ms / 1e9
@@ -115,8 +139,8 @@ def markdown(rows, device):
     lines = [f"Device: {device}; torch {torch.__version__}; bf16, B=1; effective TFLOP/s (attended pairs).", "",
              "| problem | triton fwd ms (TFLOP/s) | triton fwd+bwd ms | flex fwd ms (TFLOP/s) | flex fwd+bwd ms "
              "| triton / flex speed-up fwd, fwd+bwd | triton without the mod fwd, fwd+bwd ms "
-             "| reference fwd, fwd+bwd ms | flex first call s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| reference fwd, fwd+bwd ms | flex first call s | triton walking every step fwd, fwd+bwd ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ref_f, ref_b = r.get("reference_fwd_ms", float("nan")), r.get("reference_fwdbwd_ms", float("nan"))
         speed = f"{r['flex_fwd_ms'] / r['triton_fwd_ms']:.1f}x, {r['flex_fwdbwd_ms'] / r['triton_fwdbwd_ms']:.1f}x"
@@ -124,7 +148,9 @@ def markdown(rows, device):
             f"| {r['problem']} | {r['triton_fwd_ms']:.3f} ({r['triton_fwd_tflops']:.0f}) | {r['triton_fwdbwd_ms']:.3f} "
             f"| {r['flex_fwd_ms']:.3f} ({r['flex_fwd_tflops']:.0f}) | {r['flex_fwdbwd_ms']:.3f} | {speed} "
             f"| {r['triton_without_mod_fwd_ms']:.3f}, {r['triton_without_mod_fwdbwd_ms']:.3f} "
-            f"| {ref_f:.2f}, {ref_b:.2f} | {r['flex_first_call_s']:.1f} |")
+            f"| {ref_f:.2f}, {ref_b:.2f} | {r['flex_first_call_s']:.1f} "
+            f"| {r.get('triton_every_step_fwd_ms', float('nan')):.3f}, "
+            f"{r.get('triton_every_step_fwdbwd_ms', float('nan')):.3f} |")
     return "\n".join(lines) + "\n"
 
 
