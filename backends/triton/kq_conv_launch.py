@@ -146,15 +146,17 @@ def tile_runs(problem: Problem, block_m: int, device) -> torch.Tensor:
 
 
 def conv_precision(dtype: torch.dtype, precision: str) -> str:
-    """How S0 meets the band matrices: float16 operands for float16 inputs (TF32's 10 mantissa
-    bits at twice its rate); TF32 for bfloat16 inputs (bfloat16 operands would carry 8 bits, about
-    8x the convolution's rounding: 3.9e-3 against 4.9e-4 in the output in a float64 emulation at
-    MTA's 6x11); float32 inputs as their own products (precision)."""
+    """How S0 meets the band matrices in the forward: TF32 for 16-bit inputs (bfloat16 operands
+    would carry 8 bits, about 8x the convolution's rounding: 3.9e-3 against 4.9e-4 in the output in
+    a float64 emulation at MTA's 6x11); float32 inputs as their own products (precision).
+    float16 operands (10 bits, at twice TF32's rate) were used for float16 inputs until
+    2026-12-05: the backward recomputes the convolved scores in TF32, which rounds S0 otherwise,
+    so its P missed the forward's LSE and every float16 gradient came out 2.4e-3 to 7.9e-3 off
+    (tolerance 2e-3; outputs 5e-4) on an H100 (RESULTS.md, "Key-query convolution"). The forward
+    and the backward now form the scores alike."""
     if precision == "interpret":
         return "interpret"
-    if dtype == torch.float16:
-        return "float16"
-    if dtype == torch.bfloat16:
+    if dtype in (torch.float16, torch.bfloat16):
         return "tf32"
     return precision
 
@@ -210,13 +212,12 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     precision = _precision(q.dtype)
     conv = conv_precision(q.dtype, precision)
     halo_cols = halo(problem)
-    band_dtype = torch.float16 if conv == "float16" else torch.float32
     out = torch.empty(*q.shape[:-1], problem.value_dim, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     placeholder = q  # tensors the kernel does not read without their feature
 
     def run(tiles):
-        bands = toeplitz_bands(inputs.kq_conv, tiles["block_n"], halo_cols, band_dtype)
+        bands = toeplitz_bands(inputs.kq_conv, tiles["block_n"], halo_cols, torch.float32)
         runs = tile_runs(problem, tiles["block_m"], q.device)
         key = (problem, config_key(config), tuple(tiles.items()), tensor_layout(q), tensor_layout(k),
                tensor_layout(v), tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), tensor_layout(bands),

@@ -101,13 +101,9 @@ def key_parts(k_base, row_stride, n0, L, BN: tl.constexpr, HALO: tl.constexpr, B
 
 @triton.jit
 def convolve(s0, bands, acc, CONV_PRECISION: tl.constexpr):
-    """``acc + s0 @ bands``: float16 operands where the inputs are float16 (10 mantissa bits, as
-    TF32, at twice its rate), else float32 ones under CONV_PRECISION (see kq_conv_launch)."""
-    if CONV_PRECISION == "float16":
-        c = tl.dot(s0.to(tl.float16), bands, acc)
-    else:
-        c = mma(s0, bands, acc, CONV_PRECISION)
-    return c
+    """``acc + s0 @ bands`` in float32 operands under CONV_PRECISION (kq_conv_launch.conv_precision:
+    the forward's and the backward's recomputation must round S0 alike)."""
+    return mma(s0, bands, acc, CONV_PRECISION)
 
 
 @triton.jit
