@@ -1,6 +1,6 @@
 """Backend ``triton``'s key-query convolution kernels on a CUDA GPU, against the float64 oracle:
-random rank-1 problems in every dtype (the products the interpreter cannot run: float16 and TF32
-band products, float16 / bfloat16 operands, descriptor-free pointer loads), MTA's kernel on a
+random rank-1 problems in every dtype (the products the interpreter cannot run: TF32 band
+products, float16 / bfloat16 operands, descriptor-free pointer loads), MTA's kernel on a
 longer sequence, bitwise-repeatable gradients, and wide float32 heads, whose tiles the launcher
 refits to the GPU's shared memory. Run with ``pytest -m gpu``."""
 
