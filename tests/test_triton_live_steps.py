@@ -150,7 +150,8 @@ def test_lists_match_a_brute_force_walk(case, key_major):
     problem = build_problem(q, q, q, window, mask_mod=make_mask(), **options)
     cfg = dict(q=q_tile, kv=kv_tile, anchor=True)
     mods = launch.fused_mods(problem)
-    live = live_steps(problem, mods, launch.geometry(problem), cfg, key_major, False, q.device)
+    live = live_steps(problem, mods, launch.geometry(problem), cfg, key_major, False,
+                      launch._tile_constexprs(cfg["q"], cfg["kv"], problem.rank), q.device)
     lists = live.compute(launch.mod_tensors(mods, q))
     assert live.strides[:2] == (0, 0)  # reads neither b nor h: one list serves all
     expected = expected_lists(problem, cfg, key_major, 1, {0: [0]})
@@ -174,7 +175,8 @@ def test_lists_per_batch_entry_and_head(key_major):
     for mask, per_batch in ((batch_documents(batch, length), True), (head_documents(length), False)):
         problem = build_problem(q, kv, kv, (11,), mask_mod=mask)
         mods = launch.fused_mods(problem)
-        live = live_steps(problem, mods, launch.geometry(problem), cfg, key_major, False, q.device)
+        live = live_steps(problem, mods, launch.geometry(problem), cfg, key_major, False,
+                      launch._tile_constexprs(cfg["q"], cfg["kv"], problem.rank), q.device)
         lists = live.compute(launch.mod_tensors(mods, q))
         if per_batch:
             heads_of = {0: [0]}

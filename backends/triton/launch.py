@@ -316,7 +316,8 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
     large = needs_int64(q, k, v, out)
     precision = _precision(q.dtype)
     with_mods = mod_constexprs(problem, mods, large)
-    live = live_steps(problem, mods, geo, cfg, False, with_mods["WIDE_INDEX"], q.device)
+    live = live_steps(problem, mods, geo, cfg, False, with_mods["WIDE_INDEX"], _tile_constexprs(cfg["q"], cfg["kv"], r),
+                      q.device)
     # Packed programs share one walk between pairs; a list of live steps is a pair's own.
     pack = cfg.get("pack", 1) if live is None else 1
     grid0 = geo.grid0(cfg["q"])
@@ -518,7 +519,7 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
 
     if dq_kernel_runs(flags):
         cfg = cfgs["dq"]
-        live = live_steps(problem, mods, geo, cfg, False, wide_index, q.device)
+        live = live_steps(problem, mods, geo, cfg, False, wide_index, _tile_constexprs(cfg["q"], cfg["kv"], r), q.device)
         names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av", "out", "lse", "dlse", *MOD_TENSOR_NAMES)
         launches.append((LivePlan(Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
             *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call
@@ -540,7 +541,7 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
     if need_k or need_v or atomic:
         cfg = cfgs["dkdv"]
         tma = use_descriptors(cfg.get("tma", False), large, q, do)
-        live = live_steps(problem, mods, geo, cfg, True, wide_index, q.device)
+        live = live_steps(problem, mods, geo, cfg, True, wide_index, _tile_constexprs(cfg["q"], cfg["kv"], r), q.device)
         names = ("q", "k", "v", "do", "stats", "dk", "dv", "rpb", "dq_sum", "ds", *MOD_TENSOR_NAMES)
         launches.append((LivePlan(Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
             *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call

@@ -135,7 +135,7 @@ class LiveSteps:
     allocates them and runs live_steps_kernel, returning the list tensor the kernel reads."""
 
     def __init__(self, problem: Problem, mods, geo, q_tile: Sequence[int], kv_tile: Sequence[int], anchor: bool,
-                 key_major: bool, wide_index: bool, device: torch.device):
+                 key_major: bool, wide_index: bool, tile_constexprs: dict, device: torch.device):
         resident, streamed = (kv_tile, q_tile) if key_major else (q_tile, kv_tile)
         capacity = math.prod(longest_axis_walk(a, problem.pattern, r, s, anchor, key_major)
                              for a, r, s in zip(problem.axes, resident, streamed))
@@ -149,16 +149,13 @@ class LiveSteps:
         # Kernels index the lists by batch entry and head (kv head key-major): stride 0 where
         # one list serves them all.
         self.strides = (slive_h * head_groups if per_batch else 0, slive_h if per_head else 0, slive_t)
-        # Missing leading axes have length 1, as in every kernel (rank 3 throughout).
-        q3, kv3 = [1] * (3 - len(q_tile)) + list(q_tile), [1] * (3 - len(kv_tile)) + list(kv_tile)
         filler = torch.empty(0, dtype=torch.int32, device=device)
         # Grid: resident tiles, batch entries (or 1), head groups (or 1).
         self.launch = Launch(live_steps_kernel, (self.shape[2], self.shape[0], self.shape[1]), [
             filler, *([filler] * 4), slive_h * head_groups, slive_h, slive_t, head_group,
             *geo.runtime_args(resident),
         ], dict(
-            **geo.constexprs(), TM0=q3[0], TM1=q3[1], TM2=q3[2], TN0=kv3[0], TN1=kv3[1], TN2=kv3[2],
-            KEY_MAJOR=key_major, ANCHOR=anchor, RANK=problem.rank, MASK_MOD=mods.mask, WIDE_INDEX=wide_index,
+            **geo.constexprs(), **tile_constexprs, KEY_MAJOR=key_major, ANCHOR=anchor, RANK=problem.rank, MASK_MOD=mods.mask, WIDE_INDEX=wide_index,
             num_warps=4, num_stages=1,
         ))
 
@@ -168,10 +165,12 @@ class LiveSteps:
         return lists
 
 
-def live_steps(problem: Problem, mods, geo, cfg: dict, key_major: bool, wide_index: bool,
+def live_steps(problem: Problem, mods, geo, cfg: dict, key_major: bool, wide_index: bool, tile_constexprs: dict,
                device: torch.device) -> Optional[LiveSteps]:
-    """The plan of a kernel's live-step lists (config part ``cfg``), or None where the problem has
-    no mask_mod (every step of the walk has pairs: nothing to skip)."""
+    """The plan of a kernel's live-step lists (config part ``cfg``; ``tile_constexprs`` its
+    kernel's TM0..TN2), or None where the problem has no mask_mod (every step of the walk has
+    pairs: nothing to skip)."""
     if mods is None or not mods.has_mask:
         return None
-    return LiveSteps(problem, mods, geo, cfg["q"], cfg["kv"], cfg["anchor"], key_major, wide_index, device)
+    return LiveSteps(problem, mods, geo, cfg["q"], cfg["kv"], cfg["anchor"], key_major, wide_index, tile_constexprs,
+                     device)
