@@ -31,7 +31,7 @@ from .kq_conv_scores import (attended, band_part_transposed, convolved_tile, gri
                              load_rows, query_program, source_scores, sources_attended, target_scores,
                              targets_attended)
 from .index_math import group_length, key_range
-from .scores import LOG2E, mma, tanh, tf32_parts
+from .scores import LOG2E, mma, tanh
 
 # Rows of dC past a source tile that its row shifts reach (c_q - 1 <= TAIL).
 TAIL = tl.constexpr(16)
@@ -91,24 +91,13 @@ def extra_token_dq(dq, q_rows, do_rows, lse, delta, ak_base, sake, av_base, save
 
 
 @triton.jit
-def shifted_rows(dc_main, dc_tail, shift_by, BM: tl.constexpr, PRECISION: tl.constexpr):
-    """Rows ``r + shift_by`` of the stacked ``[dc_main; dc_tail]`` for r < BM (0/1 products). With
-    PRECISION "three_tf32" the rows keep about 21 bits: the 0/1 matrices are exact in TF32, so
-    dC's high and low parts (scores.tf32_parts) are moved by a TF32 product each."""
+def shifted_rows(dc_main, dc_tail, shift_by, BM: tl.constexpr, GRAD_PRECISION: tl.constexpr):
+    """Rows ``r + shift_by`` of the stacked ``[dc_main; dc_tail]`` for r < BM (0/1 products)."""
     r = tl.arange(0, BM)
     pick = (tl.arange(0, BM)[None, :] == r[:, None] + shift_by).to(tl.float32)
+    out = mma(pick, dc_main, tl.zeros(dc_main.shape, dtype=tl.float32), GRAD_PRECISION)
     pick_tail = ((BM + tl.arange(0, TAIL))[None, :] == r[:, None] + shift_by).to(tl.float32)
-    if PRECISION == "three_tf32":
-        main_high, main_low = tf32_parts(dc_main)
-        tail_high, tail_low = tf32_parts(dc_tail)
-        out = mma(pick, main_low, tl.zeros(dc_main.shape, dtype=tl.float32), "tf32")
-        out = mma(pick_tail, tail_low, out, "tf32")
-        out = mma(pick, main_high, out, "tf32")
-        out = mma(pick_tail, tail_high, out, "tf32")
-    else:
-        out = mma(pick, dc_main, tl.zeros(dc_main.shape, dtype=tl.float32), PRECISION)
-        out = mma(pick_tail, dc_tail, out, PRECISION)
-    return out
+    return mma(pick_tail, dc_tail, out, GRAD_PRECISION)
 
 
 @triton.jit
@@ -123,14 +112,13 @@ def add_at(values, a, update, C_Q: tl.constexpr):
 
 @triton.jit
 def diagonal_sums(dw_ptr, grad_c, grad_l, grad_r, C_K, REACH, BN: tl.constexpr, HALO: tl.constexpr):
-    """dW of one kernel row from its band-shaped gradients (target columns by source columns: the
-    key tile's part and the halos'): tap t sums the entries whose source column minus target
-    column is ``t - REACH``."""
-    j = tl.arange(0, BN)[:, None]
-    tap_c = tl.arange(0, BN)[None, :] - j + REACH
+    """dW of one kernel row from its band-shaped gradients (the key tile's part and the halos'):
+    tap t sums the entries whose source column minus target column is ``t - REACH``."""
+    j = tl.arange(0, BN)
+    tap_c = tl.arange(0, BN)[:, None] - j[None, :] + REACH
     if HALO > 0:
-        tap_l = (tl.arange(0, HALO) - HALO)[None, :] - j + REACH
-        tap_r = (BN + tl.arange(0, HALO))[None, :] - j + REACH
+        tap_l = (tl.arange(0, HALO) - HALO)[:, None] - j[None, :] + REACH
+        tap_r = (BN + tl.arange(0, HALO))[:, None] - j[None, :] + REACH
     for t in range(C_K):
         total = tl.sum(tl.sum(tl.where(tap_c == t, grad_c, 0.0), 1), 0)
         if HALO > 0:
@@ -170,13 +158,10 @@ def dq_dw_kernel(
         delta_tail = load_row_stats(DELTA + b * sdb + h * sdh, tail, sdl, L, LARGE)
 
     dq = tl.zeros([BM, BLOCK_D], dtype=tl.float32)
-    # dW's band-shaped gradients, target columns by source columns (dC^T S0: dC is the A operand,
-    # as in the dQ products; with dC as the B operand, its three-part split failed Triton 3.6's
-    # sm_90 compile, "operand does not dominate this use")
     grad_c = (tl.zeros([BN, BN], dtype=tl.float32),) * C_Q
     if HALO > 0:
-        grad_l = (tl.zeros([BN, HALO], dtype=tl.float32),) * C_Q
-        grad_r = (tl.zeros([BN, HALO], dtype=tl.float32),) * C_Q
+        grad_l = (tl.zeros([HALO, BN], dtype=tl.float32),) * C_Q
+        grad_r = (tl.zeros([HALO, BN], dtype=tl.float32),) * C_Q
     center_rows = HALO + tl.arange(0, BN)
     if HALO > 0:
         halo = tl.arange(0, HALO)
@@ -219,16 +204,16 @@ def dq_dw_kernel(
                 if a < C_Q - 1:
                     dc_a = shifted_rows(dc_main, dc_tail, C_Q - 1 - a, BM, DW_PRECISION)
             bands_a = bands_base + a * sba
-            grad_c = add_at(grad_c, a, mma(tl.trans(dc_a), s0_c, tl.zeros([BN, BN], dtype=tl.float32),
+            grad_c = add_at(grad_c, a, mma(tl.trans(s0_c), dc_a, tl.zeros([BN, BN], dtype=tl.float32),
                                            DW_PRECISION), C_Q)
             ds0 = mma(dc_a, band_part_transposed(bands_a, center_rows, BN), tl.zeros([BM, BN], dtype=tl.float32),
                       GRAD_PRECISION)
             ds0 = attended(ds0, 0.0, full, rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
             dq = mma(ds0.to(k_tile.dtype), k_tile, dq, PRECISION)
             if HALO > 0:
-                grad_l = add_at(grad_l, a, mma(tl.trans(dc_a), s0_l, tl.zeros([BN, HALO], dtype=tl.float32),
+                grad_l = add_at(grad_l, a, mma(tl.trans(s0_l), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
                                                DW_PRECISION), C_Q)
-                grad_r = add_at(grad_r, a, mma(tl.trans(dc_a), s0_r, tl.zeros([BN, HALO], dtype=tl.float32),
+                grad_r = add_at(grad_r, a, mma(tl.trans(s0_r), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
                                                DW_PRECISION), C_Q)
                 ds0 = mma(dc_a, band_part_transposed(bands_a, halo, BN), tl.zeros([BM, HALO], dtype=tl.float32),
                           GRAD_PRECISION)

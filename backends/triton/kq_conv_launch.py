@@ -147,13 +147,12 @@ def tile_runs(problem: Problem, block_m: int, device) -> torch.Tensor:
 
 def dw_precision(grad_precision: str) -> str:
     """How dq_dw_kernel forms dW's products (S0 with the row-shifted dC, and the shift itself):
-    three TF32 products of the operands' parts (scores.three_tf32_mma, about 21 bits of each
-    float32 operand) where the rest of a TF32 backward takes one. dW sums every attended pair of a
-    head into c_q x c_k numbers whose terms cancel (each row of dC sums to zero), so TF32's
-    rounding (operands cut to 10 bits) does not average out there: one float16 problem of 34 came
-    out 2.7e-3 off on an H100 (tolerance 2e-3; dQ and dK of the same call 1.3e-3; RESULTS.md,
-    "Key-query convolution")."""
-    return "three_tf32" if grad_precision == "tf32" else grad_precision
+    three TF32 products where the rest of a 16-bit backward takes one. dW sums every attended pair
+    of a head into c_q x c_k numbers whose terms cancel, so TF32's rounding (operands cut to 10
+    bits) does not average out there: one float16 problem of 34 came out 2.7e-3 off on an H100
+    (tolerance 2e-3; dQ and dK of the same call 1.3e-3; RESULTS.md, "Key-query convolution").
+    tf32x3 carries about 21 bits of each float32 operand."""
+    return "tf32x3" if grad_precision == "tf32" else grad_precision
 
 
 def conv_precision(dtype: torch.dtype, precision: str) -> str:

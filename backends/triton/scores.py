@@ -14,38 +14,12 @@ LN2 = tl.constexpr(0.6931471805599453)
 @triton.jit
 def mma(a, b, acc, PRECISION: tl.constexpr):
     """``a @ b + acc`` in float32. PRECISION "interpret" upcasts the operands first, because the CPU
-    interpreter of Triton 3.6 multiplies bfloat16 operands as raw bits; "three_tf32" takes float32
-    operands in three TF32 products of their parts (three_tf32_mma)."""
+    interpreter of Triton 3.6 multiplies bfloat16 operands as raw bits."""
     if PRECISION == "interpret":
         c = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    elif PRECISION == "three_tf32":
-        c = three_tf32_mma(a, b, acc)
     else:
         c = tl.dot(a, b, acc, input_precision=PRECISION)
     return c
-
-
-@triton.jit
-def tf32_parts(x):
-    """float32 ``x`` as ``high + low``: ``high`` is x with the 13 mantissa bits TF32 drops cleared
-    (so a TF32 product takes it whole), ``low = x - high`` (exact in float32)."""
-    high = (x.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
-    return high, x - high
-
-
-@triton.jit
-def three_tf32_mma(a, b, acc):
-    """``a @ b + acc`` for float32 operands to about 21 bits each: the high x high, high x low and
-    low x high TF32 products of their parts (tf32_parts; low x low, below 2^-20 relative, is left
-    out), small parts first. Triton's own "tf32x3" does the same, but Triton 3.6 miscompiles it on
-    sm_90 in 8-warp kernels (illegal addresses: launch.SPLIT_HEADS_UNSAFE_PRECISIONS, and the key-query
-    convolution's dq_dw_kernel on an H100, 2026-12-05); three plain "tf32" dots compile as every
-    other product does."""
-    a_high, a_low = tf32_parts(a)
-    b_high, b_low = tf32_parts(b)
-    acc = tl.dot(a_low, b_high, acc, input_precision="tf32")
-    acc = tl.dot(a_high, b_low, acc, input_precision="tf32")
-    return tl.dot(a_high, b_high, acc, input_precision="tf32")
 
 
 @triton.jit
