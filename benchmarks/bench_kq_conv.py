@@ -8,19 +8,14 @@ backend the dispatcher has (triton on NVIDIA GPUs, the reference on CPUs). Times
 forward + backward (every call in turn, --repeat rounds after a warm-up, medians, the device
 synchronised), reports each against the yardstick, and the outputs' distance from a float64 run.
 
-With --ab-dw-precision the fused backward is also timed with dW's products in one TF32 product
-(the rule before kq_conv_launch.dw_precision took three), label ``fused_dw_tf32``.
-
-    python benchmarks/bench_kq_conv.py [--device cuda] [--repeat 10] [--json FILE] [--ab-dw-precision]
+    python benchmarks/bench_kq_conv.py [--device cuda] [--repeat 10] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import contextlib
 import statistics
-from unittest import mock
 
 import torch
 
@@ -39,12 +34,7 @@ CPU_PROBLEMS = [
 ]
 
 
-def _one_tf32_product_for_dw():
-    from haloattn.backends.triton import kq_conv_launch
-    return mock.patch.object(kq_conv_launch, "dw_precision", lambda grad_precision: grad_precision)
-
-
-def run(problem, device, dtype, repeat, ab_dw_precision=False):
+def run(problem, device, dtype, repeat):
     name, tokens, window, causal, heads, head_dim, c_q, c_k = problem
     gen = torch.Generator(device="cpu").manual_seed(0)
 
@@ -69,16 +59,9 @@ def run(problem, device, dtype, repeat, ab_dw_precision=False):
     variants = [("reference", "reference", True), ("plain", None, False)]
     if device.type == "cuda":
         variants.insert(0, ("fused", "triton", True))
-        if ab_dw_precision:
-            variants.insert(1, ("fused_dw_tf32", "triton", True))
-
-    def patched(label, f, backend, kq):
-        with _one_tf32_product_for_dw() if label == "fused_dw_tf32" else contextlib.nullcontext():
-            f(backend, kq)
-
     # Every call in turn, round after round (the machine's state drifts; ratios of calls timed
     # side by side hold): medians of the rounds.
-    calls = {f"{label}_{kind}": (lambda f=f, b=backend, kq=kq, label=label: patched(label, f, b, kq))
+    calls = {f"{label}_{kind}": (lambda f=f, b=backend, kq=kq: f(b, kq))
              for label, backend, kq in variants
              for kind, f in (("fwd_ms", forward), ("fwd_bwd_ms", both))}
     samples = {name: [] for name in calls}
@@ -103,20 +86,17 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--ab-dw-precision", action="store_true")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     problems = PROBLEMS if device.type == "cuda" else CPU_PROBLEMS
     rows = []
     labels = ["fused", "reference"] if device.type == "cuda" else ["reference"]
-    if device.type == "cuda" and args.ab_dw_precision:
-        labels.insert(1, "fused_dw_tf32")
     print("| problem | kq_conv on | fwd ms | plain fwd ms (backend) | ratio | fwd+bwd ms | plain fwd+bwd ms | ratio "
           "| rel err |")
     print("|" + "---|" * 9)
     for problem in problems:
-        r = run(problem, device, dtype, args.repeat, args.ab_dw_precision)
+        r = run(problem, device, dtype, args.repeat)
         rows.append(r)
         for label in labels:
             print(f"| {r['problem']} | {label} | {r[label + '_fwd_ms']:.2f} | {r['plain_fwd_ms']:.2f} "

@@ -136,7 +136,7 @@ def dq_dw_kernel(
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, C_Q: tl.constexpr, HALO: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_DS: tl.constexpr, HAS_EXTRA: tl.constexpr,
-    LARGE: tl.constexpr, PRECISION: tl.constexpr, GRAD_PRECISION: tl.constexpr, DW_PRECISION: tl.constexpr,
+    LARGE: tl.constexpr, PRECISION: tl.constexpr, GRAD_PRECISION: tl.constexpr,
 ):
     tile, b, h, kvh, q_base, k_base, v_base = query_program(Q, K, V, sqb, sqh, skb, skh, svb, svh, GROUP, LARGE)
     dw_ptr = DW + ((b * H + h) * tl.num_programs(0) + tile) * (C_Q * C_K)
@@ -202,19 +202,19 @@ def dq_dw_kernel(
             dc_a = dc_main
             if C_Q > 1:
                 if a < C_Q - 1:
-                    dc_a = shifted_rows(dc_main, dc_tail, C_Q - 1 - a, BM, DW_PRECISION)
+                    dc_a = shifted_rows(dc_main, dc_tail, C_Q - 1 - a, BM, GRAD_PRECISION)
             bands_a = bands_base + a * sba
             grad_c = add_at(grad_c, a, mma(tl.trans(s0_c), dc_a, tl.zeros([BN, BN], dtype=tl.float32),
-                                           DW_PRECISION), C_Q)
+                                           GRAD_PRECISION), C_Q)
             ds0 = mma(dc_a, band_part_transposed(bands_a, center_rows, BN), tl.zeros([BM, BN], dtype=tl.float32),
                       GRAD_PRECISION)
             ds0 = attended(ds0, 0.0, full, rows, cols, L, Dl, WIN, S, shift, CAUSAL, WINDOW)
             dq = mma(ds0.to(k_tile.dtype), k_tile, dq, PRECISION)
             if HALO > 0:
                 grad_l = add_at(grad_l, a, mma(tl.trans(s0_l), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
-                                               DW_PRECISION), C_Q)
+                                               GRAD_PRECISION), C_Q)
                 grad_r = add_at(grad_r, a, mma(tl.trans(s0_r), dc_a, tl.zeros([HALO, BN], dtype=tl.float32),
-                                               DW_PRECISION), C_Q)
+                                               GRAD_PRECISION), C_Q)
                 ds0 = mma(dc_a, band_part_transposed(bands_a, halo, BN), tl.zeros([BM, HALO], dtype=tl.float32),
                           GRAD_PRECISION)
                 ds0 = attended(ds0, 0.0, full, rows, n0 - HALO + halo, L, Dl, WIN, S, shift, CAUSAL, WINDOW)

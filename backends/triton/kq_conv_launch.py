@@ -145,16 +145,6 @@ def tile_runs(problem: Problem, block_m: int, device) -> torch.Tensor:
     return torch.tensor(_runs_on_host(problem.axes[0], problem.pattern, block_m), dtype=torch.int32, device=device)
 
 
-def dw_precision(grad_precision: str) -> str:
-    """How dq_dw_kernel forms dW's products (S0 with the row-shifted dC, and the shift itself):
-    three TF32 products where the rest of a 16-bit backward takes one. dW sums every attended pair
-    of a head into c_q x c_k numbers whose terms cancel, so TF32's rounding (operands cut to 10
-    bits) does not average out there: one float16 problem of 34 came out 2.7e-3 off on an H100
-    (tolerance 2e-3; dQ and dK of the same call 1.3e-3; RESULTS.md, "Key-query convolution").
-    tf32x3 carries about 21 bits of each float32 operand."""
-    return "tf32x3" if grad_precision == "tf32" else grad_precision
-
-
 def conv_precision(dtype: torch.dtype, precision: str) -> str:
     """How S0 meets the band matrices in the forward: TF32 for 16-bit inputs (bfloat16 operands
     would carry 8 bits, about 8x the convolution's rounding: 3.9e-3 against 4.9e-4 in the output in
@@ -347,8 +337,7 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
         BLOCK_D=block_d, BLOCK_DV=block_dv, HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None,
         LARGE=large, PRECISION=precision, GRAD_PRECISION=grad_precision,
     )
-    dq_only = dict(HAS_DS=ds is not None, HAS_EXTRA=ak is not None, BE=EXTRA_BLOCK,
-                   DW_PRECISION=dw_precision(grad_precision))
+    dq_only = dict(HAS_DS=ds is not None, HAS_EXTRA=ak is not None, BE=EXTRA_BLOCK)
 
     def run(tiles):
         BM, BN = tiles["block_m"], tiles["block_n"]
