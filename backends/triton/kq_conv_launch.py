@@ -116,6 +116,24 @@ def toeplitz_bands(weight: torch.Tensor, block_n: int, halo_cols: int, dtype: to
     return bands.to(dtype).contiguous()
 
 
+def tf32_nearest(t: torch.Tensor) -> torch.Tensor:
+    """float32 ``t`` rounded to the nearest TF32 value (kq_conv_scores.tf32_nearest, on the host).
+    Why: with TF32 products the tensor cores drop each operand's low 13 bits. A float64 emulation
+    of a float16 problem of test_triton_kq_conv_gpu.py (seed 2: length 371, window 85, dilation 3,
+    stride 75, causal, 2 x 5 kernel) put the kernel weight's gradient 2.9e-3 off with S0 and the
+    weights so truncated, 1.8e-3 with them rounded to nearest (float16 tolerance 2e-3; an H100
+    measured 2.7e-3 before this rounding); the output is 5e-4 off either way."""
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def conv_bands(weight: torch.Tensor, block_n: int, halo_cols: int, conv: str) -> torch.Tensor:
+    """The band matrices (toeplitz_bands, float32) as the convolution's products take them:
+    rounded to nearest TF32 for TF32 products (see tf32_nearest)."""
+    bands = toeplitz_bands(weight, block_n, halo_cols, torch.float32)
+    return tf32_nearest(bands) if conv == "tf32" else bands
+
+
 def _row_bounds(axis, pattern: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """First and last grid column each grid row sees (its keys are every ``dilation``-th column
     between them)."""
@@ -217,7 +235,7 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     placeholder = q  # tensors the kernel does not read without their feature
 
     def run(tiles):
-        bands = toeplitz_bands(inputs.kq_conv, tiles["block_n"], halo_cols, torch.float32)
+        bands = conv_bands(inputs.kq_conv, tiles["block_n"], halo_cols, conv)
         runs = tile_runs(problem, tiles["block_m"], q.device)
         key = (problem, config_key(config), tuple(tiles.items()), tensor_layout(q), tensor_layout(k),
                tensor_layout(v), tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), tensor_layout(bands),
@@ -341,7 +359,7 @@ def backward(problem, inputs, out, lse, grad_out, grad_lse, needs_grad, config=N
 
     def run(tiles):
         BM, BN = tiles["block_m"], tiles["block_n"]
-        bands = toeplitz_bands(inputs.kq_conv, BN, halo_cols, torch.float32)
+        bands = conv_bands(inputs.kq_conv, BN, halo_cols, grad_precision)
         query_runs, key_runs = (torch.tensor(r, dtype=torch.int32, device=q.device)
                                 for r in _backward_runs_on_host(problem, BM, BN))
         q_tiles, k_tiles = cdiv(L, BM), cdiv(L, BN)

@@ -100,9 +100,21 @@ def key_parts(k_base, row_stride, n0, L, BN: tl.constexpr, HALO: tl.constexpr, B
 
 
 @triton.jit
+def tf32_nearest(x):
+    """float32 ``x`` rounded to the nearest TF32 value (10 mantissa bits; ties away from zero).
+    The tensor cores take a float32 operand's TF32 part by dropping its low 13 bits, which shrinks
+    every product by about 2^-11 on average: a bias that the kernel weight's gradient, a sum over
+    every pair whose terms cancel, does not average out (kq_conv_launch.tf32_nearest says how much)."""
+    return ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def convolve(s0, bands, acc, CONV_PRECISION: tl.constexpr):
     """``acc + s0 @ bands`` in float32 operands under CONV_PRECISION (kq_conv_launch.conv_precision:
-    the forward's and the backward's recomputation must round S0 alike)."""
+    the forward's and the backward's recomputation must round S0 alike). In TF32, S0 is rounded to
+    nearest first (the bands are, on the host: kq_conv_launch.conv_bands)."""
+    if CONV_PRECISION == "tf32":
+        s0 = tf32_nearest(s0)
     return mma(s0, bands, acc, CONV_PRECISION)
 
 
