@@ -109,64 +109,74 @@ def dense_forward(Q, K, V, O, LSE, L, H, stride_token, stride_batch, scale_log2,
 
 
 @triton.jit
-def dense_backward_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, L, H, stride_token, stride_batch, scale, scale_log2,
+def _head_slice(L, stride_batch, D: tl.constexpr):
+    """This program's (batch, head): the offset of its ``[L, D]`` slice in the token tensors and of
+    its rows in the ``[B, H, L]`` statistics."""
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    return b.to(tl.int64) * stride_batch + h * D, (b * tl.num_programs(1) + h).to(tl.int64) * L
+
+
+@triton.jit
+def _token_rows(ptr, tokens, stride_token, cols, L):
+    """Rows ``tokens`` of a ``[L, D]`` slice (``ptr`` at its start); rows past the end read 0."""
+    return tl.load(ptr + tokens[:, None] * stride_token + cols[None, :], mask=tokens[:, None] < L, other=0.0)
+
+
+@triton.jit
+def _row_stats(LSE, DELTA, tokens, L):
+    """LSE and delta of rows ``tokens``; rows past the end get an infinite LSE (so P = 0 there)."""
+    inside = tokens < L
+    return (tl.load(LSE + tokens, mask=inside, other=float("inf")),
+            tl.load(DELTA + tokens, mask=inside, other=0.0))
+
+
+@triton.jit
+def dense_backward_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, L, stride_token, stride_batch, scale, scale_log2,
                         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """One program: dK and dV of BN keys of one (batch, head), every query block in turn (P and
     dP recomputed from the stored LSE and delta = rowsum(dO O); no atomics)."""
-    start = tl.program_id(0) * BN
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    base = b.to(tl.int64) * stride_batch + h * D
-    stats = (b * H + h).to(tl.int64) * L
-    keys = start + tl.arange(0, BN)
+    base, stats = _head_slice(L, stride_batch, D)
+    keys = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.arange(0, D)
-    inside = keys[:, None] < L
-    k = tl.load(K + base + keys[:, None] * stride_token + cols[None, :], mask=inside, other=0.0)
-    v = tl.load(V + base + keys[:, None] * stride_token + cols[None, :], mask=inside, other=0.0)
+    k = _token_rows(K + base, keys, stride_token, cols, L)
+    v = _token_rows(V + base, keys, stride_token, cols, L)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
     for step in range(0, tl.cdiv(L, BM)):
         rows = step * BM + tl.arange(0, BM)
-        q = tl.load(Q + base + rows[:, None] * stride_token + cols[None, :], mask=rows[:, None] < L, other=0.0)
-        do = tl.load(DO + base + rows[:, None] * stride_token + cols[None, :], mask=rows[:, None] < L, other=0.0)
-        # rows past the end: an infinite LSE makes their P 0
-        lse = tl.load(LSE + stats + rows, mask=rows < L, other=float("inf"))
-        delta = tl.load(DELTA + stats + rows, mask=rows < L, other=0.0)
+        q = _token_rows(Q + base, rows, stride_token, cols, L)
+        do = _token_rows(DO + base, rows, stride_token, cols, L)
+        lse, delta = _row_stats(LSE + stats, DELTA + stats, rows, L)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * scale_log2 - lse[None, :])
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
-    tl.store(DK + base + keys[:, None] * stride_token + cols[None, :], (dk * scale).to(DK.dtype.element_ty),
-             mask=inside)
-    tl.store(DV + base + keys[:, None] * stride_token + cols[None, :], dv.to(DV.dtype.element_ty), mask=inside)
+    out = base + keys[:, None] * stride_token + cols[None, :]
+    tl.store(DK + out, (dk * scale).to(DK.dtype.element_ty), mask=keys[:, None] < L)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=keys[:, None] < L)
 
 
 @triton.jit
-def dense_backward_dq(Q, K, V, DO, LSE, DELTA, DQ, L, H, stride_token, stride_batch, scale, scale_log2,
+def dense_backward_dq(Q, K, V, DO, LSE, DELTA, DQ, L, stride_token, stride_batch, scale, scale_log2,
                       D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """One program: dQ of BM queries of one (batch, head), every key block in turn."""
-    start = tl.program_id(0) * BM
-    h = tl.program_id(1)
-    b = tl.program_id(2)
-    base = b.to(tl.int64) * stride_batch + h * D
-    stats = (b * H + h).to(tl.int64) * L
-    rows = start + tl.arange(0, BM)
+    base, stats = _head_slice(L, stride_batch, D)
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.arange(0, D)
-    inside = rows[:, None] < L
-    q = tl.load(Q + base + rows[:, None] * stride_token + cols[None, :], mask=inside, other=0.0)
-    do = tl.load(DO + base + rows[:, None] * stride_token + cols[None, :], mask=inside, other=0.0)
-    lse = tl.load(LSE + stats + rows, mask=rows < L, other=float("inf"))
-    delta = tl.load(DELTA + stats + rows, mask=rows < L, other=0.0)
+    q = _token_rows(Q + base, rows, stride_token, cols, L)
+    do = _token_rows(DO + base, rows, stride_token, cols, L)
+    lse, delta = _row_stats(LSE + stats, DELTA + stats, rows, L)
     dq = tl.zeros([BM, D], tl.float32)
     for step in range(0, tl.cdiv(L, BN)):
         keys = step * BN + tl.arange(0, BN)
-        k = tl.load(K + base + keys[:, None] * stride_token + cols[None, :], mask=keys[:, None] < L, other=0.0)
-        v = tl.load(V + base + keys[:, None] * stride_token + cols[None, :], mask=keys[:, None] < L, other=0.0)
+        k = _token_rows(K + base, keys, stride_token, cols, L)
+        v = _token_rows(V + base, keys, stride_token, cols, L)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * scale_log2 - lse[:, None])
         ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
     tl.store(DQ + base + rows[:, None] * stride_token + cols[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=inside)
+             mask=rows[:, None] < L)
 
 
 def _blocks_divide(length, *blocks):
@@ -197,7 +207,7 @@ def plain_backward(q, k, v, out, lse, grad_out, config):
     _blocks_divide(length, bm, bn)
     delta = (grad_out.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    common = (length, heads, q.stride(1), q.stride(0), dim ** -0.5, dim ** -0.5 * LOG2E)
+    common = (length, q.stride(1), q.stride(0), dim ** -0.5, dim ** -0.5 * LOG2E)
     dense_backward_dkdv[(triton.cdiv(length, bn), heads, batch)](
         q, k, v, grad_out, lse, delta, dk, dv, *common, D=dim, BM=bm, BN=bn, num_warps=warps, num_stages=stages)
     dense_backward_dq[(triton.cdiv(length, bm), heads, batch)](
