@@ -10,7 +10,9 @@ Effective TFLOP/s count attended pairs only (exact, from haloattn.geometry): for
 effective TFLOP/s of a method / dense cuDNN TFLOP/s in the same run. Every method is timed twice:
 ``triton.testing.do_bench`` medians (host time included: a call whose host side outlasts its
 kernels is timed by the host) and medians of CUDA-graph replays (device time alone, the
-``graph`` columns; a call that cannot be captured gets no graph figure and says why). ``--tune 0,1`` also times every tuning candidate (forward
+``graph`` columns; a call that cannot be captured gets no graph figure and says why). A forward +
+backward call returns its gradients (gradient_calls.forward_backward) in both methods; CUDA-graph
+figures before 2026-12-05 added each replay's gradients into ``.grad`` as well. ``--tune 0,1`` also times every tuning candidate (forward
 and backward kernels) of those problems and reports how far the heuristic default is from the best.
 Blocked problems (stride == window dividing every axis) are also timed as what they are, a batch of
 short dense attentions: SDPA's cuDNN and Flash kernels over the windows gathered into contiguous
@@ -50,6 +52,8 @@ import haloattn
 from haloattn.geometry import attends, key_range
 from haloattn.problem import build_problem
 
+from gradient_calls import forward_backward
+
 # name: (spatial, window, options, head_dim)
 PROBLEMS = [
     ("1-D 32768, window 2047", (32768,), 2047, {}, 128),
@@ -76,8 +80,8 @@ def attended_pairs(problem) -> int:
     return pairs * problem.batch
 
 
-def bench(fn, grad_to_none=None) -> float:
-    return do_bench(fn, warmup=10, rep=60, grad_to_none=grad_to_none, return_mode="median")
+def bench(fn) -> float:
+    return do_bench(fn, warmup=10, rep=60, return_mode="median")
 
 
 def bench_graph(row, key, fn):
@@ -332,11 +336,10 @@ def flex_worker(phase, indices, tune):
             row["flex_vs_triton_rel_error"] = ((from_tiles(f_out, layout).float() - out.float()).norm()
                                                / out.float().norm()).item()
             row["flex_fwd_ms"] = bench(lambda: flex(fq, fk, fv, block_mask=block_mask))
-            row["flex_fwdbwd_ms"] = bench(lambda: flex(fqg, fkg, fvg, block_mask=block_mask).backward(fgo),
-                                          [fqg, fkg, fvg])
+            flex_fwd_bwd = forward_backward(lambda: flex(fqg, fkg, fvg, block_mask=block_mask), [fqg, fkg, fvg], fgo)
+            row["flex_fwdbwd_ms"] = bench(flex_fwd_bwd)
             bench_graph(row, "flex_fwd_graph_ms", lambda: flex(fq, fk, fv, block_mask=block_mask))
-            bench_graph(row, "flex_fwdbwd_graph_ms",
-                        lambda: flex(fqg, fkg, fvg, block_mask=block_mask).backward(fgo))
+            bench_graph(row, "flex_fwdbwd_graph_ms", flex_fwd_bwd)
         row["worker_s"] = time.time() - began
         print(ROW_TAG + json.dumps(row), flush=True)
         del block_mask, f_out, fq, fk, fv, fqg, fkg, fvg
@@ -461,11 +464,10 @@ def time_triton_and_dense(index, dense_cache, phase):
         dense = {"dense_flops": dense_flops}
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             dense["dense_fwd_ms"] = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv))
-            dense["dense_fwdbwd_ms"] = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo),
-                                             [dq, dk, dv])
+            dense_fwd_bwd = forward_backward(lambda: F.scaled_dot_product_attention(dq, dk, dv), [dq, dk, dv], dgo)
+            dense["dense_fwdbwd_ms"] = bench(dense_fwd_bwd)
             bench_graph(dense, "dense_fwd_graph_ms", lambda: F.scaled_dot_product_attention(dq, dk, dv))
-            bench_graph(dense, "dense_fwdbwd_graph_ms",
-                        lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo))
+            bench_graph(dense, "dense_fwdbwd_graph_ms", dense_fwd_bwd)
         dense_cache[(N, D)] = dense
         del dq, dk, dv, dgo
     dense = dense_cache[(N, D)]
@@ -491,11 +493,11 @@ def time_triton_and_dense(index, dense_cache, phase):
     def fwd():
         return haloattn.attention(q, k, v, window, backend="triton", **options)
 
-    def fwd_bwd():
-        haloattn.attention(qg, kg, vg, window, backend="triton", **options).backward(go)
+    fwd_bwd = forward_backward(lambda: haloattn.attention(qg, kg, vg, window, backend="triton", **options),
+                               [qg, kg, vg], go)
 
     row["triton_fwd_ms"] = bench(fwd)
-    row["triton_fwdbwd_ms"] = bench(fwd_bwd, [qg, kg, vg])
+    row["triton_fwdbwd_ms"] = bench(fwd_bwd)
     bench_graph(row, "triton_fwd_graph_ms", fwd)
     bench_graph(row, "triton_fwdbwd_graph_ms", fwd_bwd)
     add_rates(row, "triton")
@@ -534,7 +536,7 @@ def time_dense_windows(problem, row):
         with sdpa_kernel(backend):
             bench_graph(row, f"windows_{name}_fwd_graph_ms", lambda: F.scaled_dot_product_attention(q, k, v))
             bench_graph(row, f"windows_{name}_fwdbwd_graph_ms",
-                        lambda: F.scaled_dot_product_attention(q, k, v).backward(go))
+                        forward_backward(lambda: F.scaled_dot_product_attention(q, k, v), [q, k, v], go))
         for step, factor in (("fwd", 1.0), ("fwdbwd", 3.5)):
             rate = tflops(row, f"windows_{name}_{step}_graph_ms", factor * row["fwd_flops"])
             if rate is not None:

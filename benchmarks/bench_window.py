@@ -66,6 +66,8 @@ from haloattn.backend import AttentionInputs  # noqa: E402
 from haloattn.dispatch import DISPATCHER  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
+from gradient_calls import forward_backward  # noqa: E402
+
 # name: (batch, grid, window, heads, head_dim)
 SWIN_T = "Swin-T stage 1"
 SHAPES = {
@@ -234,17 +236,6 @@ def copy_figure(figures, key, source, source_key):
     for suffix in ("", " timing", " graph failure"):
         if source_key + suffix in source:
             figures[key + suffix] = source[source_key + suffix]
-
-
-def forward_backward(forward, leaves, grad_out):
-    """A call running ``forward()`` and its backward into gradients of every leaf, returned.
-
-    torch.autograd.grad, not .backward(): nothing accumulates into .grad, so there is no .grad to
-    reset between calls, and a captured backward allocates its gradients in the graph's own pool
-    rather than adding into tensors left by the warm-up. Both timing methods time this same call."""
-    def step():
-        return torch.autograd.grad(forward(), leaves, grad_out)
-    return step
 
 
 def forced(backend):

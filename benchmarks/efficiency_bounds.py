@@ -20,6 +20,12 @@ share.
 
     python benchmarks/efficiency_bounds.py [--dense-tflops 630] [--bandwidth-tbs 3.0]
     python benchmarks/efficiency_bounds.py --measured runs/2026-11-29_h200_neighborhood_flex_0539.json
+    python benchmarks/efficiency_bounds.py --forward-backward
+
+``--forward-backward`` bounds the forward + backward efficiency of a Triton kernel on the
+backend's default tiles: each kernel's computed pairs (forward, dQ, dK/dV) at the best rate
+Triton reached on dense attention in bench_triton_ceiling.py (TRITON_CEILING), against cuDNN's
+dense forward + backward.
 """
 
 from __future__ import annotations
@@ -83,6 +89,57 @@ def unmasked_share(problem, q_tile, kv_tile, anchored: bool) -> float:
     return share
 
 
+# Head dim -> (forward, backward) rate of the best Triton loop as a fraction of cuDNN's, and cuDNN's
+# dense (forward, backward) TFLOP/s, the backward counted at 2.5x the forward's work; H100, bf16,
+# B=1, L=16384, H=16, bench_triton_ceiling.py. Forward: 05:43 UTC 2026-12-05, on the tiles these
+# problems take (64 x 64, 4 warps, 3 stages: 0.80 at D=128, 0.87 at D=64); backward: 18:41 UTC,
+# the `triton` backend's own dense backward, which beat every plain two-kernel config (0.72 /
+# 0.77 against 0.68 / 0.72). runs/2026-12-05_h100_{0543,0544,1841}_triton_ceiling_*.
+TRITON_CEILING = {128: ((0.80, 0.72), (612.0, 557.0)), 64: ((0.87, 0.77), (462.0, 466.0))}
+# Matrix products a pair of each backward kernel: dQ recomputes S and dP and forms dQ; dK/dV
+# recomputes S and dP and forms dK and dV.
+DQ_PRODUCTS, DKDV_PRODUCTS = 3, 4
+
+
+def key_major_pairs(problem, kv_tile, q_tile) -> int:
+    """Pairs the dK/dV kernel computes: resident key tiles walking query tiles by the inverse rule
+    (tiles._axis_query_steps, group 0 of each axis, times the dilation)."""
+    total = problem.batch
+    for axis, tk, tq in zip(problem.axes, kv_tile, q_tile):
+        visited, _ = tiles._axis_query_steps(axis, problem.pattern, tk, tq, tiles.ANCHOR_TILES)
+        total *= visited * axis.dilation * tk * tq
+    return total
+
+
+def forward_backward_bound(problem, head_dim):
+    """(forward, dQ, dK/dV) computed per attended pair on the default tiles, and the forward +
+    backward efficiency a Triton kernel at TRITON_CEILING's rates would reach on them."""
+    (r_fwd, r_bwd), (c_fwd, c_bwd) = TRITON_CEILING[head_dim]
+    config = tiles.default_config(problem)
+    attended = attended_pairs(problem)
+    waste_fwd = computed_pairs(problem, config["fwd"]["q"], config["fwd"]["kv"]) / attended
+    waste_dq = computed_pairs(problem, config["dq"]["q"], config["dq"]["kv"]) / attended
+    waste_dkdv = key_major_pairs(problem, config["dkdv"]["kv"], config["dkdv"]["q"]) / attended
+    waste_bwd = (DQ_PRODUCTS * waste_dq + DKDV_PRODUCTS * waste_dkdv) / (DQ_PRODUCTS + DKDV_PRODUCTS)
+    # time per attended pair, in units of one forward pair's work: cuDNN's against the kernel's
+    dense = 1 / c_fwd + 2.5 / c_bwd
+    kernel = waste_fwd / (r_fwd * c_fwd) + 2.5 * waste_bwd / (r_bwd * c_bwd)
+    return waste_fwd, waste_dq, waste_dkdv, dense / kernel
+
+
+def forward_backward_table() -> None:
+    print("| problem | computed / attended: forward, dQ, dK/dV | forward bound | forward + backward bound |")
+    print("|---|---|---|---|")
+    for name, spatial, window, options, D in PROBLEMS:
+        if D not in TRITON_CEILING:
+            continue
+        q = torch.empty(BATCH, *spatial, HEADS, D, dtype=torch.bfloat16, device="meta")
+        problem = build_problem(q, q, q, window, **options)
+        waste_fwd, waste_dq, waste_dkdv, bound = forward_backward_bound(problem, D)
+        forward = TRITON_CEILING[D][0][0] / waste_fwd
+        print(f"| {name} | {waste_fwd:.2f}, {waste_dq:.2f}, {waste_dkdv:.2f} | {forward:.2f} | {bound:.2f} |")
+
+
 def best_box(problem):
     """The 64- or 128-query box (with key tiles of 64 tokens) that computes the fewest pairs."""
     ext = tiles.group_extents(problem)
@@ -129,7 +186,12 @@ def main():
     parser.add_argument("--bandwidth-tbs", type=float, default=3.0, help="device copy bandwidth (H100 HBM3: ~3.0)")
     parser.add_argument("--measured", metavar="JSON", help="a bench_neighborhood.py --json file: the kernel's rate on "
                                                            "the pairs it computes, per problem")
+    parser.add_argument("--forward-backward", action="store_true",
+                        help="the forward + backward bound of a Triton kernel on the default tiles")
     args = parser.parse_args()
+    if args.forward_backward:
+        forward_backward_table()
+        return
     if args.measured:
         measured_rates(args.measured)
         return

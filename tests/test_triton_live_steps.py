@@ -1,7 +1,9 @@
-"""Steps that mask_mod empties are skipped (backends/triton/live_steps.py), in Triton's interpreter.
+"""Steps that mask_mod empties are skipped, and steps it keeps whole are walked without it
+(backends/triton/live_steps.py), in Triton's interpreter.
 
-Two oracles: the lists of live steps against a brute-force walk in Python (the pattern from
-haloattn.geometry.attends, mask_mod on every pair of every step; exact), and whole problems
+Two oracles: the lists of live steps, each with its full flag, against a brute-force walk in
+Python (the pattern from haloattn.geometry.attends, mask_mod on every pair of every step; exact),
+and whole problems
 (output, LSE, every gradient) against the float64 oracle with tiles small enough that the masks
 below leave many steps without a pair."""
 
@@ -83,7 +85,8 @@ def _axis_walk(axis, pattern, group, first, resident, streamed, anchor, key_majo
 
 
 def expected_lists(problem, cfg, key_major, batches, heads_of):
-    """Per (batch, list head, resident tile): the live steps, by brute force."""
+    """Per (batch, list head, resident tile): the live steps' list entries (2 * step + full), by
+    brute force."""
     axes, spatial = problem.axes, problem.spatial
     resident, streamed = (cfg["kv"], cfg["q"]) if key_major else (cfg["q"], cfg["kv"])
     per_axis_tiles = [-(-a.group_length(0) // t) for a, t in zip(axes, resident)]
@@ -100,8 +103,9 @@ def expected_lists(problem, cfg, key_major, batches, heads_of):
                 res = [range(f, f + r) for f, r in zip(firsts, resident)]
                 stm = [range(start + j * s, start + (j + 1) * s) for (start, _), j, s in zip(walks, js, streamed)]
                 queries, keys = (stm, res) if key_major else (res, stm)
-                if _any_pair(problem, groups, queries, keys, b, heads):
-                    live.append(step)
+                kept = _kept_pairs(problem, groups, queries, keys, b, heads)
+                if any(any(k) for k in kept):
+                    live.append(2 * step + all(all(k) for k in kept))
             lists[b, list_head, tile_id] = live
     return lists
 
@@ -113,15 +117,16 @@ def _tokens(axes, groups, coordinate_ranges):
     return list(itertools.product(*per_axis))
 
 
-def _any_pair(problem, groups, queries, keys, b, heads):
+def _kept_pairs(problem, groups, queries, keys, b, heads):
+    """Per pair of the step that the pattern admits: whether mask_mod keeps it, for each head."""
     axes = problem.axes
+    kept = []
     for i in _tokens(axes, groups, queries):
         for j in _tokens(axes, groups, keys):
             if all(attends(a, problem.pattern, x, y) for a, x, y in zip(axes, i, j)):
                 qf, kf = (torch.tensor(_flat(t, problem.spatial)) for t in (i, j))
-                if any(bool(problem.mask_mod(torch.tensor(b), torch.tensor(h), qf, kf)) for h in heads):
-                    return True
-    return False
+                kept.append([bool(problem.mask_mod(torch.tensor(b), torch.tensor(h), qf, kf)) for h in heads])
+    return kept
 
 
 def _flat(coords, spatial):
@@ -156,12 +161,19 @@ def test_lists_match_a_brute_force_walk(case, key_major):
     assert live.strides[:2] == (0, 0)  # reads neither b nor h: one list serves all
     expected = expected_lists(problem, cfg, key_major, 1, {0: [0]})
     skipped = 0
+    kinds = set()  # full (1) and cut (0) steps met
     for (_, _, tile_id), steps in expected.items():
         row = lists[0, 0, tile_id]
         assert row[0].item() == len(steps), (tile_id, row, steps)
         assert row[1:1 + len(steps)].tolist() == steps, (tile_id, row, steps)
         skipped += lists.shape[-1] - 1 - len(steps)
+        kinds |= {entry % 2 for entry in steps}
     assert skipped > 0, "the mask should have emptied some steps"
+    # Documents cross some steps and fill others; image bands of 3 rows cross every live step of
+    # these tiles; clips of 2 frames never cross a 2-frame query tile walking 1-frame key tiles,
+    # while key-major walks of 2-frame query tiles (anchored) straddle clips.
+    expected_kinds = {4: {0}, 5: {0, 1} if key_major else {1}}.get(case, {0, 1})
+    assert kinds == expected_kinds, kinds
 
 
 @pytest.mark.parametrize("key_major", [False, True])
@@ -260,3 +272,34 @@ def test_the_kernels_walk_the_lists(monkeypatch):
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
     grads = launch.backward(problem, inputs, out, lse, torch.randn_like(out), None, (True,) * 3 + (False,) * 4)
     assert all(torch.equal(g, torch.zeros_like(g)) for g in grads[:3])
+
+
+def test_the_kernels_skip_mask_mod_on_full_steps(monkeypatch):
+    """Lists whose every step is flagged full make the kernels ignore mask_mod: with a mask that
+    empties no step (a checkerboard) but refuses half the pairs, output and gradients then equal
+    the oracle's without the mask. So the flag is read, and where it is set the mask is not run."""
+    from haloattn.backends.triton import live_steps as module
+
+    compute = module.LiveSteps.compute
+
+    def flagged_full(self, tensors):
+        lists = compute(self, tensors)
+        lists[..., 1:] |= 1
+        return lists
+
+    monkeypatch.setattr(module.LiveSteps, "compute", flagged_full)
+    torch.manual_seed(5)
+    leaves = [torch.randn(1, 6, 7, 2, 16, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    grad_out = torch.randn(1, 6, 7, 2, 16, dtype=torch.float64)
+    ours = [t.detach().float() for t in leaves]
+    checkerboard = lambda b, h, q, kv: (q + kv) % 2 == 0  # noqa: E731
+    problem = build_problem(*ours, (3, 5), mask_mod=checkerboard, return_lse=True)
+    config = {part: dict(cfg, q=[2, 4], kv=[2, 4]) for part, cfg in tiles.default_config(problem).items()}
+    inputs = AttentionInputs(*ours)
+    out, lse = launch.forward(problem, inputs, config)
+    grads = launch.backward(problem, inputs, out, lse, grad_out.float(), None, (True,) * 3 + (False,) * 4, config)
+    ref_out, _ = oracle.attention(*leaves, (3, 5))
+    (ref_out * grad_out).sum().backward()
+    assert oracle.rel_error(out, ref_out) < 1e-5
+    for g, leaf in zip(grads[:3], leaves):
+        assert oracle.rel_error(g, leaf.grad) < 1e-5

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .descriptors import add_to_box, group_descriptor, kv_descriptors, kv_tail_descriptors, load_box, load_token_tile
 from .forward_kernel import tile_tokens
-from .index_math import crosses, key_range, key_walk, next3, query_range, query_walk, split3
+from .index_math import crosses, key_range, key_walk, list_step, next3, query_range, query_walk, split3
 from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, massless_rows, modded_scores
 from .scores import LOG2E, finish_scores, mask_pairs, mma, relative_bias, within
 
@@ -177,9 +177,10 @@ def dq_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     dq_tail = tl.zeros([BLOCK_M, TAIL_DW], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
+    full_step = tl.zeros((), tl.int1)  # from the live-step list: mask_mod keeps every pair here
     for _tile in range(0, n_tiles):
         if LIVE_STEPS:
-            j0, j1, j2 = split3(tl.load(live + 1 + _tile), nk1, nk2)
+            j0, j1, j2, full_step = list_step(live, _tile, nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
@@ -208,7 +209,8 @@ def dq_kernel(
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
         if HAS_MASK_MOD:
-            p = masked_by_mod(p, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
+            if full_step == 0:
+                p = masked_by_mod(p, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         dp = mma(do, tl.trans(vt), None, PRECISION)
         if TAIL_DV > 0:
             vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
@@ -332,6 +334,7 @@ def dkdv_kernel(
         live = LIVE + b64 * slive_b + kvh64 * slive_h + tl.program_id(0).to(tl.int64) * slive_t
         nq = tl.load(live)
         t = tl.zeros((), tl.int32)
+    full_step = tl.zeros((), tl.int1)  # from the live-step list: mask_mod keeps every pair here
     # Pairs are masked by the inverse rule: the queries [qlo, qhi) that see each key row, fixed
     # for the program (a few registers), tested against the query columns' coordinates. The
     # forward rule needs [lo, hi) of every query column, recomputed on each masked step for the
@@ -376,7 +379,7 @@ def dkdv_kernel(
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     for _step in range(0, G * nq):
         if LIVE_STEPS:
-            j0, j1, j2 = split3(tl.load(live + 1 + t), nq1, nq2)
+            j0, j1, j2, full_step = list_step(live, t, nq1, nq2)
         h = kvh * G + group_head
         xs0, xs1, xs2 = qst0 + j0 * TM0, qst1 + j1 * TM1, qst2 + j2 * TM2
         x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
@@ -442,7 +445,8 @@ def dkdv_kernel(
         pT = mask_pairs(pT, 0.0, qlo0, qhi0, qlo1, qhi1, qlo2, qhi2, x0, x1, x2, cross0, cross1, cross2,
                         True, RANK, AXIS_MASKS)
         if HAS_MASK_MOD:
-            pT = masked_by_mod(pT, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
+            if full_step == 0:
+                pT = masked_by_mod(pT, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         dvacc = mma(pT.to(do.dtype), do, dvacc, PRECISION)
         dpT = mma(vt, tl.trans(do), None, PRECISION)
         if TAIL_DV > 0:

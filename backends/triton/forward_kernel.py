@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .descriptors import kv_descriptors, kv_tail_descriptors, load_token_tile
-from .index_math import crosses, group_length, key_range, key_walk, next3, split3
+from .index_math import crosses, group_length, key_range, key_walk, list_step, next3, split3
 from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
 from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
 
@@ -213,6 +213,7 @@ def forward_kernel(
     acc_tail = tl.zeros([BLOCK_M, TAIL_W], tl.float32)
     j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
     finished = tl.zeros((), tl.int1)  # packed: the last step ended the pair before (b, h)
+    full_step = tl.zeros((), tl.int1)  # from the live-step list: mask_mod keeps every pair here
     for _step in range(0, pairs * n_tiles):
         if PACK > 1:
             # The pair's queries again at every step: a pipelined load (mostly from L1/L2) keeps the
@@ -228,7 +229,7 @@ def forward_kernel(
             if TAIL_DV > 0:
                 v_tail_desc = v_base + BLOCK_DV
         if LIVE_STEPS:
-            j0, j1, j2 = split3(tl.load(live + 1 + _step), nk1, nk2)
+            j0, j1, j2, full_step = list_step(live, _step, nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
@@ -254,7 +255,8 @@ def forward_kernel(
                        crosses(ys0, TN0, all_lo0, all_hi0), crosses(ys1, TN1, all_lo1, all_hi1),
                        crosses(ys2, TN2, all_lo2, all_hi2), True, RANK, AXIS_MASKS)
         if HAS_MASK_MOD:
-            s = masked_by_mod(s, float("-inf"), b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
+            if full_step == 0:
+                s = masked_by_mod(s, float("-inf"), b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         if PACK > 1:
             # The pair the last step finished goes out here, where the rescale below reads the
             # accumulator anyway: read right after its last product was issued, the branch would

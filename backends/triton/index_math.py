@@ -126,3 +126,12 @@ def next3(j0, j1, j2, E1, E2):
 def group_length(L, g, Dl):
     """Tokens of dilation group ``g`` on an axis of length ``L``: ``ceil((L - g) / Dl)``."""
     return (L - g + Dl - 1) // Dl
+
+
+@triton.jit
+def list_step(live, index, E1, E2):
+    """Entry ``index`` of a live-step list (live_steps.py): the step's coordinates in its walk's
+    box (fastest extents ``E1``, ``E2``) and whether it is full (mask_mod keeps every pair there)."""
+    entry = tl.load(live + 1 + index)
+    j0, j1, j2 = split3(entry >> 1, E1, E2)
+    return j0, j1, j2, (entry & 1) != 0

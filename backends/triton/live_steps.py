@@ -16,8 +16,14 @@ tile, and once per batch entry / head only where mask_mod reads ``b`` / ``h`` (F
 where it reads ``h``, a key-major list (dK/dV: one program serves the G query heads of a kv head)
 keeps the steps live for any of those heads.
 
-Layout: int32 ``[Bm, Hm, tiles, 1 + capacity]``, per tile its count of live steps, then the steps
-(flat indices of the walk, row-major over its per-axis extents as index_math.split3 reads them).
+A live step where mask_mod keeps every pair the pattern admits is also flagged *full*: the
+kernels skip mask_mod there (``mod_step``), as FlexAttention's full blocks skip theirs. Inside a
+long packed document most steps are full, and evaluating the mask on them (a gather and a
+compare per score) cost the forward up to 1.4x its time without the mask (RESULTS.md).
+
+Layout: int32 ``[Bm, Hm, tiles, 1 + capacity]``, per tile its count of live steps, then the steps,
+each ``2 * step + full`` (``step``: flat index of the walk, row-major over its per-axis extents as
+index_math.split3 reads it; ``full``: 1 for a full step).
 ``capacity`` is the longest walk of any tile (the product of each axis' longest walk: the walks
 are per-axis boxes), worked out on the host by the twin of the kernels' walk rules.
 """
@@ -94,12 +100,17 @@ def live_steps_kernel(
         pairs = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK) & q_ok[:, None]
         q_flat = flat_tokens(g0, g1, g2, x0, x1, x2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[:, None]
         kv_flat = flat_tokens(g0, g1, g2, y0, y1, y2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[None, :]
-        allowed = tl.zeros_like(pairs)
+        allowed = tl.zeros_like(pairs)  # by mask_mod for at least one head of the group
+        refused = tl.zeros_like(pairs)  # by mask_mod for at least one head
         for i in range(0, HEAD_GROUP):
-            allowed = allowed | MASK_MOD(b, first_head + i, q_flat, kv_flat, MT0, MT1, MT2, MT3)
+            kept = MASK_MOD(b, first_head + i, q_flat, kv_flat, MT0, MT1, MT2, MT3)
+            allowed = allowed | kept
+            refused = refused | (kept == 0)
         live = tl.max(tl.max((pairs & allowed).to(tl.int32), 1), 0)
+        # Full: mask_mod keeps every pair the pattern admits, for every head the list serves.
+        full = 1 - tl.max(tl.max((pairs & refused).to(tl.int32), 1), 0)
         # Every step writes its slot; a dead one is overwritten by the next live step.
-        tl.store(row + 1 + count, step)
+        tl.store(row + 1 + count, step * 2 + full)
         count += live
         j0, j1, j2 = next3(j0, j1, j2, n_walk1, n_walk2)
     tl.store(row, count)
