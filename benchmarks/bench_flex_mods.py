@@ -7,7 +7,9 @@ order and scatters back included), median of triton.testing.do_bench; effective 
 attended pairs only (4 * B * H * D * pairs forward, 2.5x that for the backward), as in
 bench_neighborhood.py. The first flex call's wall time (compiling Flex's forward, or forward and
 backward) is reported too. Problems with a mask_mod are also timed with backend triton walking
-every step (the mask applied per pair, none skipped): what live_steps.py saves.
+every step (the mask applied per pair, none skipped): what live_steps.py saves; and with the
+lists' full flags cleared (mask_mod evaluated on every live step): what skipping the mask on
+steps it keeps whole saves.
 
     python benchmarks/bench_flex_mods.py [--markdown FILE] [--json FILE] [--no-reference]
 """
@@ -34,6 +36,14 @@ def alibi(score, b, h, q_idx, kv_idx):
 
 def checker(b, h, q_idx, kv_idx):
     return ((q_idx + kv_idx) % 3) != 0
+
+
+def padded_image(width, rows, cols):
+    """A mask_mod for an image of ``rows`` x ``cols`` padded to a grid ``width`` wide: keys in the
+    padding are refused (queries there see nothing and give 0)."""
+    def valid(b, h, q_idx, kv_idx):
+        return (kv_idx // width < rows) & (kv_idx % width < cols)
+    return valid
 
 
 def gated(score, b, h, q_idx, kv_idx):
@@ -63,6 +73,8 @@ PROBLEMS = [
     ("1-D 8192, window 1023, score_mod + softcap", (8192,), 1023, dict(score_mod=alibi, softcap=30.0), 8, 64),
     ("1-D 32768, window 2047, packed documents of 256-2048 tokens (mask_mod)", (32768,), 2047,
      dict(mask_mod="documents"), 16, 128),
+    ("2-D 128x128, 31x31, image of 100x90 padded (mask_mod)", (128, 128), 31,
+     dict(mask_mod=padded_image(128, 100, 90)), 16, 128),
 ]
 
 
@@ -109,6 +121,25 @@ def every_step(on: bool):
         fast_launch.clear_plans()
 
 
+@contextlib.contextmanager
+def without_full_flags(on: bool):
+    """With ``on``, backend triton's live-step lists come with every full flag cleared, so its
+    kernels evaluate mask_mod on every live step: the A/B of skipping the mask on full steps."""
+    if not on:
+        yield
+        return
+    from haloattn.backends.triton import live_steps
+
+    compute = live_steps.LiveSteps.compute
+
+    def cleared(self, tensors):
+        lists = compute(self, tensors)
+        lists[..., 1:] &= ~1
+        return lists
+    with mock.patch.object(live_steps.LiveSteps, "compute", cleared):
+        yield
+
+
 def measure(row, with_reference):
     name, spatial, window, options, heads, head_dim = row
     q, k, v, kw = make(spatial, window, options, heads, head_dim, requires_grad=True)
@@ -123,11 +154,11 @@ def measure(row, with_reference):
     plain = {n: x for n, x in kw.items() if n not in ("score_mod", "mask_mod")}
     runs = [("triton", kw), ("flex", kw), ("triton_without_mod", plain)] + ([("reference", kw)] if with_reference else [])
     if "mask_mod" in kw:
-        runs.append(("triton_every_step", kw))
+        runs += [("triton_every_step", kw), ("triton_without_full_flags", kw)]
     for label, args in runs:
-        backend = "triton" if label in ("triton_without_mod", "triton_every_step") else label
+        backend = "triton" if label.startswith("triton") else label
         for backward in (False, True):
-            with every_step(label == "triton_every_step"):
+            with every_step(label == "triton_every_step"), without_full_flags(label == "triton_without_full_flags"):
                 ms = timed(backend, q, k, v, window, args, backward)
             key = f"{label}_{'fwdbwd' if backward else 'fwd'}"
             result[key + "_ms"] = ms
@@ -139,8 +170,9 @@ def markdown(rows, device):
     lines = [f"Device: {device}; torch {torch.__version__}; bf16, B=1; effective TFLOP/s (attended pairs).", "",
              "| problem | triton fwd ms (TFLOP/s) | triton fwd+bwd ms | flex fwd ms (TFLOP/s) | flex fwd+bwd ms "
              "| triton / flex speed-up fwd, fwd+bwd | triton without the mod fwd, fwd+bwd ms "
-             "| reference fwd, fwd+bwd ms | flex first call s | triton walking every step fwd, fwd+bwd ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| reference fwd, fwd+bwd ms | flex first call s | triton walking every step fwd, fwd+bwd ms "
+             "| triton without full flags fwd, fwd+bwd ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ref_f, ref_b = r.get("reference_fwd_ms", float("nan")), r.get("reference_fwdbwd_ms", float("nan"))
         speed = f"{r['flex_fwd_ms'] / r['triton_fwd_ms']:.1f}x, {r['flex_fwdbwd_ms'] / r['triton_fwdbwd_ms']:.1f}x"
@@ -150,7 +182,9 @@ def markdown(rows, device):
             f"| {r['triton_without_mod_fwd_ms']:.3f}, {r['triton_without_mod_fwdbwd_ms']:.3f} "
             f"| {ref_f:.2f}, {ref_b:.2f} | {r['flex_first_call_s']:.1f} "
             f"| {r.get('triton_every_step_fwd_ms', float('nan')):.3f}, "
-            f"{r.get('triton_every_step_fwdbwd_ms', float('nan')):.3f} |")
+            f"{r.get('triton_every_step_fwdbwd_ms', float('nan')):.3f} "
+            f"| {r.get('triton_without_full_flags_fwd_ms', float('nan')):.3f}, "
+            f"{r.get('triton_without_full_flags_fwdbwd_ms', float('nan')):.3f} |")
     return "\n".join(lines) + "\n"
 
 
