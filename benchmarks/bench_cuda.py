@@ -23,6 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import haloattn
 from bench_neighborhood import BATCH, HEADS, PROBLEMS, attended_pairs, bench
+from gradient_calls import forward_backward
 from haloattn.problem import build_problem
 
 
@@ -39,7 +40,8 @@ def time_backend(name, q, k, v, window, options):
     fwd = bench(lambda: haloattn.attention(q, k, v, window, backend=name, **options))
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
     go = torch.randn_like(q)
-    fwd_bwd = bench(lambda: haloattn.attention(qg, kg, vg, window, backend=name, **options).backward(go), [qg, kg, vg])
+    fwd_bwd = bench(forward_backward(lambda: haloattn.attention(qg, kg, vg, window, backend=name, **options),
+                                     [qg, kg, vg], go))
     return fwd, fwd_bwd
 
 
@@ -61,7 +63,7 @@ def main():
         dgo = torch.randn_like(dq)
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             dense_f = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv))
-            dense_b = bench(lambda: F.scaled_dot_product_attention(dq, dk, dv).backward(dgo), [dq, dk, dv])
+            dense_b = bench(forward_backward(lambda: F.scaled_dot_product_attention(dq, dk, dv), [dq, dk, dv], dgo))
         dense_flops = 4 * BATCH * HEADS * D * N * N
         # The dense backward alone (forward + backward minus forward), for issue 5's backward target.
         row = {"problem": name, "dense_fwd_tflops": dense_flops / dense_f / 1e9,
