@@ -6,16 +6,15 @@ pattern. A mask_mod can empty whole steps of that walk: documents packed into on
 mask the steps over padding. A step whose pairs mask_mod refuses all still costs its loads and
 matrix products, and its result is nothing.
 
-So where a problem has a mask_mod, two small kernels first make, per resident tile, the list of
-the steps of its walk (the same walk as the attention kernel, index_math.key_walk / query_walk)
-with at least one pair left: step_flags_kernel evaluates the pattern and mask_mod on every pair
-of one step per program, compact_lists_kernel gathers a tile's live steps in walk order. The
-attention kernel then walks that list (constexpr LIVE_STEPS). The list is made on every call,
-from the mask's tensors as they are then: a cached list would go stale when a captured tensor
-(document ids, say) changes in place. It costs elementwise work only, once per step of each
-tile, and once per batch entry / head only where mask_mod reads ``b`` / ``h``
-(FusedMods.mask_reads); where it reads ``h``, a key-major list (dK/dV: one program serves the G
-query heads of a kv head) keeps the steps live for any of those heads.
+So where a problem has a mask_mod, a small kernel first walks every resident tile's steps (the
+same walk as the attention kernel, index_math.key_walk / query_walk), evaluates the pattern and
+mask_mod on every pair of each step and writes the steps with at least one pair left, in walk
+order, as a list; the attention kernel then walks that list (constexpr LIVE_STEPS). The list is
+made on every call, from the mask's tensors as they are then: a cached list would go stale when a
+captured tensor (document ids, say) changes in place. It costs elementwise work only, once per
+tile, and once per batch entry / head only where mask_mod reads ``b`` / ``h`` (FusedMods.mask_reads);
+where it reads ``h``, a key-major list (dK/dV: one program serves the G query heads of a kv head)
+keeps the steps live for any of those heads.
 
 A live step where mask_mod keeps every pair the pattern admits is also flagged *full*: the
 kernels skip mask_mod there (``mod_step``), as FlexAttention's full blocks skip theirs. Inside a
@@ -44,21 +43,16 @@ from haloattn.problem import Problem
 
 from .fast_launch import Launch
 from .forward_kernel import tile_tokens
-from .index_math import key_range, key_walk, query_walk, split3
+from .index_math import key_range, key_walk, next3, query_walk, split3
 from .mod_hooks import flat_tokens
 from .scores import within
 from .tiles import walk_start
 
 
-# Per-step flags of step_flags_kernel, read by compact_lists_kernel.
-LIVE_FLAG = tl.constexpr(1)
-FULL_FLAG = tl.constexpr(2)
-
-
 @triton.jit
-def step_flags_kernel(
-    FLAGS, MT0, MT1, MT2, MT3,
-    sflag_b, sflag_h, CAPACITY, HEAD_GROUP,
+def live_steps_kernel(
+    LIVE, MT0, MT1, MT2, MT3,
+    slive_b, slive_h, slive_t, HEAD_GROUP,
     L0, L1, L2, K0, K1, K2, S0, S1, S2, D0, D1, D2, SH0, SH1, SH2, NR0, NR1, NR2,
     C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr,
     TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr,
@@ -66,17 +60,11 @@ def step_flags_kernel(
     KEY_MAJOR: tl.constexpr, ANCHOR: tl.constexpr, RANK: tl.constexpr, MASK_MOD: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
 ):
-    """One program per (resident tile and step of its walk, batch entry or 0, head group or 0):
-    the step's flags, LIVE_FLAG where mask_mod leaves a pair the pattern admits, FULL_FLAG where
-    it keeps every such pair, for every head the list serves; 0 past the tile's walk.
-
-    Resident tiles are query tiles (TM) walking key tiles (TN), or with KEY_MAJOR key tiles
-    walking query tiles; NR0..NR2 count the resident tiles per group and axis; program_id(0) is
-    ``tile * CAPACITY + step``. The heads tried are ``HEAD_GROUP * program_id(2) + [0, HEAD_GROUP)``.
-    A program per step rather than per tile: each step is a few dependent reductions, and a walk
-    of 25-60 of them in one program left the list a latency-bound 0.1 ms on 2-D problems."""
-    tile_id = tl.program_id(0) // CAPACITY
-    step = tl.program_id(0) % CAPACITY
+    """One program per (resident tile, batch entry or 0, head group or 0): the live steps of the
+    tile's walk. Resident tiles are query tiles (TM) walking key tiles (TN), or with KEY_MAJOR key
+    tiles walking query tiles; NR0..NR2 count the resident tiles per group and axis. The heads
+    tried are ``HEAD_GROUP * program_id(2) + [0, HEAD_GROUP)``."""
+    tile_id = tl.program_id(0)
     b = tl.program_id(1)
     first_head = tl.program_id(2) * HEAD_GROUP
     m0, m1, m2 = split3(tl.arange(0, TM0 * TM1 * TM2), TM1, TM2)
@@ -93,52 +81,39 @@ def step_flags_kernel(
         st0, n_walk0, _, _ = key_walk(rs0, Lg0, K0, S0, SH0, C0, WINDOW, TM0, TN0, ANCHOR)
         st1, n_walk1, _, _ = key_walk(rs1, Lg1, K1, S1, SH1, C1, WINDOW, TM1, TN1, ANCHOR)
         st2, n_walk2, _, _ = key_walk(rs2, Lg2, K2, S2, SH2, C2, WINDOW, TM2, TN2, ANCHOR)
-    # The walk's cursor (index_math.next3) visits its box row-major: step s is split3(s).
-    j0, j1, j2 = split3(step, n_walk1, n_walk2)
-    # Queries on the rows, keys on the columns, whichever tile is resident.
-    if KEY_MAJOR:
-        x0, x1, x2 = st0 + j0 * TM0 + m0, st1 + j1 * TM1 + m1, st2 + j2 * TM2 + m2
-        y0, y1, y2 = rs0 + n0, rs1 + n1, rs2 + n2
-    else:
-        x0, x1, x2 = rs0 + m0, rs1 + m1, rs2 + m2
-        y0, y1, y2 = st0 + j0 * TN0 + n0, st1 + j1 * TN1 + n1, st2 + j2 * TN2 + n2
-    q_ok = (x0 >= 0) & (x0 < Lg0) & (x1 >= 0) & (x1 < Lg1) & (x2 >= 0) & (x2 < Lg2)
-    # The forward rule: [lo, hi) lies inside the grid, so keys that pass it are real tokens.
-    lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
-    lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
-    lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
-    pairs = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK) & q_ok[:, None]
-    # Indices are clamped into the grid (flat_tokens), so steps past the walk read nothing outside.
-    q_flat = flat_tokens(g0, g1, g2, x0, x1, x2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[:, None]
-    kv_flat = flat_tokens(g0, g1, g2, y0, y1, y2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[None, :]
-    allowed = tl.zeros_like(pairs)  # by mask_mod for at least one head of the group
-    refused = tl.zeros_like(pairs)  # by mask_mod for at least one head
-    for i in range(0, HEAD_GROUP):
-        kept = MASK_MOD(b, first_head + i, q_flat, kv_flat, MT0, MT1, MT2, MT3)
-        allowed = allowed | kept
-        refused = refused | (kept == 0)
-    live = tl.max(tl.max((pairs & allowed).to(tl.int32), 1), 0)
-    full = 1 - tl.max(tl.max((pairs & refused).to(tl.int32), 1), 0)
-    in_walk = (step < n_walk0 * n_walk1 * n_walk2).to(tl.int32)
-    flags = in_walk * live * (LIVE_FLAG + full * FULL_FLAG)
-    tl.store(FLAGS + b.to(tl.int64) * sflag_b + tl.program_id(2).to(tl.int64) * sflag_h + tl.program_id(0), flags.to(tl.int8))
-
-
-@triton.jit
-def compact_lists_kernel(LIST, FLAGS, slive_b, slive_h, slive_t, sflag_b, sflag_h, CAPACITY,
-                         BLOCK: tl.constexpr):
-    """One program per (resident tile, batch entry or 0, head group or 0): the tile's step flags
-    compacted into its list, live steps in walk order, each ``2 * step + full`` (module docstring)."""
-    tile_id = tl.program_id(0)
-    steps = tl.arange(0, BLOCK)
-    flag_row = FLAGS + tl.program_id(1).to(tl.int64) * sflag_b + tl.program_id(2).to(tl.int64) * sflag_h
-    flags = tl.load(flag_row + tile_id * CAPACITY + steps, mask=steps < CAPACITY, other=0).to(tl.int32)
-    live = (flags & LIVE_FLAG) != 0
-    slot = tl.cumsum(live.to(tl.int32), 0) - 1
-    row = (LIST + tl.program_id(1).to(tl.int64) * slive_b + tl.program_id(2).to(tl.int64) * slive_h
-           + tile_id.to(tl.int64) * slive_t)
-    tl.store(row + 1 + slot, steps * 2 + ((flags & FULL_FLAG) != 0).to(tl.int32), mask=live)
-    tl.store(row, tl.sum(live.to(tl.int32), 0))
+    row = LIVE + b.to(tl.int64) * slive_b + tl.program_id(2).to(tl.int64) * slive_h + tile_id.to(tl.int64) * slive_t
+    count = tl.zeros((), tl.int32)
+    j0, j1, j2 = tl.zeros((), tl.int32), tl.zeros((), tl.int32), tl.zeros((), tl.int32)
+    for step in range(0, n_walk0 * n_walk1 * n_walk2):
+        # Queries on the rows, keys on the columns, whichever tile is resident.
+        if KEY_MAJOR:
+            x0, x1, x2 = st0 + j0 * TM0 + m0, st1 + j1 * TM1 + m1, st2 + j2 * TM2 + m2
+            y0, y1, y2 = rs0 + n0, rs1 + n1, rs2 + n2
+        else:
+            x0, x1, x2 = rs0 + m0, rs1 + m1, rs2 + m2
+            y0, y1, y2 = st0 + j0 * TN0 + n0, st1 + j1 * TN1 + n1, st2 + j2 * TN2 + n2
+        q_ok = (x0 >= 0) & (x0 < Lg0) & (x1 >= 0) & (x1 < Lg1) & (x2 >= 0) & (x2 < Lg2)
+        # The forward rule: [lo, hi) lies inside the grid, so keys that pass it are real tokens.
+        lo0, hi0 = key_range(x0, Lg0, K0, S0, SH0, C0, WINDOW)
+        lo1, hi1 = key_range(x1, Lg1, K1, S1, SH1, C1, WINDOW)
+        lo2, hi2 = key_range(x2, Lg2, K2, S2, SH2, C2, WINDOW)
+        pairs = within(lo0, hi0, lo1, hi1, lo2, hi2, y0, y1, y2, True, RANK) & q_ok[:, None]
+        q_flat = flat_tokens(g0, g1, g2, x0, x1, x2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[:, None]
+        kv_flat = flat_tokens(g0, g1, g2, y0, y1, y2, Lg0, Lg1, Lg2, D0, D1, D2, L1, L2, WIDE_INDEX)[None, :]
+        allowed = tl.zeros_like(pairs)  # by mask_mod for at least one head of the group
+        refused = tl.zeros_like(pairs)  # by mask_mod for at least one head
+        for i in range(0, HEAD_GROUP):
+            kept = MASK_MOD(b, first_head + i, q_flat, kv_flat, MT0, MT1, MT2, MT3)
+            allowed = allowed | kept
+            refused = refused | (kept == 0)
+        live = tl.max(tl.max((pairs & allowed).to(tl.int32), 1), 0)
+        # Full: mask_mod keeps every pair the pattern admits, for every head the list serves.
+        full = 1 - tl.max(tl.max((pairs & refused).to(tl.int32), 1), 0)
+        # Every step writes its slot; a dead one is overwritten by the next live step.
+        tl.store(row + 1 + count, step * 2 + full)
+        count += live
+        j0, j1, j2 = next3(j0, j1, j2, n_walk1, n_walk2)
+    tl.store(row, count)
 
 
 def _forward_rule(axis: Axis, pattern: str, x: int, group_len: int):
@@ -168,8 +143,7 @@ def longest_axis_walk(axis: Axis, pattern: str, resident: int, streamed: int, an
 
 class LiveSteps:
     """The live-step lists of one kernel's walk (a launch plan's part): ``compute(mod_tensors)``
-    allocates them and runs step_flags_kernel, then compact_lists_kernel, returning the list
-    tensor the kernel reads."""
+    allocates them and runs live_steps_kernel, returning the list tensor the kernel reads."""
 
     def __init__(self, problem: Problem, mods, geo, q_tile: Sequence[int], kv_tile: Sequence[int], anchor: bool,
                  key_major: bool, wide_index: bool, tile_constexprs: dict, device: torch.device):
@@ -180,33 +154,25 @@ class LiveSteps:
         per_head = "h" in mods.mask_reads
         head_groups = (problem.kv_heads if key_major else problem.heads) if per_head else 1
         head_group = (problem.heads // problem.kv_heads if key_major else 1) if per_head else 1
-        batches, tiles = problem.batch if per_batch else 1, geo.grid0(resident)
-        self.shape = (batches, head_groups, tiles, 1 + capacity)
-        self.flags_shape = (batches, head_groups, tiles * capacity)
+        self.shape = (problem.batch if per_batch else 1, head_groups, geo.grid0(resident), 1 + capacity)
         self.device = device
         slive_h, slive_t = self.shape[2] * self.shape[3], self.shape[3]
-        sflag_h = self.flags_shape[2]
         # Kernels index the lists by batch entry and head (kv head key-major): stride 0 where
         # one list serves them all.
         self.strides = (slive_h * head_groups if per_batch else 0, slive_h if per_head else 0, slive_t)
         filler = torch.empty(0, dtype=torch.int32, device=device)
-        # Grids: (resident tiles x steps, or resident tiles), batch entries (or 1), head groups (or 1).
-        self.flags_launch = Launch(step_flags_kernel, (tiles * capacity, batches, head_groups), [
-            filler, *([filler] * 4), sflag_h * head_groups, sflag_h, capacity, head_group,
+        # Grid: resident tiles, batch entries (or 1), head groups (or 1).
+        self.launch = Launch(live_steps_kernel, (self.shape[2], self.shape[0], self.shape[1]), [
+            filler, *([filler] * 4), slive_h * head_groups, slive_h, slive_t, head_group,
             *geo.runtime_args(resident),
         ], dict(
-            **geo.constexprs(), **tile_constexprs, KEY_MAJOR=key_major, ANCHOR=anchor, RANK=problem.rank,
-            MASK_MOD=mods.mask, WIDE_INDEX=wide_index, num_warps=4, num_stages=1,
+            **geo.constexprs(), **tile_constexprs, KEY_MAJOR=key_major, ANCHOR=anchor, RANK=problem.rank, MASK_MOD=mods.mask, WIDE_INDEX=wide_index,
+            num_warps=4, num_stages=1,
         ))
-        self.compact_launch = Launch(compact_lists_kernel, (tiles, batches, head_groups), [
-            filler, filler, slive_h * head_groups, slive_h, slive_t, sflag_h * head_groups, sflag_h, capacity,
-        ], dict(BLOCK=triton.next_power_of_2(capacity), num_warps=4 if capacity > 256 else 1, num_stages=1))
 
     def compute(self, mod_tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        flags = torch.empty(self.flags_shape, dtype=torch.int8, device=self.device)
-        self.flags_launch(flags, *mod_tensors)
         lists = torch.empty(self.shape, dtype=torch.int32, device=self.device)
-        self.compact_launch(lists, flags)
+        self.launch(lists, *mod_tensors)
         return lists
 
 
