@@ -9,7 +9,8 @@ bench_neighborhood.py. The first flex call's wall time (compiling Flex's forward
 backward) is reported too. Problems with a mask_mod are also timed with backend triton walking
 every step (the mask applied per pair, none skipped): what live_steps.py saves; and with the
 lists' full flags cleared (mask_mod evaluated on every live step): what skipping the mask on
-steps it keeps whole saves.
+steps it keeps whole saves; and with the forward loading each list entry at its step instead of
+holding the list in registers (launch.LIST_IN_REGISTERS).
 
     python benchmarks/bench_flex_mods.py [--markdown FILE] [--json FILE] [--no-reference]
 """
@@ -140,6 +141,23 @@ def without_full_flags(on: bool):
         yield
 
 
+@contextlib.contextmanager
+def list_loads(on: bool):
+    """With ``on``, backend triton's forward loads each live-step list entry at its step rather
+    than holding the list in registers (launch plans are rebuilt on entry and exit)."""
+    if not on:
+        yield
+        return
+    from haloattn.backends.triton import fast_launch, launch
+
+    fast_launch.clear_plans()
+    try:
+        with mock.patch.object(launch, "LIST_IN_REGISTERS", False):
+            yield
+    finally:
+        fast_launch.clear_plans()
+
+
 def measure(row, with_reference):
     name, spatial, window, options, heads, head_dim = row
     q, k, v, kw = make(spatial, window, options, heads, head_dim, requires_grad=True)
@@ -154,11 +172,12 @@ def measure(row, with_reference):
     plain = {n: x for n, x in kw.items() if n not in ("score_mod", "mask_mod")}
     runs = [("triton", kw), ("flex", kw), ("triton_without_mod", plain)] + ([("reference", kw)] if with_reference else [])
     if "mask_mod" in kw:
-        runs += [("triton_every_step", kw), ("triton_without_full_flags", kw)]
+        runs += [("triton_every_step", kw), ("triton_without_full_flags", kw), ("triton_list_loads", kw)]
     for label, args in runs:
         backend = "triton" if label.startswith("triton") else label
         for backward in (False, True):
-            with every_step(label == "triton_every_step"), without_full_flags(label == "triton_without_full_flags"):
+            with every_step(label == "triton_every_step"), without_full_flags(label == "triton_without_full_flags"), \
+                    list_loads(label == "triton_list_loads"):
                 ms = timed(backend, q, k, v, window, args, backward)
             key = f"{label}_{'fwdbwd' if backward else 'fwd'}"
             result[key + "_ms"] = ms
@@ -171,8 +190,8 @@ def markdown(rows, device):
              "| problem | triton fwd ms (TFLOP/s) | triton fwd+bwd ms | flex fwd ms (TFLOP/s) | flex fwd+bwd ms "
              "| triton / flex speed-up fwd, fwd+bwd | triton without the mod fwd, fwd+bwd ms "
              "| reference fwd, fwd+bwd ms | flex first call s | triton walking every step fwd, fwd+bwd ms "
-             "| triton without full flags fwd, fwd+bwd ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| triton without full flags fwd, fwd+bwd ms | triton loading list entries fwd, fwd+bwd ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ref_f, ref_b = r.get("reference_fwd_ms", float("nan")), r.get("reference_fwdbwd_ms", float("nan"))
         speed = f"{r['flex_fwd_ms'] / r['triton_fwd_ms']:.1f}x, {r['flex_fwdbwd_ms'] / r['triton_fwdbwd_ms']:.1f}x"
@@ -184,7 +203,9 @@ def markdown(rows, device):
             f"| {r.get('triton_every_step_fwd_ms', float('nan')):.3f}, "
             f"{r.get('triton_every_step_fwdbwd_ms', float('nan')):.3f} "
             f"| {r.get('triton_without_full_flags_fwd_ms', float('nan')):.3f}, "
-            f"{r.get('triton_without_full_flags_fwdbwd_ms', float('nan')):.3f} |")
+            f"{r.get('triton_without_full_flags_fwdbwd_ms', float('nan')):.3f} "
+            f"| {r.get('triton_list_loads_fwd_ms', float('nan')):.3f}, "
+            f"{r.get('triton_list_loads_fwdbwd_ms', float('nan')):.3f} |")
     return "\n".join(lines) + "\n"
 
 

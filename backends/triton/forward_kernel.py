@@ -134,7 +134,7 @@ def forward_kernel(
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
-    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr, LIST_BLOCK: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -187,6 +187,12 @@ def forward_kernel(
         tl.static_assert(PACK == 1, "packed pairs walk one list for all pairs")
         live = LIVE + b.to(tl.int64) * slive_b + h.to(tl.int64) * slive_h + tile_id.to(tl.int64) * slive_t
         n_tiles = tl.load(live)
+        if LIST_BLOCK > 0:
+            # The whole list in registers: a step's coordinates are then arithmetic, which the
+            # pipeliner can compute ahead for the next steps' K/V copies (a global load per step
+            # made each copy wait on it).
+            list_slots = tl.arange(0, LIST_BLOCK)
+            list_entries = tl.load(live + 1 + list_slots, mask=list_slots < n_tiles, other=0)
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
@@ -229,7 +235,12 @@ def forward_kernel(
             if TAIL_DV > 0:
                 v_tail_desc = v_base + BLOCK_DV
         if LIVE_STEPS:
-            j0, j1, j2, full_step = list_step(live, _step, nk1, nk2)
+            if LIST_BLOCK > 0:
+                entry = tl.sum(tl.where(list_slots == _step, list_entries, 0), 0)
+                j0, j1, j2 = split3(entry >> 1, nk1, nk2)
+                full_step = (entry & 1) != 0
+            else:
+                j0, j1, j2, full_step = list_step(live, _step, nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,

@@ -248,6 +248,11 @@ class LivePlan:
         return self.live.compute(mod_tensors) if self.live is not None else filler
 
 
+# The forward holds a tile's live-step list in registers (forward_kernel LIST_BLOCK) rather than
+# loading each entry at its step, where the list fits live_steps.REGISTER_LIST_MAX entries.
+LIST_IN_REGISTERS = True
+
+
 def _live_arguments(live) -> dict:
     """The kernels' LIVE_STEPS constexpr and list strides."""
     strides = live.strides if live is not None else (0, 0, 0)
@@ -340,6 +345,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
         FOLD_SCALE=(cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None
                     and problem.score_mod is None),
         PACK=pack, **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
+        LIST_BLOCK=live.register_block if live is not None and LIST_IN_REGISTERS else 0,
         num_warps=cfg["warps"], num_stages=cfg["stages"],
     )), live)
 
