@@ -9,8 +9,8 @@ bench_neighborhood.py. The first flex call's wall time (compiling Flex's forward
 backward) is reported too. Problems with a mask_mod are also timed with backend triton walking
 every step (the mask applied per pair, none skipped): what live_steps.py saves; and with the
 lists' full flags cleared (mask_mod evaluated on every live step): what skipping the mask on
-steps it keeps whole saves; and with the forward loading each list entry at its step instead of
-holding the list in registers (launch.LIST_IN_REGISTERS).
+steps it keeps whole saves; and with the forward holding each tile's list in registers instead
+of loading each entry at its step (launch.LIST_IN_REGISTERS, off by default).
 
     python benchmarks/bench_flex_mods.py [--markdown FILE] [--json FILE] [--no-reference]
 """
@@ -142,9 +142,9 @@ def without_full_flags(on: bool):
 
 
 @contextlib.contextmanager
-def list_loads(on: bool):
-    """With ``on``, backend triton's forward loads each live-step list entry at its step rather
-    than holding the list in registers (launch plans are rebuilt on entry and exit)."""
+def list_in_registers(on: bool):
+    """With ``on``, backend triton's forward holds each tile's live-step list in registers rather
+    than loading each entry at its step (launch plans are rebuilt on entry and exit)."""
     if not on:
         yield
         return
@@ -152,7 +152,7 @@ def list_loads(on: bool):
 
     fast_launch.clear_plans()
     try:
-        with mock.patch.object(launch, "LIST_IN_REGISTERS", False):
+        with mock.patch.object(launch, "LIST_IN_REGISTERS", True):
             yield
     finally:
         fast_launch.clear_plans()
@@ -172,12 +172,12 @@ def measure(row, with_reference):
     plain = {n: x for n, x in kw.items() if n not in ("score_mod", "mask_mod")}
     runs = [("triton", kw), ("flex", kw), ("triton_without_mod", plain)] + ([("reference", kw)] if with_reference else [])
     if "mask_mod" in kw:
-        runs += [("triton_every_step", kw), ("triton_without_full_flags", kw), ("triton_list_loads", kw)]
+        runs += [("triton_every_step", kw), ("triton_without_full_flags", kw), ("triton_list_in_registers", kw)]
     for label, args in runs:
         backend = "triton" if label.startswith("triton") else label
         for backward in (False, True):
             with every_step(label == "triton_every_step"), without_full_flags(label == "triton_without_full_flags"), \
-                    list_loads(label == "triton_list_loads"):
+                    list_in_registers(label == "triton_list_in_registers"):
                 ms = timed(backend, q, k, v, window, args, backward)
             key = f"{label}_{'fwdbwd' if backward else 'fwd'}"
             result[key + "_ms"] = ms
@@ -190,7 +190,7 @@ def markdown(rows, device):
              "| problem | triton fwd ms (TFLOP/s) | triton fwd+bwd ms | flex fwd ms (TFLOP/s) | flex fwd+bwd ms "
              "| triton / flex speed-up fwd, fwd+bwd | triton without the mod fwd, fwd+bwd ms "
              "| reference fwd, fwd+bwd ms | flex first call s | triton walking every step fwd, fwd+bwd ms "
-             "| triton without full flags fwd, fwd+bwd ms | triton loading list entries fwd, fwd+bwd ms |",
+             "| triton without full flags fwd, fwd+bwd ms | triton with lists in registers fwd, fwd+bwd ms |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ref_f, ref_b = r.get("reference_fwd_ms", float("nan")), r.get("reference_fwdbwd_ms", float("nan"))
@@ -204,8 +204,8 @@ def markdown(rows, device):
             f"{r.get('triton_every_step_fwdbwd_ms', float('nan')):.3f} "
             f"| {r.get('triton_without_full_flags_fwd_ms', float('nan')):.3f}, "
             f"{r.get('triton_without_full_flags_fwdbwd_ms', float('nan')):.3f} "
-            f"| {r.get('triton_list_loads_fwd_ms', float('nan')):.3f}, "
-            f"{r.get('triton_list_loads_fwdbwd_ms', float('nan')):.3f} |")
+            f"| {r.get('triton_list_in_registers_fwd_ms', float('nan')):.3f}, "
+            f"{r.get('triton_list_in_registers_fwdbwd_ms', float('nan')):.3f} |")
     return "\n".join(lines) + "\n"
 
 

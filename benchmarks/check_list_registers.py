@@ -1,18 +1,44 @@
-"""GPU check: the forward with its live-step list in registers against loading each entry (and the
-reference on the 2-D problem). python3 benchmarks/check_list_registers.py"""
-import torch, sys
-sys.path.insert(0, "benchmarks")
-import haloattn
+"""GPU check of the forward holding its live-step lists in registers (launch.LIST_IN_REGISTERS, off
+by default): its output against the default's (each list entry loaded at its step) on the two
+mask_mod problems of bench_flex_mods.py, and against the reference backend on the 2-D one.
+
+    python3 benchmarks/check_list_registers.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
 from unittest import mock
-from haloattn.backends.triton import fast_launch, launch
-from bench_flex_mods import packed_documents, checker
-torch.manual_seed(0)
-for spatial, window, mask in (((128, 128), 31, checker), ((32768,), 2047, packed_documents(32768, "cuda"))):
-    q, k, v = (torch.randn(1, *spatial, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    a = haloattn.attention(q, k, v, window, backend="triton", mask_mod=mask)
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_flex_mods import checker, packed_documents  # noqa: E402
+
+import haloattn  # noqa: E402
+from haloattn.backends.triton import fast_launch, launch  # noqa: E402
+
+
+def forward(q, k, v, window, mask, in_registers: bool):
     fast_launch.clear_plans()
-    with mock.patch.object(launch, "LIST_IN_REGISTERS", False):
-        b = haloattn.attention(q, k, v, window, backend="triton", mask_mod=mask)
+    with mock.patch.object(launch, "LIST_IN_REGISTERS", in_registers):
+        out = haloattn.attention(q, k, v, window, backend="triton", mask_mod=mask)
     fast_launch.clear_plans()
-    r = haloattn.attention(q.float(), k.float(), v.float(), window, backend="reference", mask_mod=mask) if len(spatial) == 2 else b.float()
-    print(spatial, "registers vs loads max diff", (a.float() - b.float()).abs().max().item(), "vs reference rel", ((a.float() - r).norm() / r.norm()).item(), flush=True)
+    return out.float()
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    for spatial, window, mask in (((128, 128), 31, checker), ((32768,), 2047, packed_documents(32768, "cuda"))):
+        q, k, v = (torch.randn(1, *spatial, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        registers, loads = (forward(q, k, v, window, mask, flag) for flag in (True, False))
+        line = f"{spatial}: registers against loads, max |difference| {(registers - loads).abs().max().item():.2e}"
+        if len(spatial) == 2:
+            ref = haloattn.attention(q.float(), k.float(), v.float(), window, backend="reference", mask_mod=mask)
+            line += f"; against the reference, relative error {((registers - ref).norm() / ref.norm()).item():.2e}"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

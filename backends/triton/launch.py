@@ -248,9 +248,13 @@ class LivePlan:
         return self.live.compute(mod_tensors) if self.live is not None else filler
 
 
-# The forward holds a tile's live-step list in registers (forward_kernel LIST_BLOCK) rather than
-# loading each entry at its step, where the list fits live_steps.REGISTER_LIST_MAX entries.
-LIST_IN_REGISTERS = True
+# Whether the forward holds a tile's live-step list in registers (forward_kernel LIST_BLOCK)
+# rather than loading each entry at its step, where the list fits live_steps.REGISTER_LIST_MAX
+# entries. Off until timed: where no step is skipped the lists cost the forward about 1.2x walking
+# every step (RESULTS.md, "Full steps skip mask_mod"), which this is meant to remove; it compiles
+# for sm_90 with the same shared memory and barriers, and passes the interpreter's tests, but no
+# GPU has run it yet (`bench_flex_mods.py --only mask_mod` times it against the default).
+LIST_IN_REGISTERS = False
 
 
 def _live_arguments(live) -> dict:
