@@ -188,9 +188,9 @@ def forward_kernel(
         live = LIVE + b.to(tl.int64) * slive_b + h.to(tl.int64) * slive_h + tile_id.to(tl.int64) * slive_t
         n_tiles = tl.load(live)
         if LIST_BLOCK > 0:
-            # The whole list in registers: a step's coordinates are then arithmetic, which the
-            # pipeliner can compute ahead for the next steps' K/V copies (a global load per step
-            # made each copy wait on it).
+            # The whole list in registers (launch.LIST_IN_REGISTERS, not yet timed): a step's
+            # coordinates are then arithmetic the pipeliner can compute ahead for later steps'
+            # K/V copies, which with a global load per entry may wait on that load.
             list_slots = tl.arange(0, LIST_BLOCK)
             list_entries = tl.load(live + 1 + list_slots, mask=list_slots < n_tiles, other=0)
 

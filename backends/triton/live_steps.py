@@ -17,7 +17,7 @@ where it reads ``h``, a key-major list (dK/dV: one program serves the G query he
 keeps the steps live for any of those heads.
 
 A live step where mask_mod keeps every pair the pattern admits is also flagged *full*: the
-kernels skip mask_mod there (``mod_step``), as FlexAttention's full blocks skip theirs. Inside a
+kernels skip mask_mod there (``index_math.list_step``), as FlexAttention's full blocks skip theirs. Inside a
 long packed document most steps are full, and evaluating the mask on them (a gather and a
 compare per score) cost the forward up to 1.4x its time without the mask (RESULTS.md).
 
