@@ -27,6 +27,7 @@ import torch
 from triton.testing import do_bench
 
 import haloattn
+from gradient_calls import forward_backward
 from haloattn.geometry import attended_pairs
 from haloattn.problem import build_problem
 
@@ -97,38 +98,28 @@ def timed(backend, q, k, v, window, kw, backward):
 
     if not backward:
         return do_bench(fwd, warmup=5, rep=40, return_mode="median")
-    out = fwd()
-    go = torch.randn_like(out)
     leaves = [t for t in (q, k, v, kw.get("rpb")) if t is not None]
-    return do_bench(lambda: torch.autograd.backward(fwd(), go), warmup=5, rep=40, grad_to_none=leaves,
-                    return_mode="median")
+    return do_bench(forward_backward(fwd, leaves, torch.randn_like(fwd())), warmup=5, rep=40, return_mode="median")
 
 
 @contextlib.contextmanager
-def every_step(on: bool):
-    """With ``on``, backend triton walks every step of each tile with the mask_mod applied per
-    pair, as before live_steps.py: the A/B of skipping the steps the mask empties (launch plans
-    are rebuilt on entry and exit)."""
-    if not on:
-        yield
-        return
+def launch_patched(name: str, value):
+    """backend triton's ``launch.<name>`` set to ``value``, its launch plans rebuilt on entry and
+    exit (plans keep what the module said when they were built)."""
     from haloattn.backends.triton import fast_launch, launch
 
     fast_launch.clear_plans()
     try:
-        with mock.patch.object(launch, "live_steps", lambda *args: None):
+        with mock.patch.object(launch, name, value):
             yield
     finally:
         fast_launch.clear_plans()
 
 
 @contextlib.contextmanager
-def without_full_flags(on: bool):
-    """With ``on``, backend triton's live-step lists come with every full flag cleared, so its
-    kernels evaluate mask_mod on every live step: the A/B of skipping the mask on full steps."""
-    if not on:
-        yield
-        return
+def full_flags_cleared():
+    """backend triton's live-step lists with every full flag cleared, so its kernels evaluate
+    mask_mod on every live step."""
     from haloattn.backends.triton import live_steps
 
     compute = live_steps.LiveSteps.compute
@@ -141,21 +132,13 @@ def without_full_flags(on: bool):
         yield
 
 
-@contextlib.contextmanager
-def list_in_registers(on: bool):
-    """With ``on``, backend triton's forward holds each tile's live-step list in registers rather
-    than loading each entry at its step (launch plans are rebuilt on entry and exit)."""
-    if not on:
-        yield
-        return
-    from haloattn.backends.triton import fast_launch, launch
-
-    fast_launch.clear_plans()
-    try:
-        with mock.patch.object(launch, "LIST_IN_REGISTERS", True):
-            yield
-    finally:
-        fast_launch.clear_plans()
+# The A/B variants of backend triton on problems with a mask_mod: (label, column title, context).
+MASK_VARIANTS = [
+    # every step of each tile walked, the mask applied per pair (as before live_steps.py)
+    ("triton_every_step", "triton walking every step", lambda: launch_patched("live_steps", lambda *args: None)),
+    ("triton_without_full_flags", "triton without full flags", full_flags_cleared),
+    ("triton_list_in_registers", "triton with lists in registers", lambda: launch_patched("LIST_IN_REGISTERS", True)),
+]
 
 
 def measure(row, with_reference):
@@ -171,13 +154,12 @@ def measure(row, with_reference):
     result["flex_first_call_s"] = time.time() - t0
     plain = {n: x for n, x in kw.items() if n not in ("score_mod", "mask_mod")}
     runs = [("triton", kw), ("flex", kw), ("triton_without_mod", plain)] + ([("reference", kw)] if with_reference else [])
-    if "mask_mod" in kw:
-        runs += [("triton_every_step", kw), ("triton_without_full_flags", kw), ("triton_list_in_registers", kw)]
+    variants = {label: context for label, _, context in MASK_VARIANTS} if "mask_mod" in kw else {}
+    runs += [(label, kw) for label in variants]
     for label, args in runs:
         backend = "triton" if label.startswith("triton") else label
         for backward in (False, True):
-            with every_step(label == "triton_every_step"), without_full_flags(label == "triton_without_full_flags"), \
-                    list_in_registers(label == "triton_list_in_registers"):
+            with variants.get(label, contextlib.nullcontext)():
                 ms = timed(backend, q, k, v, window, args, backward)
             key = f"{label}_{'fwdbwd' if backward else 'fwd'}"
             result[key + "_ms"] = ms
@@ -189,9 +171,9 @@ def markdown(rows, device):
     lines = [f"Device: {device}; torch {torch.__version__}; bf16, B=1; effective TFLOP/s (attended pairs).", "",
              "| problem | triton fwd ms (TFLOP/s) | triton fwd+bwd ms | flex fwd ms (TFLOP/s) | flex fwd+bwd ms "
              "| triton / flex speed-up fwd, fwd+bwd | triton without the mod fwd, fwd+bwd ms "
-             "| reference fwd, fwd+bwd ms | flex first call s | triton walking every step fwd, fwd+bwd ms "
-             "| triton without full flags fwd, fwd+bwd ms | triton with lists in registers fwd, fwd+bwd ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| reference fwd, fwd+bwd ms | flex first call s |"
+             + "".join(f" {title} fwd, fwd+bwd ms |" for _, title, _ in MASK_VARIANTS),
+             "|---|---|---|---|---|---|---|---|---|" + "---|" * len(MASK_VARIANTS)]
     for r in rows:
         ref_f, ref_b = r.get("reference_fwd_ms", float("nan")), r.get("reference_fwdbwd_ms", float("nan"))
         speed = f"{r['flex_fwd_ms'] / r['triton_fwd_ms']:.1f}x, {r['flex_fwdbwd_ms'] / r['triton_fwdbwd_ms']:.1f}x"
@@ -199,13 +181,9 @@ def markdown(rows, device):
             f"| {r['problem']} | {r['triton_fwd_ms']:.3f} ({r['triton_fwd_tflops']:.0f}) | {r['triton_fwdbwd_ms']:.3f} "
             f"| {r['flex_fwd_ms']:.3f} ({r['flex_fwd_tflops']:.0f}) | {r['flex_fwdbwd_ms']:.3f} | {speed} "
             f"| {r['triton_without_mod_fwd_ms']:.3f}, {r['triton_without_mod_fwdbwd_ms']:.3f} "
-            f"| {ref_f:.2f}, {ref_b:.2f} | {r['flex_first_call_s']:.1f} "
-            f"| {r.get('triton_every_step_fwd_ms', float('nan')):.3f}, "
-            f"{r.get('triton_every_step_fwdbwd_ms', float('nan')):.3f} "
-            f"| {r.get('triton_without_full_flags_fwd_ms', float('nan')):.3f}, "
-            f"{r.get('triton_without_full_flags_fwdbwd_ms', float('nan')):.3f} "
-            f"| {r.get('triton_list_in_registers_fwd_ms', float('nan')):.3f}, "
-            f"{r.get('triton_list_in_registers_fwdbwd_ms', float('nan')):.3f} |")
+            f"| {ref_f:.2f}, {ref_b:.2f} | {r['flex_first_call_s']:.1f} |"
+            + "".join(f" {r.get(label + '_fwd_ms', float('nan')):.3f}, {r.get(label + '_fwdbwd_ms', float('nan')):.3f} |"
+                      for label, _, _ in MASK_VARIANTS))
     return "\n".join(lines) + "\n"
 
 

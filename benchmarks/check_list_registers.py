@@ -7,25 +7,22 @@ mask_mod problems of bench_flex_mods.py, and against the reference backend on th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from unittest import mock
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_flex_mods import checker, packed_documents  # noqa: E402
+from bench_flex_mods import MASK_VARIANTS, checker, packed_documents  # noqa: E402
 
 import haloattn  # noqa: E402
-from haloattn.backends.triton import fast_launch, launch  # noqa: E402
 
 
 def forward(q, k, v, window, mask, in_registers: bool):
-    fast_launch.clear_plans()
-    with mock.patch.object(launch, "LIST_IN_REGISTERS", in_registers):
-        out = haloattn.attention(q, k, v, window, backend="triton", mask_mod=mask)
-    fast_launch.clear_plans()
-    return out.float()
+    variant = {label: context for label, _, context in MASK_VARIANTS}["triton_list_in_registers"]
+    with variant() if in_registers else contextlib.nullcontext():
+        return haloattn.attention(q, k, v, window, backend="triton", mask_mod=mask).float()
 
 
 def main() -> None:
