@@ -112,3 +112,19 @@ def kv_tail_descriptors(k_base, v_base, g0, g1, g2, sk0, sk1, sk2, skh, sv0, sv1
             v_tail = group_descriptor(v_tail + g0 * sv0 + g1 * sv1 + g2 * sv2, 1, svh, Lg0, Lg1, Lg2,
                                       D0 * sv0, D1 * sv1, D2 * sv2, HEAD_DV - BLOCK_DV, RANK, T0, T1, T2, TAIL_DV)
     return k_tail, v_tail
+
+
+@triton.jit
+def load_host_box(desc, b, head, head_width, channel, y0, y1, y2, RANK: tl.constexpr, ROWS: tl.constexpr,
+                  WIDTH: tl.constexpr):
+    """Through a host-built descriptor (host_descriptors.py): batch ``b``'s box of ``WIDTH``
+    channels from ``channel`` on, of head ``head`` (``head_width`` channels a head), whose first
+    token is (y0, y1, y2), row-major as ``[ROWS, WIDTH]``. At rank 3 the descriptor's last axis
+    holds every head's channels back to back."""
+    if RANK == 3:
+        box = desc.load([b, y0, y1, y2, head * head_width + channel])
+    elif RANK == 2:
+        box = desc.load([b, y1, y2, head, channel])
+    else:
+        box = desc.load([b, y2, head, channel])
+    return box.reshape(ROWS, WIDTH)

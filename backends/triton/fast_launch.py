@@ -29,6 +29,7 @@ except ImportError:
     knobs = None
 
 from .descriptor_scratch import ensure_allocator
+from .host_descriptors import is_host_descriptor, rebased
 from .device_limits import MAX_REGISTERS, built_degenerately
 from .plugin import interpreting
 
@@ -97,7 +98,7 @@ class Launch:
     """One kernel launch with fixed grid and non-tensor arguments; ``launch(*tensors)`` runs it on
     tensors that take, in order, the places the tensors of ``args`` / ``kwargs`` had."""
 
-    __slots__ = ("kernel", "grid", "arguments", "options", "slots", "compiled", "direct", "scratch")
+    __slots__ = ("kernel", "grid", "arguments", "options", "slots", "descriptors", "compiled", "direct", "scratch")
 
     def __init__(self, kernel, grid: Sequence[int], args: Sequence, kwargs: Dict):
         names = kernel.arg_names
@@ -112,6 +113,10 @@ class Launch:
         # Launch options (num_warps, num_stages, ...) are not kernel parameters.
         self.options = {name: value for name, value in kwargs.items() if name not in names}
         self.slots = [i for i, value in enumerate(self.arguments) if isinstance(value, torch.Tensor)]
+        # Host-built descriptors (host_descriptors.py) over one of the tensors: each call rebuilds
+        # them over the tensor that takes that place. (argument index, index into the tensors, template)
+        self.descriptors = [(i, self._tensor_index(value.base), value) for i, value in enumerate(self.arguments)
+                            if is_host_descriptor(value)]
         self.compiled = None
         self.direct = None  # the device the compiled kernel was loaded on, once direct launches work
         # Whether the compiled kernel asks Triton for a global buffer (descriptors built on the
@@ -121,6 +126,16 @@ class Launch:
         # Tensors of the building call are not kept alive by the plan.
         for i in self.slots:
             self.arguments[i] = None
+        for i, _, template in self.descriptors:
+            self.arguments[i] = None
+            template.base = None
+
+    def _tensor_index(self, base: torch.Tensor) -> int:
+        """Which of the call's tensors a descriptor describes (the same object in the building call)."""
+        for n, i in enumerate(self.slots):
+            if self.arguments[i] is base:
+                return n
+        raise TypeError(f"launch of {self.kernel.__name__}: a descriptor over a tensor that is not an argument")
 
     def _rebuilt_if_degenerate(self, compiled, arguments):
         """``compiled``, or where ptxas built it with few registers and the rest in local memory
@@ -139,6 +154,8 @@ class Launch:
         arguments = list(self.arguments)
         for i, t in zip(self.slots, tensors):
             arguments[i] = t
+        for i, n, template in self.descriptors:
+            arguments[i] = rebased(template, tensors[n])
         if self.scratch:
             ensure_allocator()
         if self.direct is not None and not _launch_hooks_installed():

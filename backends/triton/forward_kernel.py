@@ -18,7 +18,7 @@ them; on longer walks the packed loop's dearer steps cost more than that saves (
 import triton
 import triton.language as tl
 
-from .descriptors import kv_descriptors, kv_tail_descriptors, load_token_tile
+from .descriptors import kv_descriptors, kv_tail_descriptors, load_host_box, load_token_tile
 from .index_math import crosses, group_length, key_range, key_walk, list_step, next3, split3
 from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
 from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
@@ -115,7 +115,7 @@ def softmax_scores(qk, bias, scale, softcap, HAS_RPB: tl.constexpr, HAS_SOFTCAP:
 
 @triton.jit
 def forward_kernel(
-    Q, K, V, O, LSE, RPB, AK, AV, MT0, MT1, MT2, MT3, LIVE,
+    Q, K, V, O, LSE, RPB, AK, AV, MT0, MT1, MT2, MT3, LIVE, KH, VH, KTH, VTH,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -135,6 +135,7 @@ def forward_kernel(
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
     MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr, LIST_BLOCK: tl.constexpr,
+    HOST_TMA: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -243,13 +244,19 @@ def forward_kernel(
                 j0, j1, j2, full_step = list_step(live, _step, nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
-        kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
-                             Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
+        if HOST_TMA:
+            kt = load_host_box(KH, b, kvh, HEAD_D, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_D)
+        else:
+            kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
+                                 Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
         qk = mma(q, tl.trans(kt), None, PRECISION)
         if TAIL_D > 0:
-            kt_tail = load_token_tile(k_tail_desc, k_base + BLOCK_D, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
-                                      g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_D - BLOCK_D, TMA, LARGE, RANK, BLOCK_N,
-                                      TAIL_D)
+            if HOST_TMA:
+                kt_tail = load_host_box(KTH, b, kvh, HEAD_D, BLOCK_D, ys0, ys1, ys2, RANK, BLOCK_N, TAIL_D)
+            else:
+                kt_tail = load_token_tile(k_tail_desc, k_base + BLOCK_D, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2,
+                                          g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_D - BLOCK_D, TMA, LARGE, RANK,
+                                          BLOCK_N, TAIL_D)
             qk = mma(q_tail, tl.trans(kt_tail), qk, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
@@ -285,13 +292,19 @@ def forward_kernel(
         m_i, l_i, acc, acc_tail = online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY_RESCALE, TAIL_DV > 0)
         p = probabilities(s, m_i, unit)
         l_i += tl.sum(p, 1)
-        vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
-                             Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
+        if HOST_TMA:
+            vt = load_host_box(VH, b, kvh, HEAD_DV, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_DV)
+        else:
+            vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
+                                 Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
         acc = mma(p.to(vt.dtype), vt, acc, PRECISION)
         if TAIL_DV > 0:
-            vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
-                                      g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV - BLOCK_DV, TMA, LARGE, RANK, BLOCK_N,
-                                      TAIL_DV)
+            if HOST_TMA:
+                vt_tail = load_host_box(VTH, b, kvh, HEAD_DV, BLOCK_DV, ys0, ys1, ys2, RANK, BLOCK_N, TAIL_DV)
+            else:
+                vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2,
+                                          g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV - BLOCK_DV, TMA, LARGE, RANK,
+                                          BLOCK_N, TAIL_DV)
             acc_tail = mma(p.to(vt_tail.dtype), vt_tail, acc_tail, PRECISION)
         j0, j1, j2 = next3(j0, j1, j2, nk1, nk2)
         if PACK > 1:

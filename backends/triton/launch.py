@@ -29,6 +29,7 @@ from .fast_launch import Launch, cached, config_key, plan_cache, tensor_layout
 from .backward_kernels import dkdv_kernel, dq_kernel, extra_dkdv_kernel, row_stats_kernel
 from .forward_kernel import forward_kernel
 from .live_steps import live_steps
+from .host_descriptors import host_descriptors_fit, token_descriptors
 
 INT32_LIMIT = 2**31 - 1
 
@@ -329,22 +330,25 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
                       q.device)
     # Packed programs share one walk between pairs; a list of live steps is a pair's own.
     pack = cfg.get("pack", 1) if live is None else 1
+    heads = head_block_constexprs(problem, cfg, precision)
+    tma = pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v)
+    host = tma and host_descriptors_fit(r, geo.Dl, k, heads["BLOCK_D"], heads["TAIL_D"]) and host_descriptors_fit(
+        r, geo.Dl, v, heads["BLOCK_DV"], heads["TAIL_DV"])
+    kv_descs = _host_kv_descriptors(k, v, r, cfg["kv"], heads) if host else (None,) * 4
     grid0 = geo.grid0(cfg["q"])
     # Packed programs run `pack` (batch, head) pairs of one query tile each, on a flat grid.
     grid = (grid0, H, B) if pack == 1 else (grid0 * cdiv(B * H, pack), 1, 1)
     return LivePlan(Launch(forward_kernel, grid, [
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
-        *mod_tensors(mods, q), q, *token_strides(q, r), *token_strides(k, r), *token_strides(v, r),
+        *mod_tensors(mods, q), q, *kv_descs, *token_strides(q, r), *token_strides(k, r), *token_strides(v, r),
         *token_strides(out, r), *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak),
         *_extra_strides(av), H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, H, B,
         *geo.runtime_args(cfg["q"]),
         problem.scale, problem.softcap or 1.0,
     ], dict(
-        **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r),
-        **head_block_constexprs(problem, cfg, precision),
+        **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **heads,
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
-        LARGE=large, PRECISION=precision, RANK=r,
-        TMA=pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v),
+        LARGE=large, PRECISION=precision, RANK=r, TMA=tma and not host, HOST_TMA=host,
         LAZY_RESCALE=cfg.get("lazy_rescale", False),
         FOLD_SCALE=(cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None
                     and problem.score_mod is None),
@@ -352,6 +356,14 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
         LIST_BLOCK=live.register_block if live is not None and LIST_IN_REGISTERS else 0,
         num_warps=cfg["warps"], num_stages=cfg["stages"],
     )), live)
+
+
+def _host_kv_descriptors(k: torch.Tensor, v: torch.Tensor, rank: int, kv_tile, heads: dict) -> tuple:
+    """The forward's K, V descriptors and their channel tails' (host_descriptors.py; None for a
+    tail the head does not have)."""
+    k_desc, k_tail = token_descriptors(k, rank, _pad3(kv_tile, 1), heads["BLOCK_D"], heads["TAIL_D"])
+    v_desc, v_tail = token_descriptors(v, rank, _pad3(kv_tile, 1), heads["BLOCK_DV"], heads["TAIL_DV"])
+    return k_desc, v_desc, k_tail, v_tail
 
 
 # Triton 3.6 miscompiles the split head's tail product in three TF32 parts ("tf32x3") on sm_90:

@@ -1,0 +1,122 @@
+"""K/V descriptors built on the host (host_descriptors.HOST_DESCRIPTORS) against descriptors each
+program builds on the device, on the neighbourhood benchmark's problems and the extra model-shaped
+ones: device time of each kernel pass side by side (CUDA-graph medians, the two variants in turn,
+round after round), every output checked bit for bit against the other variant's, and the host
+time of a small eager call (the host variant builds its descriptors on every call).
+
+    python3 benchmarks/bench_host_descriptors.py [--only 1,5] [--rounds 3] [--passes forward] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kernel_variants import EXTRA_PROBLEMS, graph_bench  # noqa: E402
+from bench_neighborhood import BATCH, HEADS, PROBLEMS  # noqa: E402
+
+import haloattn  # noqa: E402
+from haloattn.backend import AttentionInputs  # noqa: E402
+from haloattn.backends.triton import fast_launch, host_descriptors, launch  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
+
+VARIANTS = {"device descriptors": False, "host descriptors": True}
+
+
+def with_variant(host: bool, fn):
+    """``fn`` run with the variant's flag; plans are keyed without it, so they are rebuilt."""
+    def run():
+        if host_descriptors.HOST_DESCRIPTORS != host:
+            host_descriptors.HOST_DESCRIPTORS = host
+            fast_launch.clear_plans()
+        return fn()
+    return run
+
+
+def passes(problem, inputs, names):
+    """(name, thunk) per timed pass of ``names``: the forward, the backward on the forward's outputs."""
+    out, lse = launch.forward(problem, inputs)
+    go = torch.randn_like(out)
+    needs = (True, True, True, False, False, False, False)
+    thunks = {"forward": lambda: launch.forward(problem, inputs),
+              "backward": lambda: launch.backward(problem, inputs, out, lse, go, None, needs)}
+    return [(name, thunks[name]) for name in names]
+
+
+def time_problem(name, spatial, window, options, D, rounds, pass_names):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(BATCH, *spatial, HEADS, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    problem = build_problem(q, k, v, window, **options)
+    inputs = AttentionInputs(q, k, v)
+    rows = []
+    for pass_name, thunk in passes(problem, inputs, pass_names):
+        results = {label: with_variant(host, thunk)() for label, host in VARIANTS.items()}
+        first, second = results.values()
+        first = first if isinstance(first, tuple) else (first,)
+        second = second if isinstance(second, tuple) else (second,)
+        equal = all((a is None and b is None) or torch.equal(a, b) for a, b in zip(first, second))
+        times = {label: [] for label in VARIANTS}
+        for _ in range(rounds):
+            for label, host in VARIANTS.items():
+                times[label].append(graph_bench(with_variant(host, thunk)))
+        ms = {label: statistics.median(t) for label, t in times.items()}
+        row = {"problem": name, "pass": pass_name, "equal": equal, "ms": ms, "rounds": times,
+               "host_over_device": ms["device descriptors"] / ms["host descriptors"]}
+        print(f"| {name} | {pass_name} | {ms['device descriptors']:.4f} | {ms['host descriptors']:.4f} | "
+              f"{row['host_over_device']:.3f}x | {'equal' if equal else 'DIFFERENT'} |", flush=True)
+        rows.append(row)
+    return rows
+
+
+def host_time_per_call(calls: int = 300) -> dict:
+    """Host microseconds per eager forward on a problem too small for the GPU to be the bound."""
+    q, k, v = (torch.randn(1, 16, 16, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = {}
+    for label, host in VARIANTS.items():
+        call = with_variant(host, lambda: haloattn.attention(q, k, v, 7, backend="triton"))
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        out[label] = (time.perf_counter() - start) / calls * 1e6
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated indices into the problems (the issue's ten, then the extra)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--passes", default="forward,backward", help="forward, backward or both")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    problems = PROBLEMS + EXTRA_PROBLEMS
+    chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(problems))
+    print(f"device: {torch.cuda.get_device_name()}")
+    print("| problem | pass | device descriptors ms | host descriptors ms | speed-up | outputs |")
+    print("|---|---|---|---|---|---|")
+    rows = []
+    for i in chosen:
+        rows += time_problem(*problems[i], args.rounds, args.passes.split(","))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows}, f, indent=1)
+    host = host_time_per_call()
+    print("host us per eager forward call (16x16, window 7, 2 heads of 128): "
+          + ", ".join(f"{label} {us:.1f}" for label, us in host.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "host_us_per_call": host}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
