@@ -9,8 +9,7 @@ bench_neighborhood.py. The first flex call's wall time (compiling Flex's forward
 backward) is reported too. Problems with a mask_mod are also timed with backend triton walking
 every step (the mask applied per pair, none skipped): what live_steps.py saves; and with the
 lists' full flags cleared (mask_mod evaluated on every live step): what skipping the mask on
-steps it keeps whole saves; and with the forward holding each tile's list in registers instead
-of loading each entry at its step (launch.LIST_IN_REGISTERS, off by default).
+steps it keeps whole saves.
 
     python benchmarks/bench_flex_mods.py [--markdown FILE] [--json FILE] [--no-reference]
 """
@@ -137,7 +136,6 @@ MASK_VARIANTS = [
     # every step of each tile walked, the mask applied per pair (as before live_steps.py)
     ("triton_every_step", "triton walking every step", lambda: launch_patched("live_steps", lambda *args: None)),
     ("triton_without_full_flags", "triton without full flags", full_flags_cleared),
-    ("triton_list_in_registers", "triton with lists in registers", lambda: launch_patched("LIST_IN_REGISTERS", True)),
 ]
 
 

@@ -1,8 +1,10 @@
 """K/V descriptors built on the host (host_descriptors.HOST_DESCRIPTORS) against descriptors each
 program builds on the device, on the neighbourhood benchmark's problems and the extra model-shaped
-ones: device time of each kernel pass side by side (CUDA-graph medians, the two variants in turn,
-round after round), every output checked bit for bit against the other variant's, and the host
-time of a small eager call (the host variant builds its descriptors on every call).
+ones: device time of each kernel pass side by side (CUDA-graph medians, the variants in turn,
+round after round), each output checked bit for bit against the device descriptors', and the host
+time of a small eager call (the host variant builds its descriptors on every call). Where the
+default reads some tiles by pointer (short walks, narrow heads), a third variant reads them
+through host descriptors too.
 
     python3 benchmarks/bench_host_descriptors.py [--only 1,5] [--rounds 3] [--passes forward] [--json FILE]
 """
@@ -24,10 +26,18 @@ from bench_neighborhood import BATCH, HEADS, PROBLEMS  # noqa: E402
 
 import haloattn  # noqa: E402
 from haloattn.backend import AttentionInputs  # noqa: E402
-from haloattn.backends.triton import fast_launch, host_descriptors, launch  # noqa: E402
+from haloattn.backends.triton import fast_launch, host_descriptors, launch, tiles  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
-VARIANTS = {"device descriptors": False, "host descriptors": True}
+# (host descriptors on, config: None = the default, "tma" = the default with every part's K/V or
+# Q/dO tiles through descriptors)
+VARIANTS = {"device descriptors": (False, None), "host descriptors": (True, None),
+            "host descriptors in every kernel": (True, "tma")}
+
+
+def variant_config(problem, which):
+    config = tiles.default_config(problem)
+    return config if which is None else {name: dict(part, tma=True) for name, part in config.items()}
 
 
 def with_variant(host: bool, fn):
@@ -40,13 +50,13 @@ def with_variant(host: bool, fn):
     return run
 
 
-def passes(problem, inputs, names):
+def passes(problem, inputs, names, config):
     """(name, thunk) per timed pass of ``names``: the forward, the backward on the forward's outputs."""
-    out, lse = launch.forward(problem, inputs)
+    out, lse = launch.forward(problem, inputs, config)
     go = torch.randn_like(out)
     needs = (True, True, True, False, False, False, False)
-    thunks = {"forward": lambda: launch.forward(problem, inputs),
-              "backward": lambda: launch.backward(problem, inputs, out, lse, go, None, needs)}
+    thunks = {"forward": lambda: launch.forward(problem, inputs, config),
+              "backward": lambda: launch.backward(problem, inputs, out, lse, go, None, needs, config)}
     return [(name, thunks[name]) for name in names]
 
 
@@ -55,22 +65,33 @@ def time_problem(name, spatial, window, options, D, rounds, pass_names):
     q, k, v = (torch.randn(BATCH, *spatial, HEADS, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     problem = build_problem(q, k, v, window, **options)
     inputs = AttentionInputs(q, k, v)
+    default = tiles.default_config(problem)
+    # The third variant only where the default reads some tiles by pointer.
+    variants = {label: v for label, v in VARIANTS.items()
+                if v[1] is None or not all(part.get("tma") for part in default.values())}
     rows = []
-    for pass_name, thunk in passes(problem, inputs, pass_names):
-        results = {label: with_variant(host, thunk)() for label, host in VARIANTS.items()}
-        first, second = results.values()
-        first = first if isinstance(first, tuple) else (first,)
-        second = second if isinstance(second, tuple) else (second,)
-        equal = all((a is None and b is None) or torch.equal(a, b) for a, b in zip(first, second))
-        times = {label: [] for label in VARIANTS}
+    for index, pass_name in enumerate(pass_names):
+        thunks = {}
+        for label, (host, which) in variants.items():
+            torch.manual_seed(1)  # the same dO for every variant
+            thunks[label] = with_variant(host, passes(problem, inputs, pass_names, variant_config(problem, which))[index][1])
+        results = {label: fn() for label, fn in thunks.items()}
+        first = results["device descriptors"]
+        equal = {label: all((a is None and b is None) or torch.equal(a, b) for a, b in zip(first, r))
+                 for label, r in results.items()}
+        times = {label: [] for label in variants}
         for _ in range(rounds):
-            for label, host in VARIANTS.items():
-                times[label].append(graph_bench(with_variant(host, thunk)))
+            for label, fn in thunks.items():
+                times[label].append(graph_bench(fn))
         ms = {label: statistics.median(t) for label, t in times.items()}
-        row = {"problem": name, "pass": pass_name, "equal": equal, "ms": ms, "rounds": times,
-               "host_over_device": ms["device descriptors"] / ms["host descriptors"]}
+        row = {"problem": name, "pass": pass_name, "equal_to_device_descriptors": equal, "ms": ms, "rounds": times,
+               "speed_up": {label: ms["device descriptors"] / t for label, t in ms.items()}}
+        every = ms.get("host descriptors in every kernel")
         print(f"| {name} | {pass_name} | {ms['device descriptors']:.4f} | {ms['host descriptors']:.4f} | "
-              f"{row['host_over_device']:.3f}x | {'equal' if equal else 'DIFFERENT'} |", flush=True)
+              f"{row['speed_up']['host descriptors']:.3f}x | "
+              + (f"{every:.4f} ({row['speed_up']['host descriptors in every kernel']:.3f}x) | " if every else "| ")
+              + ("equal" if all(v for label, v in equal.items() if label != "host descriptors in every kernel")
+                 else "DIFFERENT") + " |", flush=True)
         rows.append(row)
     return rows
 
@@ -79,7 +100,7 @@ def host_time_per_call(calls: int = 300) -> dict:
     """Host microseconds per eager forward on a problem too small for the GPU to be the bound."""
     q, k, v = (torch.randn(1, 16, 16, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = {}
-    for label, host in VARIANTS.items():
+    for label, (host, _) in list(VARIANTS.items())[:2]:
         call = with_variant(host, lambda: haloattn.attention(q, k, v, 7, backend="triton"))
         for _ in range(20):
             call()
@@ -102,8 +123,9 @@ def main():
     problems = PROBLEMS + EXTRA_PROBLEMS
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(len(problems))
     print(f"device: {torch.cuda.get_device_name()}")
-    print("| problem | pass | device descriptors ms | host descriptors ms | speed-up | outputs |")
-    print("|---|---|---|---|---|---|")
+    print("| problem | pass | device descriptors ms | host descriptors ms | speed-up | every kernel through host "
+          "descriptors ms (speed-up) | outputs |")
+    print("|---|---|---|---|---|---|---|")
     rows = []
     for i in chosen:
         rows += time_problem(*problems[i], args.rounds, args.passes.split(","))

@@ -258,29 +258,6 @@ def test_problems_with_skipped_steps_match_the_oracle(case):
         assert oracle.rel_error(g, ref) < 1e-5
 
 
-def test_the_forward_with_lists_in_registers_matches_the_oracle(monkeypatch):
-    """The forward holding each tile's list in registers (launch.LIST_IN_REGISTERS, off by
-    default) takes the same steps, full flags included, as loading each entry: output and LSE
-    against the float64 oracle on a problem whose lists skip steps and flag others full."""
-    from haloattn.backends.triton import fast_launch
-
-    monkeypatch.setattr(launch, "LIST_IN_REGISTERS", True)
-    fast_launch.clear_plans()
-    try:
-        torch.manual_seed(9)
-        leaves = [torch.randn(2, 48, 2, 16, dtype=torch.float64) for _ in range(3)]
-        mask = documents(48, 5, 7)
-        ours = [t.float() for t in leaves]
-        problem = build_problem(*ours, (17,), mask_mod=mask, return_lse=True)
-        config = {part: dict(cfg, q=[8], kv=[8]) for part, cfg in tiles.default_config(problem).items()}
-        out, lse = launch.forward(problem, AttentionInputs(*ours), config)
-    finally:
-        fast_launch.clear_plans()
-    ref_out, ref_lse = oracle.attention(*leaves, (17,), mask_mod=mask)
-    assert oracle.rel_error(out, ref_out) < 1e-5
-    assert (lse.double() - ref_lse).abs().max() < 1e-4
-
-
 def test_the_kernels_walk_the_lists(monkeypatch):
     """Emptied lists leave the forward nothing to walk (every row 0, LSE -inf), and the backward
     no gradient: the kernels take their steps from the lists, not from their own walk."""

@@ -1384,6 +1384,85 @@ def test_anchored_descriptor_loads_equal_pointer_loads():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize(
+    "spatial,window,options,head_dim",
+    [
+        ((40,), 17, dict(kv_heads=2, causal=True), 32),
+        ((10, 12), (5, 7), dict(stride=(2, 1), rpb=True), 48),
+        ((5, 6, 7), (3, 5, 3), dict(causal=(True, False, False), kv_heads=1), 32),
+    ],
+    ids=["1d-gqa-causal", "2d-stride-rpb-tail", "3d-merged-heads-mqa"],
+)
+def test_host_descriptors_equal_device_descriptors(monkeypatch, spatial, window, options, head_dim):
+    """K/V, Q/dO and statistics tiles through descriptors built once on the host (coordinates name
+    the batch element and head; at rank 3 heads and channels share one axis) give bit for bit what
+    descriptors built by every program give, forward and every gradient, and match the oracle."""
+    from haloattn.backends.triton import host_descriptors
+
+    gen = torch.Generator().manual_seed(head_dim + len(spatial))
+    kv_heads = options.pop("kv_heads", 2)
+    q = torch.randn(2, *spatial, 2, head_dim, generator=gen).bfloat16()
+    k, v = (torch.randn(2, *spatial, kv_heads, head_dim, generator=gen).bfloat16() for _ in range(2))
+    rpb = None
+    if options.pop("rpb", False):
+        rpb = torch.randn(2, *(2 * w - 1 for w in window), generator=gen).bfloat16()
+    problem = build_problem(q, k, v, window, rpb=rpb, **options)
+    inputs = AttentionInputs(q, k, v, rpb=rpb)
+    config = descriptor_config(problem)
+    heads = launch.head_block_constexprs(problem, config["fwd"], "ieee")
+    assert host_descriptors.host_descriptors_fit(len(spatial), [1] * 3, k, heads["BLOCK_D"], heads["TAIL_D"])
+    grad = torch.randn(q.shape, generator=gen).bfloat16()
+    needs = (True, True, True, rpb is not None, False, False, False)
+    results = []
+    for host in (False, True):
+        monkeypatch.setattr(host_descriptors, "HOST_DESCRIPTORS", host)
+        out, lse = launch.forward(problem, inputs, config)
+        grads = launch.backward(problem, inputs, out, lse, grad, None, needs, config)[:4]
+        results.append((out, lse) + tuple(g for g in grads if g is not None))
+        forward_plans = [plan[2].launch for plan in launch._FORWARD_PLANS.values()]
+        backward_plans = [entry[0].launch for plan in launch._BACKWARD_PLANS.values() for entry in plan[2]]
+        # forward: K, V (and tails); dQ: the same; dK/dV: Q, dO (and tails), statistics rows
+        assert [len(p.descriptors) > 0 for p in forward_plans + backward_plans] == [host] * 3
+        for cache in (launch._FORWARD_PLANS, launch._BACKWARD_PLANS):
+            cache.clear()
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    ref, _ = oracle.attention(q.double(), k.double(), v.double(), window, rpb=rpb, **options)
+    assert oracle.rel_error(results[1][0], ref) <= oracle.TOLERANCE[torch.bfloat16]
+
+
+def test_host_descriptors_follow_each_calls_tensors():
+    """A launch plan keeps its descriptors' shapes, strides and boxes but not their tensors: a
+    second call on other tensors of the same layout reads those, packed programs included."""
+    gen = torch.Generator().manual_seed(4)
+    window = (5, 5)
+    tensors = [[torch.randn(3, 7, 9, 4, 32, generator=gen).bfloat16() for _ in range(3)] for _ in range(2)]
+    problem = build_problem(*tensors[0], window)
+    base = descriptor_config(problem)
+    for pack in (1, 4):
+        config = dict(base, fwd=dict(base["fwd"], pack=pack))
+        for q, k, v in tensors:
+            out, _ = launch.forward(problem, AttentionInputs(q, k, v), config)
+            plan = launch._FORWARD_PLANS[next(key for key in launch._FORWARD_PLANS if key[1] == id(config))][2]
+            assert len(plan.launch.descriptors) == 2
+            ref, _ = oracle.attention(q.double(), k.double(), v.double(), window)
+            assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.bfloat16]
+
+
+def test_host_descriptors_only_where_one_describes_every_program():
+    from haloattn.backends.triton.host_descriptors import host_descriptors_fit
+
+    packed = torch.randn(1, 4, 5, 6, 3, 64).bfloat16()  # rank 3: heads and channels merge
+    assert host_descriptors_fit(3, [1, 1, 1], packed, 64, 0)
+    narrow = torch.randn(1, 4, 5, 6, 3, 48).bfloat16()
+    assert host_descriptors_fit(3, [1, 1, 1], narrow, 32, 16)  # a head block and a tail, no padding
+    assert not host_descriptors_fit(3, [1, 1, 1], narrow, 64, 0)  # a padded column would read the next head
+    assert not host_descriptors_fit(3, [1, 1, 1], packed[..., :48], 32, 16)  # heads not back to back
+    assert not host_descriptors_fit(3, [1, 2, 1], packed, 64, 0)  # dilation: one group a program
+    assert host_descriptors_fit(2, [1, 1, 1], packed[0, ..., :48], 64, 0)  # rank 2: padding reads zeros
+    assert not host_descriptors_fit(2, [1, 1, 2], packed[0], 64, 0)
+
+
 def test_anchoring_never_adds_steps():
     """The host twin of the kernels' walk: on random axes and tiles, the anchored walk visits as
     many tiles as the walk from the range's low end, covers the same range, and has at least as

@@ -19,7 +19,8 @@ one KV-major pass that also adds dQ in float32 with atomics (``ATOMIC_DQ``).
 import triton
 import triton.language as tl
 
-from .descriptors import add_to_box, group_descriptor, kv_descriptors, kv_tail_descriptors, load_box, load_token_tile
+from .descriptors import (add_to_box, group_descriptor, kv_descriptors, kv_tail_descriptors, load_box, load_host_box,
+                          load_token_tile)
 from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, list_step, next3, query_range, query_walk, split3
 from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, massless_rows, modded_scores
@@ -68,7 +69,12 @@ def stats_box(desc, head, xs0, xs1, xs2, RANK: tl.constexpr, ROWS: tl.constexpr)
     """(lse * log2 e, delta) of a box of query rows, one descriptor copy. Rows outside the grid
     arrive as zeros (lse 0, not +inf): their q and dO rows are zeros too, so dP and dS are zero and
     P = exp2(bias); the caller zeroes such P where rpb could make it overflow (inf * 0 = NaN)."""
-    box = load_box(desc, head, xs0, xs1, xs2, RANK, ROWS, 4)
+    return stats_of_box(load_box(desc, head, xs0, xs1, xs2, RANK, ROWS, 4), ROWS)
+
+
+@triton.jit
+def stats_of_box(box, ROWS: tl.constexpr):
+    """(lse * log2 e, delta) of ``[ROWS, 4]`` statistics rows (row_stats_kernel's layout)."""
     lse_pad, delta_pad = tl.split(box.reshape(ROWS, 2, 2))
     lse2, _ = tl.split(lse_pad)
     delta, _ = tl.split(delta_pad)
@@ -85,7 +91,7 @@ def softcap_chain(ds, t, HAS_SOFTCAP: tl.constexpr):
 
 @triton.jit
 def dq_kernel(
-    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV, O, LSE, DLSE, MT0, MT1, MT2, MT3, LIVE,
+    Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV, O, LSE, DLSE, MT0, MT1, MT2, MT3, LIVE, KH, VH, KTH, VTH,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -107,7 +113,7 @@ def dq_kernel(
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, HAS_DLSE: tl.constexpr, WAIT_DQ: tl.constexpr,
     HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
-    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr, HOST_TMA: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -183,15 +189,22 @@ def dq_kernel(
             j0, j1, j2, full_step = list_step(live, _tile, nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
-        kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
-                             Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
-        vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
-                             Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
+        if HOST_TMA:
+            kt = load_host_box(KH, b, kvh, HEAD_D, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_D)
+            vt = load_host_box(VH, b, kvh, HEAD_DV, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_DV)
+        else:
+            kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
+                                 Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
+            vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
+                                 Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
         qk = mma(q, tl.trans(kt), None, PRECISION)
         if TAIL_D > 0:
-            kt_tail = load_token_tile(k_tail_desc, k_base + BLOCK_D, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
-                                      g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_D - BLOCK_D, TMA, LARGE, RANK, BLOCK_N,
-                                      TAIL_D)
+            if HOST_TMA:
+                kt_tail = load_host_box(KTH, b, kvh, HEAD_D, BLOCK_D, ys0, ys1, ys2, RANK, BLOCK_N, TAIL_D)
+            else:
+                kt_tail = load_token_tile(k_tail_desc, k_base + BLOCK_D, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2,
+                                          g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_D - BLOCK_D, TMA, LARGE, RANK,
+                                          BLOCK_N, TAIL_D)
             qk = mma(q_tail, tl.trans(kt_tail), qk, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
@@ -213,9 +226,12 @@ def dq_kernel(
                 p = masked_by_mod(p, 0.0, b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
         dp = mma(do, tl.trans(vt), None, PRECISION)
         if TAIL_DV > 0:
-            vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1,
-                                      g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV - BLOCK_DV, TMA, LARGE, RANK, BLOCK_N,
-                                      TAIL_DV)
+            if HOST_TMA:
+                vt_tail = load_host_box(VTH, b, kvh, HEAD_DV, BLOCK_DV, ys0, ys1, ys2, RANK, BLOCK_N, TAIL_DV)
+            else:
+                vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2,
+                                          g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV - BLOCK_DV, TMA, LARGE, RANK,
+                                          BLOCK_N, TAIL_DV)
             dp = mma(do_tail, tl.trans(vt_tail), dp, PRECISION)
         ds = softcap_chain(p * (dp - delta[:, None]), t, HAS_SOFTCAP)
         if HAS_SCORE_MOD:
@@ -272,7 +288,7 @@ def dq_kernel(
 
 @triton.jit
 def dkdv_kernel(
-    Q, K, V, DO, STATS, DK, DV, RPB, DQA, DSB, MT0, MT1, MT2, MT3, LIVE,
+    Q, K, V, DO, STATS, DK, DV, RPB, DQA, DSB, MT0, MT1, MT2, MT3, LIVE, QH, DOH, QTH, DOTH, STH,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -294,7 +310,7 @@ def dkdv_kernel(
     ATOMIC_DQ: tl.constexpr, RPB_GRAD: tl.constexpr, TMA_DQ: tl.constexpr,
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, WAIT_DK: tl.constexpr,
     HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
-    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr, HOST_TMA: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -389,7 +405,14 @@ def dkdv_kernel(
         if LARGE:
             i0, i1, i2 = i0.to(tl.int64), i1.to(tl.int64), i2.to(tl.int64)
         h64 = h.to(tl.int64)
-        if TMA:
+        if HOST_TMA:
+            q = load_host_box(QH, b, h, HEAD_D, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
+            do = load_host_box(DOH, b, h, HEAD_DV, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_DV)
+            if TAIL_D > 0:
+                q_tail = load_host_box(QTH, b, h, HEAD_D, BLOCK_D, xs0, xs1, xs2, RANK, BLOCK_M, TAIL_D)
+            if TAIL_DV > 0:
+                do_tail = load_host_box(DOTH, b, h, HEAD_DV, BLOCK_DV, xs0, xs1, xs2, RANK, BLOCK_M, TAIL_DV)
+        elif TMA:
             q = load_box(q_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
             do = load_box(do_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_DV)
             if TAIL_D > 0:
@@ -407,7 +430,9 @@ def dkdv_kernel(
             if TAIL_DV > 0:
                 do_tail = tl.load(DO + do_cells + dv_tail[None, :],
                                   mask=q_ok[:, None] & (dv_tail[None, :] < HEAD_DV), other=0.0)
-        if TMA:
+        if HOST_TMA:
+            lse2, delta = stats_of_box(load_host_box(STH, b, h, 4, 0, xs0, xs1, xs2, RANK, BLOCK_M, 4), BLOCK_M)
+        elif TMA:
             lse2, delta = stats_box(stats_desc, group_head, xs0, xs1, xs2, RANK, BLOCK_M)
         else:
             lse2, delta = row_stats(STATS, b64 * slb + h64 * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, q_ok)
@@ -428,7 +453,7 @@ def dkdv_kernel(
         else:
             sT, tT = finish_scores(qkT, bias, scale, softcap, HAS_RPB, HAS_SOFTCAP)
         pT = tl.math.exp2(sT - lse2[None, :])
-        if TMA and (HAS_RPB or HAS_SCORE_MOD):
+        if (TMA or HOST_TMA) and (HAS_RPB or HAS_SCORE_MOD):
             # Rows outside the grid came as zeros (stats_box): a large bias or modded score could
             # make their P inf.
             if (xs0 < 0) | (xs0 + TM0 > Lg0) | (xs1 < 0) | (xs1 + TM1 > Lg1) | (xs2 < 0) | (xs2 + TM2 > Lg2):

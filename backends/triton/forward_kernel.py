@@ -134,7 +134,7 @@ def forward_kernel(
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
-    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr, LIST_BLOCK: tl.constexpr,
+    MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
     HOST_TMA: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
@@ -152,7 +152,7 @@ def forward_kernel(
     else:
         # Program (tile, pair group) flattened on the grid's first axis, tiles fastest: programs
         # running side by side share a pair's keys in L2, as with one pair per program.
-        tl.static_assert(not TMA and not HAS_EXTRA, "packed pairs read K/V by pointer and take no additional tokens")
+        tl.static_assert(not TMA and not HAS_EXTRA, "packed pairs read K/V by pointer or through host descriptors, and take no additional tokens")
         tiles = D0 * NT0 * D1 * NT1 * D2 * NT2
         tile_id = tl.program_id(0) % tiles
         first_pair = (tl.program_id(0) // tiles) * PACK
@@ -188,12 +188,6 @@ def forward_kernel(
         tl.static_assert(PACK == 1, "packed pairs walk one list for all pairs")
         live = LIVE + b.to(tl.int64) * slive_b + h.to(tl.int64) * slive_h + tile_id.to(tl.int64) * slive_t
         n_tiles = tl.load(live)
-        if LIST_BLOCK > 0:
-            # The whole list in registers (launch.LIST_IN_REGISTERS, not yet timed): a step's
-            # coordinates are then arithmetic the pipeliner can compute ahead for later steps'
-            # K/V copies, which with a global load per entry may wait on that load.
-            list_slots = tl.arange(0, LIST_BLOCK)
-            list_entries = tl.load(live + 1 + list_slots, mask=list_slots < n_tiles, other=0)
 
     n0, n1, n2 = split3(tl.arange(0, BLOCK_N), TN1, TN2)
     k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
@@ -236,12 +230,7 @@ def forward_kernel(
             if TAIL_DV > 0:
                 v_tail_desc = v_base + BLOCK_DV
         if LIVE_STEPS:
-            if LIST_BLOCK > 0:
-                entry = tl.sum(tl.where(list_slots == _step, list_entries, 0), 0)
-                j0, j1, j2 = split3(entry >> 1, nk1, nk2)
-                full_step = (entry & 1) != 0
-            else:
-                j0, j1, j2, full_step = list_step(live, _step, nk1, nk2)
+            j0, j1, j2, full_step = list_step(live, _step, nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
         if HOST_TMA:

@@ -249,15 +249,6 @@ class LivePlan:
         return self.live.compute(mod_tensors) if self.live is not None else filler
 
 
-# Whether the forward holds a tile's live-step list in registers (forward_kernel LIST_BLOCK)
-# rather than loading each entry at its step, where the list fits live_steps.REGISTER_LIST_MAX
-# entries. Off until timed: where no step is skipped the lists cost the forward about 1.2x walking
-# every step (RESULTS.md, "Full steps skip mask_mod"), which this is meant to remove; it compiles
-# for sm_90 with the same shared memory and barriers, and passes the interpreter's tests, but no
-# GPU has run it yet (`bench_flex_mods.py --only mask_mod` times it against the default).
-LIST_IN_REGISTERS = False
-
-
 def _live_arguments(live) -> dict:
     """The kernels' LIVE_STEPS constexpr and list strides."""
     strides = live.strides if live is not None else (0, 0, 0)
@@ -331,9 +322,13 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
     # Packed programs share one walk between pairs; a list of live steps is a pair's own.
     pack = cfg.get("pack", 1) if live is None else 1
     heads = head_block_constexprs(problem, cfg, precision)
-    tma = pack == 1 and use_descriptors(cfg.get("tma", False), large, k, v)
+    tma = use_descriptors(cfg.get("tma", False), large, k, v)
     host = tma and host_descriptors_fit(r, geo.Dl, k, heads["BLOCK_D"], heads["TAIL_D"]) and host_descriptors_fit(
         r, geo.Dl, v, heads["BLOCK_DV"], heads["TAIL_DV"])
+    # A packed program moves between (batch, head) pairs, which a host descriptor's coordinates
+    # name; one built on the device describes one pair's tokens, so packed programs without host
+    # descriptors read by pointer.
+    tma = tma and (host or pack == 1)
     kv_descs = _host_kv_descriptors(k, v, r, cfg["kv"], heads) if host else (None,) * 4
     grid0 = geo.grid0(cfg["q"])
     # Packed programs run `pack` (batch, head) pairs of one query tile each, on a flat grid.
@@ -353,7 +348,6 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
         FOLD_SCALE=(cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None
                     and problem.score_mod is None),
         PACK=pack, **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
-        LIST_BLOCK=live.register_block if live is not None and LIST_IN_REGISTERS else 0,
         num_warps=cfg["warps"], num_stages=cfg["stages"],
     )), live)
 
@@ -364,6 +358,17 @@ def _host_kv_descriptors(k: torch.Tensor, v: torch.Tensor, rank: int, kv_tile, h
     k_desc, k_tail = token_descriptors(k, rank, _pad3(kv_tile, 1), heads["BLOCK_D"], heads["TAIL_D"])
     v_desc, v_tail = token_descriptors(v, rank, _pad3(kv_tile, 1), heads["BLOCK_DV"], heads["TAIL_DV"])
     return k_desc, v_desc, k_tail, v_tail
+
+
+def _host_query_descriptors(q: torch.Tensor, do: torch.Tensor, stats: torch.Tensor, rank: int, q_tile,
+                            heads: dict) -> tuple:
+    """The dK/dV kernel's Q, dO descriptors, their channel tails' (None where the head has none)
+    and that of the statistics rows (16 bytes a row: one box is one row per query)."""
+    tile = _pad3(q_tile, 1)
+    q_desc, q_tail = token_descriptors(q, rank, tile, heads["BLOCK_D"], heads["TAIL_D"])
+    do_desc, do_tail = token_descriptors(do, rank, tile, heads["BLOCK_DV"], heads["TAIL_DV"])
+    stats_desc, _ = token_descriptors(stats, rank, tile, 4, 0)
+    return q_desc, do_desc, q_tail, do_tail, stats_desc
 
 
 # Triton 3.6 miscompiles the split head's tail product in three TF32 parts ("tf32x3") on sm_90:
@@ -543,18 +548,23 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
         cfg = cfgs["dq"]
         live = live_steps(problem, mods, geo, cfg, False, wide_index, _tile_constexprs(cfg["q"], cfg["kv"], r), q.device)
         names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av", "out", "lse", "dlse", *MOD_TENSOR_NAMES)
+        heads = head_block_constexprs(problem, cfg, feature["PRECISION"])
+        tma = use_descriptors(cfg.get("tma", False), large, k, v)
+        host = tma and host_descriptors_fit(r, geo.Dl, k, heads["BLOCK_D"], heads["TAIL_D"]) and host_descriptors_fit(
+            r, geo.Dl, v, heads["BLOCK_DV"], heads["TAIL_DV"])
+        kv_descs = _host_kv_descriptors(k, v, r, cfg["kv"], heads) if host else (None,) * 4
         launches.append((LivePlan(Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
             *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call
+            *kv_descs,
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
             *stats_strides, *token_strides(t["out"], r), *token_strides(t["lse"], r),
             *token_strides(t["dq"], r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
             H, G, problem.extra_tokens, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["q"]), problem.scale, softcap,
         ], dict(
-            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
-            **head_block_constexprs(problem, cfg, feature["PRECISION"]),
+            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature, **heads,
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
-            TMA=use_descriptors(cfg.get("tma", False), large, k, v), **_walk_constexprs(cfg),
+            TMA=tma and not host, HOST_TMA=host, **_walk_constexprs(cfg),
             HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), **with_mods, **_live_arguments(live),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
         )), live), names))
@@ -563,18 +573,23 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
     if need_k or need_v or atomic:
         cfg = cfgs["dkdv"]
         tma = use_descriptors(cfg.get("tma", False), large, q, do)
+        heads = head_block_constexprs(problem, cfg, feature["PRECISION"], atomic_dq=atomic and need_q)
+        host = (tma and host_descriptors_fit(r, geo.Dl, q, heads["BLOCK_D"], heads["TAIL_D"])
+                and host_descriptors_fit(r, geo.Dl, do, heads["BLOCK_DV"], heads["TAIL_DV"])
+                and host_descriptors_fit(r, geo.Dl, tensors["stats"], 4, 0))
+        q_descs = _host_query_descriptors(q, do, tensors["stats"], r, cfg["q"], heads) if host else (None,) * 5
         live = live_steps(problem, mods, geo, cfg, True, wide_index, _tile_constexprs(cfg["q"], cfg["kv"], r), q.device)
         names = ("q", "k", "v", "do", "stats", "dk", "dv", "rpb", "dq_sum", "ds", *MOD_TENSOR_NAMES)
         launches.append((LivePlan(Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
             *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call
+            *q_descs,
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
             *stats_strides, *token_strides(t["dk"], r), *token_strides(t["dv"], r), *_rpb_strides(rpb, r),
             *dq_sum_strides, H, G, problem.head_dim, problem.value_dim,
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
         ], dict(
-            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature,
-            **head_block_constexprs(problem, cfg, feature["PRECISION"], atomic_dq=atomic and need_q),
-            HAS_RPB=rpb is not None, TMA=tma, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
+            **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature, **heads,
+            HAS_RPB=rpb is not None, TMA=tma and not host, HOST_TMA=host, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
             WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
             num_warps=cfg["warps"], num_stages=cfg["stages"],

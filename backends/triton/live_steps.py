@@ -141,10 +141,6 @@ def longest_axis_walk(axis: Axis, pattern: str, resident: int, streamed: int, an
     return longest
 
 
-# The longest list a kernel holds in registers (a few registers a thread at 4-8 warps).
-REGISTER_LIST_MAX = 256
-
-
 class LiveSteps:
     """The live-step lists of one kernel's walk (a launch plan's part): ``compute(mod_tensors)``
     allocates them and runs live_steps_kernel, returning the list tensor the kernel reads."""
@@ -159,8 +155,6 @@ class LiveSteps:
         head_groups = (problem.kv_heads if key_major else problem.heads) if per_head else 1
         head_group = (problem.heads // problem.kv_heads if key_major else 1) if per_head else 1
         self.shape = (problem.batch if per_batch else 1, head_groups, geo.grid0(resident), 1 + capacity)
-        # Lists short enough for a kernel to hold in registers: their padded length, else 0.
-        self.register_block = triton.next_power_of_2(capacity) if capacity <= REGISTER_LIST_MAX else 0
         self.device = device
         slive_h, slive_t = self.shape[2] * self.shape[3], self.shape[3]
         # Kernels index the lists by batch entry and head (kv head key-major): stride 0 where
