@@ -97,19 +97,26 @@ def time_problem(name, spatial, window, options, D, rounds, pass_names):
 
 
 def host_time_per_call(calls: int = 300) -> dict:
-    """Host microseconds per eager forward on a problem too small for the GPU to be the bound."""
-    q, k, v = (torch.randn(1, 16, 16, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    """Host microseconds per eager call, forward and forward + backward (torch.autograd.grad), on
+    a problem too small for the GPU to be the bound."""
+    q, k, v = (torch.randn(1, 16, 16, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    go = torch.randn_like(q)
+    calls_of = {"forward": lambda: haloattn.attention(q, k, v, 7, backend="triton"),
+                "forward + backward": lambda: torch.autograd.grad(haloattn.attention(q, k, v, 7, backend="triton"),
+                                                                  (q, k, v), go)}
     out = {}
     for label, (host, _) in list(VARIANTS.items())[:2]:
-        call = with_variant(host, lambda: haloattn.attention(q, k, v, 7, backend="triton"))
-        for _ in range(20):
-            call()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-        out[label] = (time.perf_counter() - start) / calls * 1e6
+        for name, fn in calls_of.items():
+            call = with_variant(host, fn)
+            for _ in range(20):
+                call()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            torch.cuda.synchronize()
+            out[f"{label}, {name}"] = (time.perf_counter() - start) / calls * 1e6
     return out
 
 
@@ -133,7 +140,7 @@ def main():
             with open(args.json, "w") as f:
                 json.dump({"rows": rows}, f, indent=1)
     host = host_time_per_call()
-    print("host us per eager forward call (16x16, window 7, 2 heads of 128): "
+    print("host us per eager call (16x16, window 7, 2 heads of 128): "
           + ", ".join(f"{label} {us:.1f}" for label, us in host.items()))
     if args.json:
         with open(args.json, "w") as f:
