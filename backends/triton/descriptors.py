@@ -128,3 +128,18 @@ def load_host_box(desc, b, head, head_width, channel, y0, y1, y2, RANK: tl.const
     else:
         box = desc.load([b, y2, head, channel])
     return box.reshape(ROWS, WIDTH)
+
+
+@triton.jit
+def load_streamed_tile(host_desc, b, head, head_width, channel, desc, base, s0, s1, s2, ys0, ys1, ys2, y0, y1, y2,
+                       g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, DIM, HOST_TMA: tl.constexpr, TMA: tl.constexpr,
+                       LARGE: tl.constexpr, RANK: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """A streamed K or V tile: through the host-built descriptor with HOST_TMA (channels from
+    ``channel`` of head ``head``, load_host_box), else load_token_tile's descriptor or pointers
+    (``desc`` / ``base`` already at that head and channel)."""
+    if HOST_TMA:
+        tile = load_host_box(host_desc, b, head, head_width, channel, ys0, ys1, ys2, RANK, ROWS, WIDTH)
+    else:
+        tile = load_token_tile(desc, base, s0, s1, s2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
+                               Lg0, Lg1, Lg2, DIM, TMA, LARGE, RANK, ROWS, WIDTH)
+    return tile

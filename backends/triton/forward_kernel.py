@@ -18,7 +18,7 @@ them; on longer walks the packed loop's dearer steps cost more than that saves (
 import triton
 import triton.language as tl
 
-from .descriptors import kv_descriptors, kv_tail_descriptors, load_host_box, load_token_tile
+from .descriptors import kv_descriptors, kv_tail_descriptors, load_streamed_tile
 from .index_math import crosses, group_length, key_range, key_walk, list_step, next3, split3
 from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
 from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
@@ -233,19 +233,14 @@ def forward_kernel(
             j0, j1, j2, full_step = list_step(live, _step, nk1, nk2)
         ys0, ys1, ys2 = st0 + j0 * TN0, st1 + j1 * TN1, st2 + j2 * TN2
         y0, y1, y2 = ys0 + n0, ys1 + n1, ys2 + n2
-        if HOST_TMA:
-            kt = load_host_box(KH, b, kvh, HEAD_D, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_D)
-        else:
-            kt = load_token_tile(k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
-                                 Lg0, Lg1, Lg2, HEAD_D, TMA, LARGE, RANK, BLOCK_N, BLOCK_D)
+        kt = load_streamed_tile(KH, b, kvh, HEAD_D, 0, k_desc, k_base, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2, g0,
+                                g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_D, HOST_TMA, TMA, LARGE, RANK, BLOCK_N,
+                                BLOCK_D)
         qk = mma(q, tl.trans(kt), None, PRECISION)
         if TAIL_D > 0:
-            if HOST_TMA:
-                kt_tail = load_host_box(KTH, b, kvh, HEAD_D, BLOCK_D, ys0, ys1, ys2, RANK, BLOCK_N, TAIL_D)
-            else:
-                kt_tail = load_token_tile(k_tail_desc, k_base + BLOCK_D, sk0, sk1, sk2, ys0, ys1, ys2, y0, y1, y2,
-                                          g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_D - BLOCK_D, TMA, LARGE, RANK,
-                                          BLOCK_N, TAIL_D)
+            kt_tail = load_streamed_tile(KTH, b, kvh, HEAD_D, BLOCK_D, k_tail_desc, k_base + BLOCK_D, sk0, sk1, sk2,
+                                         ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2,
+                                         HEAD_D - BLOCK_D, HOST_TMA, TMA, LARGE, RANK, BLOCK_N, TAIL_D)
             qk = mma(q_tail, tl.trans(kt_tail), qk, PRECISION)
         if HAS_RPB:
             bias = relative_bias(RPB, srh, sr0, sr1, sr2, h, x0, x1, x2, y0, y1, y2, K0, K1, K2, True)
@@ -281,19 +276,14 @@ def forward_kernel(
         m_i, l_i, acc, acc_tail = online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY_RESCALE, TAIL_DV > 0)
         p = probabilities(s, m_i, unit)
         l_i += tl.sum(p, 1)
-        if HOST_TMA:
-            vt = load_host_box(VH, b, kvh, HEAD_DV, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_DV)
-        else:
-            vt = load_token_tile(v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2,
-                                 Lg0, Lg1, Lg2, HEAD_DV, TMA, LARGE, RANK, BLOCK_N, BLOCK_DV)
+        vt = load_streamed_tile(VH, b, kvh, HEAD_DV, 0, v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0,
+                                g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV, HOST_TMA, TMA, LARGE, RANK, BLOCK_N,
+                                BLOCK_DV)
         acc = mma(p.to(vt.dtype), vt, acc, PRECISION)
         if TAIL_DV > 0:
-            if HOST_TMA:
-                vt_tail = load_host_box(VTH, b, kvh, HEAD_DV, BLOCK_DV, ys0, ys1, ys2, RANK, BLOCK_N, TAIL_DV)
-            else:
-                vt_tail = load_token_tile(v_tail_desc, v_base + BLOCK_DV, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2,
-                                          g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV - BLOCK_DV, TMA, LARGE, RANK,
-                                          BLOCK_N, TAIL_DV)
+            vt_tail = load_streamed_tile(VTH, b, kvh, HEAD_DV, BLOCK_DV, v_tail_desc, v_base + BLOCK_DV, sv0, sv1,
+                                         sv2, ys0, ys1, ys2, y0, y1, y2, g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2,
+                                         HEAD_DV - BLOCK_DV, HOST_TMA, TMA, LARGE, RANK, BLOCK_N, TAIL_DV)
             acc_tail = mma(p.to(vt_tail.dtype), vt_tail, acc_tail, PRECISION)
         j0, j1, j2 = next3(j0, j1, j2, nk1, nk2)
         if PACK > 1:
