@@ -46,6 +46,7 @@ def with_variant(host: bool, fn):
         if host_descriptors.HOST_DESCRIPTORS != host:
             host_descriptors.HOST_DESCRIPTORS = host
             fast_launch.clear_plans()
+            tiles.default_config.cache_clear()  # its descriptor rules follow the flag
         return fn()
     return run
 
@@ -74,7 +75,8 @@ def time_problem(name, spatial, window, options, D, rounds, pass_names):
         thunks = {}
         for label, (host, which) in variants.items():
             torch.manual_seed(1)  # the same dO for every variant
-            thunks[label] = with_variant(host, passes(problem, inputs, pass_names, variant_config(problem, which))[index][1])
+            config = with_variant(host, lambda: variant_config(problem, which))()  # the rules follow the flag
+            thunks[label] = with_variant(host, passes(problem, inputs, pass_names, config)[index][1])
         results = {label: fn() for label, fn in thunks.items()}
         first = results["device descriptors"]
         equal = {label: all((a is None and b is None) or torch.equal(a, b) for a, b in zip(first, r))

@@ -28,6 +28,9 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
+from triton.runtime.jit import mangle_type
+
+from haloattn.backends.triton.host_descriptors import is_host_descriptor
 
 KIB = 1024
 
@@ -152,8 +155,10 @@ def specialise(fn, args, kwargs):
     for index, name in enumerate(names):
         value = values[name]
         param = fn.params[index]
-        if param.is_constexpr:
+        if param.is_constexpr or value is None:  # None: an unused argument, a constant to the JIT
             signature[name], constexprs[name] = "constexpr", value
+        elif is_host_descriptor(value):
+            signature[name] = mangle_type(value)  # tensordesc<dtype[block shape]>
         elif isinstance(value, torch.Tensor):
             signature[name] = "*" + DTYPES[value.dtype]
             attrs[(index,)] = [["tt.divisibility", 16]]

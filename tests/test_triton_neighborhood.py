@@ -447,12 +447,17 @@ def test_packing_only_for_walks_of_one_key_tile():
 
 
 def test_short_walks_read_keys_by_pointer(monkeypatch, forget_configs):
-    """On a GPU with a copy engine, 16-bit heads of 65-128 channels read K/V through descriptors,
-    except where a query tile walks at most SHORT_WALK_STEPS key tiles (blocked problems, small
-    windows: 1.14-1.22x by pointer on the H100); longer walks and 256-channel heads keep them, and
-    one-tile walks then pack (batch, head) pairs as at narrow heads."""
+    """On a GPU with a copy engine, with descriptors built by each program, 16-bit heads of 65-128
+    channels read K/V through descriptors, except where a query tile walks at most
+    SHORT_WALK_STEPS key tiles (blocked problems, small windows: 1.14-1.22x by pointer on the
+    H100); longer walks and 256-channel heads keep them, and one-tile walks then pack (batch,
+    head) pairs as at narrow heads. (Host-built descriptors move these rules:
+    test_host_descriptors_move_the_descriptor_rules.)"""
+    from haloattn.backends.triton import host_descriptors
+
     _pretend_gpu(monkeypatch, 227 * 1024, (9, 0))
     monkeypatch.setattr(tiles, "multiprocessors", lambda device: 132)  # an H100's
+    monkeypatch.setattr(host_descriptors, "HOST_DESCRIPTORS", False)
 
     def fwd(spatial, window, head_dim=128, batch=1, **options):
         q = torch.empty(batch, *spatial, 16, head_dim, dtype=torch.bfloat16)
@@ -476,6 +481,44 @@ def test_short_walks_read_keys_by_pointer(monkeypatch, forget_configs):
     assert tiles.steps_per_tile(wide, cost_model["q"], cost_model["kv"]) <= tiles.SHORT_WALK_STEPS and config["tma"]
     config, steps = fwd((64, 64), 8, batch=4, stride=8)
     assert steps == 1.0 and not config["tma"] and config["pack"] > 1
+
+
+def test_host_descriptors_move_the_descriptor_rules(monkeypatch, forget_configs):
+    """Where descriptors are built on the host (undilated 16-bit problems on a GPU with a copy
+    engine), the forward reads K/V through them from 64 channels on and on short walks too
+    (1.07-1.14x on an H200), the backward from 32 channels (1.32x), and packed forwards keep their
+    pointers; dilated problems, and every problem with host descriptors off, keep the rules of
+    per-program descriptors; only the loads change, never the tiles."""
+    from haloattn.backends.triton import host_descriptors
+
+    _pretend_gpu(monkeypatch, 227 * 1024, (9, 0))
+    monkeypatch.setattr(tiles, "multiprocessors", lambda device: 132)
+
+    def configs(spatial, window, head_dim, batch=1, **options):
+        q = torch.empty(batch, *spatial, 16, head_dim, dtype=torch.bfloat16)
+        problem = dataclasses.replace(build_problem(q, q, q, window, **options), device=torch.device("cuda", 0))
+        tiles.default_config.cache_clear()
+        monkeypatch.setattr(host_descriptors, "HOST_DESCRIPTORS", True)
+        on_host = tiles.default_config(problem)
+        tiles.default_config.cache_clear()
+        monkeypatch.setattr(host_descriptors, "HOST_DESCRIPTORS", False)
+        per_program = tiles.default_config(problem)
+        tiles.default_config.cache_clear()
+        for name in on_host:
+            assert dict(on_host[name], tma=None, wait_dk=None) == dict(per_program[name], tma=None, wait_dk=None)
+        return on_host, per_program
+
+    on_host, per_program = configs((128, 128), 31, 64)
+    assert on_host["fwd"]["tma"] and not per_program["fwd"]["tma"]
+    on_host, per_program = configs((128, 128), 16, 128, stride=16)  # four key tiles a walk
+    assert on_host["fwd"]["tma"] and not per_program["fwd"]["tma"]
+    on_host, per_program = configs((56, 56), 7, 32)
+    assert not on_host["fwd"]["tma"] and not per_program["fwd"]["tma"]
+    assert on_host["dq"]["tma"] and on_host["dkdv"]["tma"] and not per_program["dq"]["tma"]
+    on_host, per_program = configs((64, 64), 13, 64, dilation=2)
+    assert on_host == per_program and not on_host["fwd"]["tma"]
+    on_host, per_program = configs((64, 64), 8, 64, batch=4, stride=8)  # one key tile: packed
+    assert on_host["fwd"]["pack"] > 1 and not on_host["fwd"]["tma"]
 
 
 def test_short_backward_walks_read_by_pointer(monkeypatch, forget_configs):
@@ -1084,7 +1127,8 @@ def test_configs_fit_the_shared_memory_of_the_device(monkeypatch, forget_configs
         problem = dataclasses.replace(build_problem(q, q, q, window), device=torch.device("cuda", 0))
         item = q.element_size()
         # Tiles measured with TMA loads only where there is a copy engine (Hopper and newer).
-        expect_tma = item == 2 and head_dim > 64 and capability >= (9, 0)
+        # (From 64 channels where the descriptors are built on the host, as on these undilated problems.)
+        expect_tma = item == 2 and head_dim >= 64 and capability >= (9, 0)
         assert tiles.default_config(problem)["fwd"]["tma"] == expect_tma, (capability, head_dim, dtype)
         # The backward's streamed tiles: descriptors for head dims 64-128 (measured there).
         expect_bwd_tma = item == 2 and 64 <= head_dim <= 128 and capability >= (9, 0)
@@ -1397,7 +1441,7 @@ def test_host_descriptors_equal_device_descriptors(monkeypatch, spatial, window,
     """K/V, Q/dO and statistics tiles through descriptors built once on the host (coordinates name
     the batch element and head; at rank 3 heads and channels share one axis) give bit for bit what
     descriptors built by every program give, forward and every gradient, and match the oracle."""
-    from haloattn.backends.triton import host_descriptors
+    from haloattn.backends.triton import fast_launch, host_descriptors
 
     gen = torch.Generator().manual_seed(head_dim + len(spatial))
     kv_heads = options.pop("kv_heads", 2)
@@ -1416,6 +1460,7 @@ def test_host_descriptors_equal_device_descriptors(monkeypatch, spatial, window,
     results = []
     for host in (False, True):
         monkeypatch.setattr(host_descriptors, "HOST_DESCRIPTORS", host)
+        fast_launch.clear_plans()  # plans of other tests in this process
         out, lse = launch.forward(problem, inputs, config)
         grads = launch.backward(problem, inputs, out, lse, grad, None, needs, config)[:4]
         results.append((out, lse) + tuple(g for g in grads if g is not None))
@@ -1423,8 +1468,7 @@ def test_host_descriptors_equal_device_descriptors(monkeypatch, spatial, window,
         backward_plans = [entry[0].launch for plan in launch._BACKWARD_PLANS.values() for entry in plan[2]]
         # forward: K, V (and tails); dQ: the same; dK/dV: Q, dO (and tails), statistics rows
         assert [len(p.descriptors) > 0 for p in forward_plans + backward_plans] == [host] * 3
-        for cache in (launch._FORWARD_PLANS, launch._BACKWARD_PLANS):
-            cache.clear()
+    fast_launch.clear_plans()
     for a, b in zip(*results):
         assert torch.equal(a, b)
     ref, _ = oracle.attention(q.double(), k.double(), v.double(), window, rpb=rpb, **options)

@@ -28,6 +28,7 @@ import torch
 from haloattn.geometry import Axis, key_range, query_range, window_query_range
 from haloattn.problem import Problem
 
+from . import host_descriptors
 from .device_limits import HOPPER_TILE_BUDGET, multiprocessors, tile_shared_budget, tiles_for_copy_engine
 
 MIN_TILE = 16  # tl.dot needs at least 16 rows
@@ -65,6 +66,17 @@ BACKWARD_DESCRIPTOR_HEAD_DIMS = (64, 128)
 # descriptors won or tied (0.94-1.01x at 3-4 tiles: 16x16 stride 16, 7x7, 7x7 windows, 1-D causal
 # 127; 0.74-0.90x on longer walks).
 BACKWARD_SHORT_WALK_STEPS = 2
+# Where the launcher builds the descriptors on the host (host_descriptors.py: undilated problems),
+# no program pays a set-up, and descriptor loads won where the rules above chose pointers for
+# it: H200, 2026-12-05 (RESULTS.md, "Descriptors built on the host"), the default's tiles with
+# every kernel reading through host descriptors, against pointers: forward 1.07x on 2-D 31x31 and
+# 1.08x on 3-D 3x7x7 at D=64, 1.14x on 16x16 stride 16 (four key tiles) at D=128, but 0.97x at
+# D=32; backward 1.32x at D=32 (2-D 56x56, 7x7). So on such problems the forward's descriptor
+# rule starts at this head dim and ignores walk length, and the backward's takes head dims from
+# HOST_DESCRIPTOR_BACKWARD_MIN_HEAD_DIM (the short-walk rule stays: one- and two-tile walks were
+# not re-measured). Packed forwards keep their pointer loads (not measured either).
+HOST_DESCRIPTOR_FORWARD_MIN_HEAD_DIM = 64
+HOST_DESCRIPTOR_BACKWARD_MIN_HEAD_DIM = 32
 # Streamed tiles are walked anchored at the program's common range (index_math.tile_start: more
 # tiles need no mask, never more steps): on the H100 the forward and the backward were as fast or
 # up to 1.09x faster on the ten benchmark problems (RESULTS.md, "Anchored walks").
@@ -640,6 +652,35 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if KEY_MAJOR_BOXES and key_major_boxes_apply(problem, config["dkdv"]):
         boxes = _ranked_key_major_boxes(problem, config["dkdv"])[0]
         config["dkdv"] = _fit_shared(problem, "dkdv", dict(config["dkdv"], **boxes))
+    if host_descriptors_expected(problem):
+        config = _on_host_descriptors(problem, config)
+    return config
+
+
+def host_descriptors_expected(problem: Problem) -> bool:
+    """Whether the launcher will read this problem's tiles through host-built descriptors
+    (host_descriptors.py), as far as the problem tells: 16-bit, undilated, a copy engine (at rank
+    3 the tensors' head layout decides too; where it does not allow them, per-program
+    descriptors take their place)."""
+    return (host_descriptors.HOST_DESCRIPTORS and problem.dtype.itemsize == 2
+            and all(a.dilation == 1 for a in problem.axes)
+            and tiles_for_copy_engine(problem.device))
+
+
+def _on_host_descriptors(problem: Problem, config: Dict) -> Dict:
+    """``config`` with descriptor loads where host-built descriptors beat pointers (see
+    HOST_DESCRIPTOR_FORWARD_MIN_HEAD_DIM): the tiles stay those chosen."""
+    narrowest = min(problem.head_dim, problem.value_dim)
+    widest = max(problem.head_dim, problem.value_dim)
+    config = dict(config)
+    fwd = config["fwd"]
+    if not fwd["tma"] and fwd["pack"] == 1 and narrowest >= HOST_DESCRIPTOR_FORWARD_MIN_HEAD_DIM:
+        config["fwd"] = dict(fwd, tma=True)
+    dq, dkdv = config["dq"], config["dkdv"]
+    if (not dq["tma"] and HOST_DESCRIPTOR_BACKWARD_MIN_HEAD_DIM <= narrowest and widest < BACKWARD_DESCRIPTOR_HEAD_DIMS[0]
+            and steps_per_tile(problem, dq["q"], dq["kv"]) > BACKWARD_SHORT_WALK_STEPS):
+        config["dq"] = dict(dq, tma=True)
+        config["dkdv"] = dict(dkdv, tma=True, wait_dk=waits_for_dk(problem, True))
     return config
 
 
