@@ -1477,10 +1477,13 @@ def test_host_descriptors_equal_device_descriptors(monkeypatch, spatial, window,
 
 def test_host_descriptors_follow_each_calls_tensors():
     """A launch plan keeps its descriptors' shapes, strides and boxes but not their tensors: a
-    second call on other tensors of the same layout reads those, packed programs included."""
+    later call on other tensors of the same layout reads those, packed programs included, even
+    where the building call passed one tensor as q, k and v."""
     gen = torch.Generator().manual_seed(4)
     window = (5, 5)
-    tensors = [[torch.randn(3, 7, 9, 4, 32, generator=gen).bfloat16() for _ in range(3)] for _ in range(2)]
+    same = torch.randn(3, 7, 9, 4, 32, generator=gen).bfloat16()
+    tensors = [[same] * 3] + [[torch.randn(3, 7, 9, 4, 32, generator=gen).bfloat16() for _ in range(3)]
+                              for _ in range(2)]
     problem = build_problem(*tensors[0], window)
     base = descriptor_config(problem)
     for pack in (1, 4):

@@ -100,7 +100,8 @@ class Launch:
 
     __slots__ = ("kernel", "grid", "arguments", "options", "slots", "descriptors", "compiled", "direct", "scratch")
 
-    def __init__(self, kernel, grid: Sequence[int], args: Sequence, kwargs: Dict):
+    def __init__(self, kernel, grid: Sequence[int], args: Sequence, kwargs: Dict,
+                 descriptor_bases: Optional[Dict[str, str]] = None):
         names = kernel.arg_names
         values = dict(zip(names, args))
         values.update((name, value) for name, value in kwargs.items() if name in values or name in names)
@@ -113,10 +114,14 @@ class Launch:
         # Launch options (num_warps, num_stages, ...) are not kernel parameters.
         self.options = {name: value for name, value in kwargs.items() if name not in names}
         self.slots = [i for i, value in enumerate(self.arguments) if isinstance(value, torch.Tensor)]
-        # Host-built descriptors (host_descriptors.py) over one of the tensors: each call rebuilds
-        # them over the tensor that takes that place. (argument index, index into the tensors, template)
-        self.descriptors = [(i, self._tensor_index(value.base), value) for i, value in enumerate(self.arguments)
-                            if is_host_descriptor(value)]
+        # Host-built descriptors (host_descriptors.py), each over the tensor argument that
+        # ``descriptor_bases`` names for it: each call rebuilds them over the tensor that takes
+        # that argument's place. Named, not found by identity: a building call may pass one
+        # tensor as several arguments (q, k and v alike) where later calls pass three.
+        # (argument index, index into the call's tensors, template)
+        bases = descriptor_bases or {}
+        self.descriptors = [(i, self._tensor_index(names, bases.get(names[i])), value)
+                            for i, value in enumerate(self.arguments) if is_host_descriptor(value)]
         self.compiled = None
         self.direct = None  # the device the compiled kernel was loaded on, once direct launches work
         # Whether the compiled kernel asks Triton for a global buffer (descriptors built on the
@@ -130,12 +135,12 @@ class Launch:
             self.arguments[i] = None
             template.base = None
 
-    def _tensor_index(self, base: torch.Tensor) -> int:
-        """Which of the call's tensors a descriptor describes (the same object in the building call)."""
-        for n, i in enumerate(self.slots):
-            if self.arguments[i] is base:
-                return n
-        raise TypeError(f"launch of {self.kernel.__name__}: a descriptor over a tensor that is not an argument")
+    def _tensor_index(self, names: Sequence[str], base: Optional[str]) -> int:
+        """Which of the call's tensors is argument ``base`` (a descriptor's tensor)."""
+        index = names.index(base) if base in names else -1
+        if index not in self.slots:
+            raise TypeError(f"launch of {self.kernel.__name__}: a descriptor over {base!r}, not a tensor argument")
+        return self.slots.index(index)
 
     def _rebuilt_if_degenerate(self, compiled, arguments):
         """``compiled``, or where ptxas built it with few registers and the rest in local memory

@@ -152,7 +152,8 @@ def forward_kernel(
     else:
         # Program (tile, pair group) flattened on the grid's first axis, tiles fastest: programs
         # running side by side share a pair's keys in L2, as with one pair per program.
-        tl.static_assert(not TMA and not HAS_EXTRA, "packed pairs read K/V by pointer or through host descriptors, and take no additional tokens")
+        tl.static_assert(not TMA and not HAS_EXTRA,
+                         "packed pairs read K/V by pointer or through host descriptors, and take no additional tokens")
         tiles = D0 * NT0 * D1 * NT1 * D2 * NT2
         tile_id = tl.program_id(0) % tiles
         first_pair = (tl.program_id(0) // tiles) * PACK

@@ -1,4 +1,5 @@
-"""K/V tile descriptors built once per call on the host, instead of once per program on the device.
+"""Tile descriptors (K/V; the backward's Q, dO and statistics rows) built once per call on the
+host, instead of once per program on the device.
 
 A descriptor a kernel builds itself (descriptors.group_descriptor) costs every program a write of
 128 bytes to global memory and a proxy fence before its first copy: about 0.8 us a program on the

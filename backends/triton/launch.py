@@ -349,7 +349,12 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
                     and problem.score_mod is None),
         PACK=pack, **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
         num_warps=cfg["warps"], num_stages=cfg["stages"],
-    )), live)
+    ), KV_DESCRIPTOR_BASES), live)
+
+
+# The kernels' host-built descriptor arguments and the tensor arguments they describe.
+KV_DESCRIPTOR_BASES = {"KH": "K", "VH": "V", "KTH": "K", "VTH": "V"}
+QUERY_DESCRIPTOR_BASES = {"QH": "Q", "DOH": "DO", "QTH": "Q", "DOTH": "DO", "STH": "STATS"}
 
 
 def _host_kv_descriptors(k: torch.Tensor, v: torch.Tensor, rank: int, kv_tile, heads: dict) -> tuple:
@@ -567,7 +572,7 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
             TMA=tma and not host, HOST_TMA=host, **_walk_constexprs(cfg),
             HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), **with_mods, **_live_arguments(live),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
-        )), live), names))
+        ), KV_DESCRIPTOR_BASES), live), names))
 
     dq_sum_strides = token_strides(t["dq_sum"], r)
     if need_k or need_v or atomic:
@@ -593,7 +598,7 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
             WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
-        )), live), names))
+        ), QUERY_DESCRIPTOR_BASES), live), names))
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
         names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum", *MOD_TENSOR_NAMES)
