@@ -1,6 +1,6 @@
 """Tile descriptors built on the host (host_descriptors.HOST_DESCRIPTORS) against descriptors each
-program builds on the device (with the descriptor rules each implies, tiles.HOST_DESCRIPTOR_*), on the neighbourhood benchmark's problems and the extra model-shaped
-ones: device time of each kernel pass side by side (CUDA-graph medians, the variants in turn,
+program builds on the device (with the descriptor rules each implies, tiles.HOST_DESCRIPTOR_*),
+on the neighbourhood benchmark's problems and the extra model-shaped ones: device time of each kernel pass side by side (CUDA-graph medians, the variants in turn,
 round after round), each output checked bit for bit against the device descriptors', and the host
 time of a small eager call (the host variant builds its descriptors on every call). Where the
 default reads some tiles by pointer (short walks, narrow heads), a third variant reads them

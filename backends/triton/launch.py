@@ -323,8 +323,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
     pack = cfg.get("pack", 1) if live is None else 1
     heads = head_block_constexprs(problem, cfg, precision)
     tma = use_descriptors(cfg.get("tma", False), large, k, v)
-    host = tma and host_descriptors_fit(r, geo.Dl, k, heads["BLOCK_D"], heads["TAIL_D"]) and host_descriptors_fit(
-        r, geo.Dl, v, heads["BLOCK_DV"], heads["TAIL_DV"])
+    host = tma and _host_descriptors_fit(r, geo, heads, k, v)
     # A packed program moves between (batch, head) pairs, which a host descriptor's coordinates
     # name; one built on the device describes one pair's tokens, so packed programs without host
     # descriptors read by pointer.
@@ -355,6 +354,14 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
 # The kernels' host-built descriptor arguments and the tensor arguments they describe.
 KV_DESCRIPTOR_BASES = {"KH": "K", "VH": "V", "KTH": "K", "VTH": "V"}
 QUERY_DESCRIPTOR_BASES = {"QH": "Q", "DOH": "DO", "QTH": "Q", "DOTH": "DO", "STH": "STATS"}
+
+
+def _host_descriptors_fit(rank: int, geo: "Geometry", heads: dict, keyed: torch.Tensor,
+                          valued: torch.Tensor) -> bool:
+    """Whether a kernel's two streamed tensors, one read in head-dim blocks (K, or Q) and one in
+    value-dim blocks (V, or dO), can both come through host-built descriptors."""
+    return (host_descriptors_fit(rank, geo.Dl, keyed, heads["BLOCK_D"], heads["TAIL_D"])
+            and host_descriptors_fit(rank, geo.Dl, valued, heads["BLOCK_DV"], heads["TAIL_DV"]))
 
 
 def _host_kv_descriptors(k: torch.Tensor, v: torch.Tensor, rank: int, kv_tile, heads: dict) -> tuple:
@@ -555,8 +562,7 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
         names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av", "out", "lse", "dlse", *MOD_TENSOR_NAMES)
         heads = head_block_constexprs(problem, cfg, feature["PRECISION"])
         tma = use_descriptors(cfg.get("tma", False), large, k, v)
-        host = tma and host_descriptors_fit(r, geo.Dl, k, heads["BLOCK_D"], heads["TAIL_D"]) and host_descriptors_fit(
-            r, geo.Dl, v, heads["BLOCK_DV"], heads["TAIL_DV"])
+        host = tma and _host_descriptors_fit(r, geo, heads, k, v)
         kv_descs = _host_kv_descriptors(k, v, r, cfg["kv"], heads) if host else (None,) * 4
         launches.append((LivePlan(Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
             *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call
@@ -579,8 +585,7 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
         cfg = cfgs["dkdv"]
         tma = use_descriptors(cfg.get("tma", False), large, q, do)
         heads = head_block_constexprs(problem, cfg, feature["PRECISION"], atomic_dq=atomic and need_q)
-        host = (tma and host_descriptors_fit(r, geo.Dl, q, heads["BLOCK_D"], heads["TAIL_D"])
-                and host_descriptors_fit(r, geo.Dl, do, heads["BLOCK_DV"], heads["TAIL_DV"])
+        host = (tma and _host_descriptors_fit(r, geo, heads, q, do)
                 and host_descriptors_fit(r, geo.Dl, tensors["stats"], 4, 0))
         q_descs = _host_query_descriptors(q, do, tensors["stats"], r, cfg["q"], heads) if host else (None,) * 5
         live = live_steps(problem, mods, geo, cfg, True, wide_index, _tile_constexprs(cfg["q"], cfg["kv"], r), q.device)
@@ -594,7 +599,8 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
             *geo.runtime_args(cfg["kv"]), problem.scale, softcap,
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature, **heads,
-            HAS_RPB=rpb is not None, TMA=tma and not host, HOST_TMA=host, ATOMIC_DQ=atomic and need_q, RPB_GRAD=atomic and need_rpb,
+            HAS_RPB=rpb is not None, TMA=tma and not host, HOST_TMA=host, ATOMIC_DQ=atomic and need_q,
+            RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
             WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
             num_warps=cfg["warps"], num_stages=cfg["stages"],

@@ -677,7 +677,8 @@ def _on_host_descriptors(problem: Problem, config: Dict) -> Dict:
     if not fwd["tma"] and fwd["pack"] == 1 and narrowest >= HOST_DESCRIPTOR_FORWARD_MIN_HEAD_DIM:
         config["fwd"] = dict(fwd, tma=True)
     dq, dkdv = config["dq"], config["dkdv"]
-    if (not dq["tma"] and HOST_DESCRIPTOR_BACKWARD_MIN_HEAD_DIM <= narrowest and widest < BACKWARD_DESCRIPTOR_HEAD_DIMS[0]
+    narrow_enough = HOST_DESCRIPTOR_BACKWARD_MIN_HEAD_DIM <= narrowest and widest < BACKWARD_DESCRIPTOR_HEAD_DIMS[0]
+    if (not dq["tma"] and narrow_enough
             and steps_per_tile(problem, dq["q"], dq["kv"]) > BACKWARD_SHORT_WALK_STEPS):
         config["dq"] = dict(dq, tma=True)
         config["dkdv"] = dict(dkdv, tma=True, wait_dk=waits_for_dk(problem, True))
