@@ -4,7 +4,8 @@ Two tables, as RESULTS.md "Short walks read by pointer" reports them (forward, b
 time, median of three interleaved rounds):
 
 * ``--flip``: each problem's default config against the same config with ``tma`` flipped (the
-  sweep that suggested the rule);
+  sweep that suggested the rule); where the default packs (batch, head) pairs by pointer, also
+  descriptor loads with one pair a program (``tma_unpacked``);
 * default (``--rule``): the default config against the one before the short-walk rule (descriptors
   wherever the head dim asks for them, one (batch, head) pair a program), outputs compared;
 * ``--backward``: the backward (dQ and dK/dV kernels) with its default loads against the same
@@ -123,8 +124,13 @@ def main():
             reference, _ = backend.forward(problem, inputs, other)
             got, _ = backend.forward(problem, inputs, new)
             row["max_diff"] = (got.float() - reference.float()).abs().max().item()
-            ms = forward_ms(backend, problem, inputs, {"default": new, "other": other})
+            configs = {"default": new, "other": other}
+            if args.flip and fwd.get("pack", 1) > 1 and not fwd["tma"]:
+                configs["tma_unpacked"] = dict(new, fwd=dict(fwd, tma=True, pack=1))
+            ms = forward_ms(backend, problem, inputs, configs)
             row.update(default_ms=ms["default"], other_ms=ms["other"], speedup=ms["other"] / ms["default"])
+            if "tma_unpacked" in ms:
+                row.update(tma_unpacked_ms=ms["tma_unpacked"], tma_unpacked_speedup=ms["tma_unpacked"] / ms["default"])
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
