@@ -1477,8 +1477,8 @@ def test_host_descriptors_equal_device_descriptors(monkeypatch, spatial, window,
 
 def test_host_descriptors_follow_each_calls_tensors():
     """A launch plan keeps its descriptors' shapes, strides and boxes but not their tensors: a
-    later call on other tensors of the same layout reads those, packed programs included, even
-    where the building call passed one tensor as q, k and v."""
+    later call on other tensors of the same layout reads those (and writes its own output),
+    packed programs included, even where the building call passed one tensor as q, k and v."""
     gen = torch.Generator().manual_seed(4)
     window = (5, 5)
     same = torch.randn(3, 7, 9, 4, 32, generator=gen).bfloat16()
@@ -1491,7 +1491,7 @@ def test_host_descriptors_follow_each_calls_tensors():
         for q, k, v in tensors:
             out, _ = launch.forward(problem, AttentionInputs(q, k, v), config)
             plan = launch._FORWARD_PLANS[next(key for key in launch._FORWARD_PLANS if key[1] == id(config))][2]
-            assert len(plan.launch.descriptors) == 2
+            assert len(plan.launch.descriptors) == 4  # K, V, and the query tile's Q and output boxes
             ref, _ = oracle.attention(q.double(), k.double(), v.double(), window)
             assert oracle.rel_error(out, ref) <= oracle.TOLERANCE[torch.bfloat16]
 

@@ -131,6 +131,20 @@ def load_host_box(desc, b, head, head_width, channel, y0, y1, y2, RANK: tl.const
 
 
 @triton.jit
+def store_host_box(desc, b, head, head_width, channel, y0, y1, y2, value, RANK: tl.constexpr, T0: tl.constexpr,
+                   T1: tl.constexpr, T2: tl.constexpr, WIDTH: tl.constexpr):
+    """load_host_box's inverse: ``value`` (``[T0 * T1 * T2, WIDTH]``, row-major) into batch ``b``'s
+    box of head ``head`` whose first token is (y0, y1, y2); the copy engine drops rows and
+    channels past the tensor."""
+    if RANK == 3:
+        desc.store([b, y0, y1, y2, head * head_width + channel], value.reshape(1, T0, T1, T2, WIDTH))
+    elif RANK == 2:
+        desc.store([b, y1, y2, head, channel], value.reshape(1, T1, T2, 1, WIDTH))
+    else:
+        desc.store([b, y2, head, channel], value.reshape(1, T2, 1, WIDTH))
+
+
+@triton.jit
 def load_streamed_tile(host_desc, b, head, head_width, channel, desc, base, s0, s1, s2, ys0, ys1, ys2, y0, y1, y2,
                        g0, g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, DIM, HOST_TMA: tl.constexpr, TMA: tl.constexpr,
                        LARGE: tl.constexpr, RANK: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):

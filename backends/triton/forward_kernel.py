@@ -18,7 +18,7 @@ them; on longer walks the packed loop's dearer steps cost more than that saves (
 import triton
 import triton.language as tl
 
-from .descriptors import kv_descriptors, kv_tail_descriptors, load_streamed_tile
+from .descriptors import kv_descriptors, kv_tail_descriptors, load_host_box, load_streamed_tile, store_host_box
 from .index_math import crosses, group_length, key_range, key_walk, list_step, next3, split3
 from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
 from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
@@ -115,7 +115,7 @@ def softmax_scores(qk, bias, scale, softcap, HAS_RPB: tl.constexpr, HAS_SOFTCAP:
 
 @triton.jit
 def forward_kernel(
-    Q, K, V, O, LSE, RPB, AK, AV, MT0, MT1, MT2, MT3, LIVE, KH, VH, KTH, VTH,
+    Q, K, V, O, LSE, RPB, AK, AV, MT0, MT1, MT2, MT3, LIVE, KH, VH, KTH, VTH, QBOX, OBOX,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -135,7 +135,7 @@ def forward_kernel(
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
     MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
-    HOST_TMA: tl.constexpr,
+    HOST_TMA: tl.constexpr, HOST_QO: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -167,7 +167,13 @@ def forward_kernel(
     dv = tl.arange(0, BLOCK_DV)
     q_cells = (i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :]
     q_mask = q_ok[:, None] & (d[None, :] < HEAD_D)
-    q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
+    if HOST_QO:
+        # The query tile and, in store_rows, the output through host descriptors of query-tile
+        # boxes (launch.HOST_QUERY_BOXES): one copy each way instead of a gather and a scatter.
+        tl.static_assert(TAIL_D == 0 and TAIL_DV == 0, "query boxes through descriptors take one head block")
+        q = load_host_box(QBOX, b, h, HEAD_D, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
+    else:
+        q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
     if TAIL_D > 0:
         d_tail = BLOCK_D + tl.arange(0, TAIL_D)
         q_tail_cells = (i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d_tail[None, :]
@@ -220,7 +226,10 @@ def forward_kernel(
         if PACK > 1:
             # The pair's queries again at every step: a pipelined load (mostly from L1/L2) keeps the
             # loop free of a load that waits, where a load at each pair's first step would wait.
-            q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
+            if HOST_QO:
+                q = load_host_box(QBOX, b, h, HEAD_D, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
+            else:
+                q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
             k_base = K + b.to(tl.int64) * skb + kvh.to(tl.int64) * skh
             v_base = V + b.to(tl.int64) * svb + kvh.to(tl.int64) * svh
             k_desc, v_desc = k_base, v_base
@@ -267,8 +276,9 @@ def forward_kernel(
             # asynchronous").
             if finished:
                 b_out, h_out = previous_pair(b, h, HEADS)
-                store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2, dv,
-                           q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV)
+                store_rows(O, LSE, OBOX, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2,
+                           xs0, xs1, xs2, dv, q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV, HOST_QO,
+                           RANK, TM0, TM1, TM2)
                 m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
                 l_i = tl.zeros([BLOCK_M], tl.float32)
                 acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -328,8 +338,8 @@ def forward_kernel(
     b_out, h_out = b, h
     if PACK > 1:
         b_out, h_out = previous_pair(b, h, HEADS)
-    store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2, dv, q_ok,
-               acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV)
+    store_rows(O, LSE, OBOX, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2, xs0, xs1, xs2,
+               dv, q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV, HOST_QO, RANK, TM0, TM1, TM2)
 
 
 @triton.jit
@@ -342,17 +352,24 @@ def previous_pair(b, h, HEADS):
 
 
 @triton.jit
-def store_rows(O, LSE, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b, h, i0, i1, i2, dv, q_ok,
-               acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV: tl.constexpr, TAIL_DV: tl.constexpr):
+def store_rows(O, LSE, OBOX, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b, h, i0, i1, i2, xs0, xs1, xs2, dv,
+               q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV: tl.constexpr, TAIL_DV: tl.constexpr,
+               HOST_QO: tl.constexpr, RANK: tl.constexpr, TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr):
     """Normalise the accumulated rows of (batch b, head h) (channels ``dv``, and with TAIL_DV the
     tail's after them) and store them and their LSE; rows that saw no key get zeros and an LSE of
-    -inf."""
+    -inf. With HOST_QO the output goes out as one box copy (first token (xs0, xs1, xs2)) through
+    the host descriptor ``OBOX``."""
     empty = l_i == 0.0
     denominator = tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i * unit + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    o_rows = b.to(tl.int64) * sob + h.to(tl.int64) * soh + i0 * so0 + i1 * so1 + i2 * so2
     out = acc / denominator
-    tl.store(O + o_rows[:, None] + dv[None, :], out.to(O.dtype.element_ty), mask=q_ok[:, None] & (dv[None, :] < HEAD_DV))
+    o_rows = b.to(tl.int64) * sob + h.to(tl.int64) * soh + i0 * so0 + i1 * so1 + i2 * so2
+    if HOST_QO:
+        store_host_box(OBOX, b, h, HEAD_DV, 0, xs0, xs1, xs2, out.to(O.dtype.element_ty), RANK, TM0, TM1, TM2,
+                       BLOCK_DV)
+    else:
+        tl.store(O + o_rows[:, None] + dv[None, :], out.to(O.dtype.element_ty),
+                 mask=q_ok[:, None] & (dv[None, :] < HEAD_DV))
     if TAIL_DV > 0:
         dv_tail = BLOCK_DV + tl.arange(0, TAIL_DV)
         out_tail = acc_tail / denominator

@@ -329,12 +329,14 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
     # descriptors read by pointer.
     tma = tma and (host or pack == 1)
     kv_descs = _host_kv_descriptors(k, v, r, cfg["kv"], heads) if host else (None,) * 4
+    host_qo = host and _query_boxes_fit(r, geo, heads, q, out)
+    qo_descs = _host_query_box_descriptors(q, out, r, cfg["q"], heads) if host_qo else (None,) * 2
     grid0 = geo.grid0(cfg["q"])
     # Packed programs run `pack` (batch, head) pairs of one query tile each, on a flat grid.
     grid = (grid0, H, B) if pack == 1 else (grid0 * cdiv(B * H, pack), 1, 1)
     return LivePlan(Launch(forward_kernel, grid, [
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
-        *mod_tensors(mods, q), q, *kv_descs, *token_strides(q, r), *token_strides(k, r), *token_strides(v, r),
+        *mod_tensors(mods, q), q, *kv_descs, *qo_descs, *token_strides(q, r), *token_strides(k, r), *token_strides(v, r),
         *token_strides(out, r), *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak),
         *_extra_strides(av), H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, H, B,
         *geo.runtime_args(cfg["q"]),
@@ -342,17 +344,22 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **heads,
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
-        LARGE=large, PRECISION=precision, RANK=r, TMA=tma and not host, HOST_TMA=host,
+        LARGE=large, PRECISION=precision, RANK=r, TMA=tma and not host, HOST_TMA=host, HOST_QO=host_qo,
         LAZY_RESCALE=cfg.get("lazy_rescale", False),
         FOLD_SCALE=(cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None
                     and problem.score_mod is None),
         PACK=pack, **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
         num_warps=cfg["warps"], num_stages=cfg["stages"],
-    ), KV_DESCRIPTOR_BASES), live)
+    ), FORWARD_DESCRIPTOR_BASES), live)
 
 
 # The kernels' host-built descriptor arguments and the tensor arguments they describe.
 KV_DESCRIPTOR_BASES = {"KH": "K", "VH": "V", "KTH": "K", "VTH": "V"}
+FORWARD_DESCRIPTOR_BASES = {**KV_DESCRIPTOR_BASES, "QBOX": "Q", "OBOX": "O"}
+# Whether a forward that reads K/V through host descriptors also reads its query tile and writes
+# its output through descriptors of query-tile boxes (one copy each instead of a pointer gather
+# and scatter; heads without a channel tail).
+HOST_QUERY_BOXES = True
 QUERY_DESCRIPTOR_BASES = {"QH": "Q", "DOH": "DO", "QTH": "Q", "DOTH": "DO", "STH": "STATS"}
 
 
@@ -370,6 +377,22 @@ def _host_kv_descriptors(k: torch.Tensor, v: torch.Tensor, rank: int, kv_tile, h
     k_desc, k_tail = token_descriptors(k, rank, _pad3(kv_tile, 1), heads["BLOCK_D"], heads["TAIL_D"])
     v_desc, v_tail = token_descriptors(v, rank, _pad3(kv_tile, 1), heads["BLOCK_DV"], heads["TAIL_DV"])
     return k_desc, v_desc, k_tail, v_tail
+
+
+def _query_boxes_fit(rank: int, geo: "Geometry", heads: dict, q: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether the forward's query tile and output can go through host descriptors of query-tile
+    boxes (HOST_QUERY_BOXES): one head block each way, and both tensors fit a host descriptor."""
+    return (HOST_QUERY_BOXES and heads["TAIL_D"] == 0 and heads["TAIL_DV"] == 0
+            and use_descriptors(True, False, q, out)
+            and host_descriptors_fit(rank, geo.Dl, q, heads["BLOCK_D"], 0)
+            and host_descriptors_fit(rank, geo.Dl, out, heads["BLOCK_DV"], 0))
+
+
+def _host_query_box_descriptors(q: torch.Tensor, out: torch.Tensor, rank: int, q_tile, heads: dict) -> tuple:
+    """The forward's Q and output descriptors in query-tile boxes (host_descriptors.py)."""
+    tile = _pad3(q_tile, 1)
+    return (token_descriptors(q, rank, tile, heads["BLOCK_D"], 0)[0],
+            token_descriptors(out, rank, tile, heads["BLOCK_DV"], 0)[0])
 
 
 def _host_query_descriptors(q: torch.Tensor, do: torch.Tensor, stats: torch.Tensor, rank: int, q_tile,
