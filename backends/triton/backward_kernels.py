@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .descriptors import (add_to_box, group_descriptor, kv_descriptors, kv_tail_descriptors, load_box, load_host_box,
-                          load_streamed_tile, store_host_box)
+                          load_streamed_tile)
 from .forward_kernel import tile_tokens
 from .index_math import crosses, key_range, key_walk, list_step, next3, query_range, query_walk, split3
 from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, massless_rows, modded_scores
@@ -46,14 +46,12 @@ def store_stats(STATS, rows, lse2, delta, ok):
 
 @triton.jit
 def own_row_stats(O, LSE, DLSE, STATS, o_rows, l_rows, stat_rows, do, do_tail, ok, dv, dv_tail, HEAD_DV,
-                  HAS_DLSE: tl.constexpr, TAIL_DV: tl.constexpr, o=None):
+                  HAS_DLSE: tl.constexpr, TAIL_DV: tl.constexpr):
     """(lse * log2 e, delta) of query rows whose dO is already loaded (channels ``dv``, and with
-    TAIL_DV the tail ``dv_tail`` in ``do_tail``), worked out from O (loaded here unless the caller
-    passes its rows ``o``) and the LSE (as row_stats_kernel does) and also stored in the
-    statistics buffer for the kernels that run after; rows outside the grid get lse = +inf, as in
-    row_stats."""
-    if o is None:
-        o = tl.load(O + o_rows[:, None] + dv[None, :], mask=ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    TAIL_DV the tail ``dv_tail`` in ``do_tail``), worked out from O and the LSE (as
+    row_stats_kernel does) and also stored in the statistics buffer for the kernels that run
+    after; rows outside the grid get lse = +inf, as in row_stats."""
+    o = tl.load(O + o_rows[:, None] + dv[None, :], mask=ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     if TAIL_DV > 0:
         o_tail = tl.load(O + o_rows[:, None] + dv_tail[None, :], mask=ok[:, None] & (dv_tail[None, :] < HEAD_DV),
@@ -94,7 +92,6 @@ def softcap_chain(ds, t, HAS_SOFTCAP: tl.constexpr):
 @triton.jit
 def dq_kernel(
     Q, K, V, DO, STATS, DQ, RPB, DSB, AK, AV, O, LSE, DLSE, MT0, MT1, MT2, MT3, LIVE, KH, VH, KTH, VTH,
-    QBOX, DOBOX, OBOX, DQBOX,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -117,7 +114,6 @@ def dq_kernel(
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, HAS_DLSE: tl.constexpr, WAIT_DQ: tl.constexpr,
     HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
     MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr, HOST_TMA: tl.constexpr,
-    HOST_RESIDENT: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -137,17 +133,8 @@ def dq_kernel(
     bh = (b.to(tl.int64), h.to(tl.int64))
     q_cells = (bh[0] * sqb + bh[1] * sqh + i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None]
     do_cells = (bh[0] * sdob + bh[1] * sdoh + i0 * sdo0 + i1 * sdo1 + i2 * sdo2)[:, None]
-    o = None
-    if HOST_RESIDENT:
-        # The query tile's Q, dO and O in and dQ out through host descriptors of query-tile boxes
-        # (launch.HOST_RESIDENT_BOXES), as in forward_kernel.
-        tl.static_assert(TAIL_D == 0 and TAIL_DV == 0, "resident boxes through descriptors take one head block")
-        q = load_host_box(QBOX, b, h, HEAD_D, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
-        do = load_host_box(DOBOX, b, h, HEAD_DV, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_DV)
-        o = load_host_box(OBOX, b, h, HEAD_DV, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_DV)
-    else:
-        q = tl.load(Q + q_cells + d[None, :], mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-        do = tl.load(DO + do_cells + dv[None, :], mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    q = tl.load(Q + q_cells + d[None, :], mask=q_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+    do = tl.load(DO + do_cells + dv[None, :], mask=q_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     d_tail = BLOCK_D + tl.arange(0, TAIL_DW)
     dv_tail = BLOCK_DV + tl.arange(0, TAIL_DVW)
     if TAIL_D > 0:
@@ -163,7 +150,7 @@ def dq_kernel(
                                 bh[0] * sob + bh[1] * soh + i0 * so0 + i1 * so1 + i2 * so2,
                                 bh[0] * slsb + bh[1] * slsh + i0 * sls0 + i1 * sls1 + i2 * sls2,
                                 bh[0] * slb + bh[1] * slh + i0 * sl0 + i1 * sl1 + i2 * sl2, do, do_tail, q_ok, dv,
-                                dv_tail, HEAD_DV, HAS_DLSE, TAIL_DV, o)
+                                dv_tail, HEAD_DV, HAS_DLSE, TAIL_DV)
     if HAS_SCORE_MOD:
         lse2 = massless_rows(lse2)
 
@@ -284,12 +271,8 @@ def dq_kernel(
             dq = mma(ds.to(kt.dtype), kt, dq, PRECISION)
 
     dq_rows = bh[0] * sdqb + bh[1] * sdqh + i0 * sdq0 + i1 * sdq1 + i2 * sdq2
-    if HOST_RESIDENT:
-        store_host_box(DQBOX, b, h, HEAD_D, 0, xs0, xs1, xs2, (dq * scale).to(DQ.dtype.element_ty), RANK, TM0, TM1,
-                       TM2, BLOCK_D)
-    else:
-        tl.store(DQ + dq_rows[:, None] + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-                 mask=q_ok[:, None] & (d[None, :] < HEAD_D))
+    tl.store(DQ + dq_rows[:, None] + d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=q_ok[:, None] & (d[None, :] < HEAD_D))
     if TAIL_D > 0:
         tl.store(DQ + dq_rows[:, None] + d_tail[None, :], (dq_tail * scale).to(DQ.dtype.element_ty),
                  mask=q_ok[:, None] & (d_tail[None, :] < HEAD_D))
@@ -298,7 +281,6 @@ def dq_kernel(
 @triton.jit
 def dkdv_kernel(
     Q, K, V, DO, STATS, DK, DV, RPB, DQA, DSB, MT0, MT1, MT2, MT3, LIVE, QH, DOH, QTH, DOTH, STH,
-    KBOX, VBOX, DKBOX, DVBOX,
     sqb, sq0, sq1, sq2, sqh,
     skb, sk0, sk1, sk2, skh,
     svb, sv0, sv1, sv2, svh,
@@ -321,7 +303,6 @@ def dkdv_kernel(
     ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, WAIT_DK: tl.constexpr,
     HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_MOD_GRAD: tl.constexpr,
     MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr, HOST_TMA: tl.constexpr,
-    HOST_RESIDENT: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -340,15 +321,8 @@ def dkdv_kernel(
     b64, kvh64 = b.to(tl.int64), kvh.to(tl.int64)
     k_cells = (b64 * skb + kvh64 * skh + k0 * sk0 + k1 * sk1 + k2 * sk2)[:, None]
     v_cells = (b64 * svb + kvh64 * svh + k0 * sv0 + k1 * sv1 + k2 * sv2)[:, None]
-    if HOST_RESIDENT:
-        # The key tile's K and V in and dK, dV out through host descriptors of key-tile boxes
-        # (launch.HOST_RESIDENT_BOXES).
-        tl.static_assert(TAIL_D == 0 and TAIL_DV == 0, "resident boxes through descriptors take one head block")
-        kt = load_host_box(KBOX, b, kvh, HEAD_D, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_D)
-        vt = load_host_box(VBOX, b, kvh, HEAD_DV, 0, ys0, ys1, ys2, RANK, BLOCK_N, BLOCK_DV)
-    else:
-        kt = tl.load(K + k_cells + d[None, :], mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
-        vt = tl.load(V + v_cells + dv[None, :], mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    kt = tl.load(K + k_cells + d[None, :], mask=k_ok[:, None] & (d[None, :] < HEAD_D), other=0.0)
+    vt = tl.load(V + v_cells + dv[None, :], mask=k_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     d_tail = BLOCK_D + tl.arange(0, TAIL_DW)
     dv_tail = BLOCK_DV + tl.arange(0, TAIL_DVW)
     if TAIL_D > 0:
@@ -543,16 +517,10 @@ def dkdv_kernel(
             j0 = tl.where(next_head, 0, j0)
         group_head += next_head.to(tl.int32)
 
-    if HOST_RESIDENT:
-        store_host_box(DKBOX, b, kvh, HEAD_D, 0, ys0, ys1, ys2, (dk * scale).to(DK.dtype.element_ty), RANK, TN0, TN1,
-                       TN2, BLOCK_D)
-        store_host_box(DVBOX, b, kvh, HEAD_DV, 0, ys0, ys1, ys2, dvacc.to(DV.dtype.element_ty), RANK, TN0, TN1, TN2,
-                       BLOCK_DV)
-    else:
-        tl.store(DK + (b64 * sdkb + kvh64 * sdkh + k0 * sdk0 + k1 * sdk1 + k2 * sdk2)[:, None] + d[None, :],
-                 (dk * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d[None, :] < HEAD_D))
-        tl.store(DV + (b64 * sdvb + kvh64 * sdvh + k0 * sdv0 + k1 * sdv1 + k2 * sdv2)[:, None] + dv[None, :],
-                 dvacc.to(DV.dtype.element_ty), mask=k_ok[:, None] & (dv[None, :] < HEAD_DV))
+    tl.store(DK + (b64 * sdkb + kvh64 * sdkh + k0 * sdk0 + k1 * sdk1 + k2 * sdk2)[:, None] + d[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d[None, :] < HEAD_D))
+    tl.store(DV + (b64 * sdvb + kvh64 * sdvh + k0 * sdv0 + k1 * sdv1 + k2 * sdv2)[:, None] + dv[None, :],
+             dvacc.to(DV.dtype.element_ty), mask=k_ok[:, None] & (dv[None, :] < HEAD_DV))
     if TAIL_D > 0:
         tl.store(DK + (b64 * sdkb + kvh64 * sdkh + k0 * sdk0 + k1 * sdk1 + k2 * sdk2)[:, None] + d_tail[None, :],
                  (dk_tail * scale).to(DK.dtype.element_ty), mask=k_ok[:, None] & (d_tail[None, :] < HEAD_D))

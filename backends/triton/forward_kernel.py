@@ -135,7 +135,7 @@ def forward_kernel(
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
     MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
-    HOST_TMA: tl.constexpr, HOST_RESIDENT: tl.constexpr,
+    HOST_TMA: tl.constexpr, Q_BOX: tl.constexpr, O_BOX: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = TM0 * TM1 * TM2
     BLOCK_N: tl.constexpr = TN0 * TN1 * TN2
@@ -167,10 +167,10 @@ def forward_kernel(
     dv = tl.arange(0, BLOCK_DV)
     q_cells = (i0 * sq0 + i1 * sq1 + i2 * sq2)[:, None] + d[None, :]
     q_mask = q_ok[:, None] & (d[None, :] < HEAD_D)
-    if HOST_RESIDENT:
-        # The query tile and, in store_rows, the output through host descriptors of query-tile
-        # boxes (launch.HOST_RESIDENT_BOXES): one copy each way instead of a gather and a scatter.
-        tl.static_assert(TAIL_D == 0 and TAIL_DV == 0, "query boxes through descriptors take one head block")
+    if Q_BOX:
+        # The query tile (and with O_BOX, in store_rows, the output) through host descriptors of
+        # query-tile boxes (launch.HOST_QUERY_BOXES): one copy instead of a gather (a scatter).
+        tl.static_assert(TAIL_D == 0, "query boxes through descriptors take one head block")
         q = load_host_box(QBOX, b, h, HEAD_D, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
     else:
         q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
@@ -226,7 +226,7 @@ def forward_kernel(
         if PACK > 1:
             # The pair's queries again at every step: a pipelined load (mostly from L1/L2) keeps the
             # loop free of a load that waits, where a load at each pair's first step would wait.
-            if HOST_RESIDENT:
+            if Q_BOX:
                 q = load_host_box(QBOX, b, h, HEAD_D, 0, xs0, xs1, xs2, RANK, BLOCK_M, BLOCK_D)
             else:
                 q = tl.load(Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + q_cells, mask=q_mask, other=0.0)
@@ -277,7 +277,7 @@ def forward_kernel(
             if finished:
                 b_out, h_out = previous_pair(b, h, HEADS)
                 store_rows(O, LSE, OBOX, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2,
-                           xs0, xs1, xs2, dv, q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV, HOST_RESIDENT,
+                           xs0, xs1, xs2, dv, q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV, O_BOX,
                            RANK, TM0, TM1, TM2)
                 m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
                 l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -339,7 +339,7 @@ def forward_kernel(
     if PACK > 1:
         b_out, h_out = previous_pair(b, h, HEADS)
     store_rows(O, LSE, OBOX, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b_out, h_out, i0, i1, i2, xs0, xs1, xs2,
-               dv, q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV, HOST_RESIDENT, RANK, TM0, TM1, TM2)
+               dv, q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV, TAIL_DV, O_BOX, RANK, TM0, TM1, TM2)
 
 
 @triton.jit
@@ -354,17 +354,18 @@ def previous_pair(b, h, HEADS):
 @triton.jit
 def store_rows(O, LSE, OBOX, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, b, h, i0, i1, i2, xs0, xs1, xs2, dv,
                q_ok, acc, acc_tail, m_i, l_i, unit, HEAD_DV, BLOCK_DV: tl.constexpr, TAIL_DV: tl.constexpr,
-               HOST_RESIDENT: tl.constexpr, RANK: tl.constexpr, TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr):
+               O_BOX: tl.constexpr, RANK: tl.constexpr, TM0: tl.constexpr, TM1: tl.constexpr, TM2: tl.constexpr):
     """Normalise the accumulated rows of (batch b, head h) (channels ``dv``, and with TAIL_DV the
     tail's after them) and store them and their LSE; rows that saw no key get zeros and an LSE of
-    -inf. With HOST_RESIDENT the output goes out as one box copy (first token (xs0, xs1, xs2)) through
+    -inf. With O_BOX the output goes out as one box copy (first token (xs0, xs1, xs2)) through
     the host descriptor ``OBOX``."""
     empty = l_i == 0.0
     denominator = tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i * unit + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
     out = acc / denominator
     o_rows = b.to(tl.int64) * sob + h.to(tl.int64) * soh + i0 * so0 + i1 * so1 + i2 * so2
-    if HOST_RESIDENT:
+    if O_BOX:
+        tl.static_assert(TAIL_DV == 0, "output boxes through descriptors take one head block")
         store_host_box(OBOX, b, h, HEAD_DV, 0, xs0, xs1, xs2, out.to(O.dtype.element_ty), RANK, TM0, TM1, TM2,
                        BLOCK_DV)
     else:

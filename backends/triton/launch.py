@@ -329,14 +329,13 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
     # descriptors read by pointer.
     tma = tma and (host or pack == 1)
     kv_descs = _host_kv_descriptors(k, v, r, cfg["kv"], heads) if host else (None,) * 4
-    resident, resident_descs = (_resident_boxes("fwd", r, geo, heads, cfg["q"], ((q, "BLOCK_D"), (out, "BLOCK_DV")))
-                                if host else (False, (None,) * 2))
+    q_box, o_box, *box_descs = _query_boxes(r, geo, heads, cfg["q"], q, out) if host else (False, False, None, None)
     grid0 = geo.grid0(cfg["q"])
     # Packed programs run `pack` (batch, head) pairs of one query tile each, on a flat grid.
     grid = (grid0, H, B) if pack == 1 else (grid0 * cdiv(B * H, pack), 1, 1)
     return LivePlan(Launch(forward_kernel, grid, [
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
-        *mod_tensors(mods, q), q, *kv_descs, *resident_descs, *token_strides(q, r), *token_strides(k, r), *token_strides(v, r),
+        *mod_tensors(mods, q), q, *kv_descs, *box_descs, *token_strides(q, r), *token_strides(k, r), *token_strides(v, r),
         *token_strides(out, r), *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r), *_extra_strides(ak),
         *_extra_strides(av), H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, H, B,
         *geo.runtime_args(cfg["q"]),
@@ -344,7 +343,7 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **heads,
         HAS_RPB=rpb is not None, HAS_SOFTCAP=problem.softcap is not None, HAS_EXTRA=ak is not None,
-        LARGE=large, PRECISION=precision, RANK=r, TMA=tma and not host, HOST_TMA=host, HOST_RESIDENT=resident,
+        LARGE=large, PRECISION=precision, RANK=r, TMA=tma and not host, HOST_TMA=host, Q_BOX=q_box, O_BOX=o_box,
         LAZY_RESCALE=cfg.get("lazy_rescale", False),
         FOLD_SCALE=(cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None
                     and problem.score_mod is None),
@@ -357,13 +356,11 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
 KV_DESCRIPTOR_BASES = {"KH": "K", "VH": "V", "KTH": "K", "VTH": "V"}
 QUERY_DESCRIPTOR_BASES = {"QH": "Q", "DOH": "DO", "QTH": "Q", "DOTH": "DO", "STH": "STATS"}
 FORWARD_DESCRIPTOR_BASES = {**KV_DESCRIPTOR_BASES, "QBOX": "Q", "OBOX": "O"}
-DQ_DESCRIPTOR_BASES = {**KV_DESCRIPTOR_BASES, "QBOX": "Q", "DOBOX": "DO", "OBOX": "O", "DQBOX": "DQ"}
-DKDV_DESCRIPTOR_BASES = {**QUERY_DESCRIPTOR_BASES, "KBOX": "K", "VBOX": "V", "DKBOX": "DK", "DVBOX": "DV"}
-# Per kernel: whether a kernel that streams its tiles through host descriptors also moves its
-# resident tile through descriptors of boxes of that tile's shape: the forward's Q in and output
-# out, dQ's Q, dO and O in and dQ out, dK/dV's K and V in and dK, dV out. One copy each instead
-# of a pointer gather or scatter (heads without a channel tail only).
-HOST_RESIDENT_BOXES = {"fwd": True, "dq": True, "dkdv": True}
+# Whether a forward that streams K/V through host descriptors also reads its query tile
+# ("query") and writes its output ("output") through host descriptors of query-tile boxes: one
+# copy instead of a pointer gather or scatter (heads without a channel tail only). Off: see
+# RESULTS.md, "Resident tiles through host descriptors".
+HOST_QUERY_BOXES = {"query": False, "output": False}
 
 
 def _host_descriptors_fit(rank: int, geo: "Geometry", heads: dict, keyed: torch.Tensor,
@@ -382,17 +379,18 @@ def _host_kv_descriptors(k: torch.Tensor, v: torch.Tensor, rank: int, kv_tile, h
     return k_desc, v_desc, k_tail, v_tail
 
 
-def _resident_boxes(kernel: str, rank: int, geo: "Geometry", heads: dict, tile, tensors_and_widths) -> tuple:
-    """(whether, descriptors): ``kernel``'s resident tensors, each read or written in boxes of
-    ``tile`` and ``heads[width]`` channels, through host descriptors (HOST_RESIDENT_BOXES; Nones
-    where they do not: a head with a channel tail, or a tensor no host descriptor fits)."""
-    tensors = [t for t, _ in tensors_and_widths]
-    fit = (HOST_RESIDENT_BOXES[kernel] and not heads["TAIL_D"] and not heads["TAIL_DV"]
-           and use_descriptors(True, False, *tensors)
-           and all(host_descriptors_fit(rank, geo.Dl, t, heads[width], 0) for t, width in tensors_and_widths))
-    if not fit:
-        return False, (None,) * len(tensors)
-    return True, tuple(token_descriptors(t, rank, _pad3(tile, 1), heads[width], 0)[0] for t, width in tensors_and_widths)
+def _query_boxes(rank: int, geo: "Geometry", heads: dict, tile, q: torch.Tensor, out: torch.Tensor) -> tuple:
+    """(Q through a box?, output through a box?, Q's descriptor, the output's) for the forward
+    (HOST_QUERY_BOXES; None where not): one head block each way, and the tensor fits a host
+    descriptor."""
+    def box(t, width, wanted):
+        fit = (wanted and not heads["TAIL_D"] and not heads["TAIL_DV"] and use_descriptors(True, False, t)
+               and host_descriptors_fit(rank, geo.Dl, t, heads[width], 0))
+        return fit, token_descriptors(t, rank, _pad3(tile, 1), heads[width], 0)[0] if fit else None
+
+    (q_fit, q_desc), (o_fit, o_desc) = box(q, "BLOCK_D", HOST_QUERY_BOXES["query"]), box(
+        out, "BLOCK_DV", HOST_QUERY_BOXES["output"])
+    return q_fit, o_fit, q_desc, o_desc
 
 
 def _host_query_descriptors(q: torch.Tensor, do: torch.Tensor, stats: torch.Tensor, rank: int, q_tile,
@@ -587,12 +585,9 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
         tma = use_descriptors(cfg.get("tma", False), large, k, v)
         host = tma and _host_descriptors_fit(r, geo, heads, k, v)
         kv_descs = _host_kv_descriptors(k, v, r, cfg["kv"], heads) if host else (None,) * 4
-        resident, resident_descs = (_resident_boxes("dq", r, geo, heads, cfg["q"], (
-            (q, "BLOCK_D"), (do, "BLOCK_DV"), (tensors["out"], "BLOCK_DV"), (t["dq"], "BLOCK_D"))) if host
-            else (False, (None,) * 4))
         launches.append((LivePlan(Launch(dq_kernel, (geo.grid0(cfg["q"]), H, B), [
             *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call
-            *kv_descs, *resident_descs,
+            *kv_descs,
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
             *stats_strides, *token_strides(t["out"], r), *token_strides(t["lse"], r),
             *token_strides(t["dq"], r), *_rpb_strides(rpb, r), *_extra_strides(ak), *_extra_strides(av),
@@ -601,10 +596,10 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
         ], dict(
             **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **feature, **heads,
             HAS_RPB=rpb is not None, RPB_GRAD=need_rpb, HAS_EXTRA=ak is not None,
-            TMA=tma and not host, HOST_TMA=host, HOST_RESIDENT=resident, **_walk_constexprs(cfg),
+            TMA=tma and not host, HOST_TMA=host, **_walk_constexprs(cfg),
             HAS_DLSE=has_dlse, WAIT_DQ=cfg.get("wait_dq", False), **with_mods, **_live_arguments(live),
             num_warps=cfg["warps"], num_stages=cfg["stages"],
-        ), DQ_DESCRIPTOR_BASES), live), names))
+        ), KV_DESCRIPTOR_BASES), live), names))
 
     dq_sum_strides = token_strides(t["dq_sum"], r)
     if need_k or need_v or atomic:
@@ -614,14 +609,11 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
         host = (tma and _host_descriptors_fit(r, geo, heads, q, do)
                 and host_descriptors_fit(r, geo.Dl, tensors["stats"], 4, 0))
         q_descs = _host_query_descriptors(q, do, tensors["stats"], r, cfg["q"], heads) if host else (None,) * 5
-        resident, resident_descs = (_resident_boxes("dkdv", r, geo, heads, cfg["kv"], (
-            (k, "BLOCK_D"), (v, "BLOCK_DV"), (t["dk"], "BLOCK_D"), (t["dv"], "BLOCK_DV")))
-            if host else (False, (None,) * 4))
         live = live_steps(problem, mods, geo, cfg, True, wide_index, _tile_constexprs(cfg["q"], cfg["kv"], r), q.device)
         names = ("q", "k", "v", "do", "stats", "dk", "dv", "rpb", "dq_sum", "ds", *MOD_TENSOR_NAMES)
         launches.append((LivePlan(Launch(dkdv_kernel, (geo.grid0(cfg["kv"]), Hkv, B), [
             *(t[name] for name in names), q,  # q: the place of the live-step lists, given per call
-            *q_descs, *resident_descs,
+            *q_descs,
             *token_strides(q, r), *token_strides(k, r), *token_strides(v, r), *token_strides(do, r),
             *stats_strides, *token_strides(t["dk"], r), *token_strides(t["dv"], r), *_rpb_strides(rpb, r),
             *dq_sum_strides, H, G, problem.head_dim, problem.value_dim,
@@ -631,9 +623,9 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
             HAS_RPB=rpb is not None, TMA=tma and not host, HOST_TMA=host, ATOMIC_DQ=atomic and need_q,
             RPB_GRAD=atomic and need_rpb,
             TMA_DQ=atomic and need_q and cfg.get("tma_dq", True) and use_reduce_descriptors(large, tensors["dq_sum"]),
-            WAIT_DK=cfg.get("wait_dk", False), HOST_RESIDENT=resident, **_walk_constexprs(cfg), **with_mods,
-            **_live_arguments(live), num_warps=cfg["warps"], num_stages=cfg["stages"],
-        ), DKDV_DESCRIPTOR_BASES), live), names))
+            WAIT_DK=cfg.get("wait_dk", False), **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
+            num_warps=cfg["warps"], num_stages=cfg["stages"],
+        ), QUERY_DESCRIPTOR_BASES), live), names))
 
     if need_ak or need_av or (atomic and need_q and ak is not None):
         names = ("q", "ak", "av", "do", "stats", "dak", "dav", "dq_sum", *MOD_TENSOR_NAMES)
