@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# One device call: each kernel's resident tiles through host descriptors against pointers
-# (bench_resident_boxes.py), the triton GPU test suites (neighbourhood, window, mods, kq_conv, tiny
-# random problems; -n 8, cut off by TEST_TIMEOUT), then the short-walk load rules re-measured now
-# that undilated problems read their tiles through descriptors built on the host
-# (bench_short_walks.py --flip, then --backward: each problem's default against its loads flipped).
-# Files under $OUT: device.txt, resident_boxes.{json,log}, short_walks_{forward,backward}.{json,log},
+# One device call: the forward's query tile and output through host descriptors, each half
+# against pointers and the oracle, and timed (probe_query_boxes.py); the triton GPU test suites
+# (neighbourhood, window, mods, kq_conv, tiny random problems; -n 8, cut off by TEST_TIMEOUT);
+# then the short-walk load rules re-measured now that undilated problems read their tiles through
+# descriptors built on the host (bench_short_walks.py --flip, then --backward: each problem's
+# default against its loads flipped).
+# Files under $OUT: device.txt, query_boxes.log, short_walks_{forward,backward}.{json,log},
 # gpu_tests.log.
 #   bash benchmarks/gpu_run_short_walks.sh
 source "$(dirname "$0")/gpu_preamble.sh"
-timeout -s INT ${BOX_TIMEOUT:-190} python3 benchmarks/bench_resident_boxes.py --only ${BOX_ONLY:-1,8,9,17,21,5,0,10,12,16,18,22,2,4,6,7,13,14,19,20} --json "$OUT/resident_boxes.json" \
-  > "$OUT/resident_boxes.log" 2>&1
-echo "resident boxes exit $? after $(( $(date +%s) - s )) s"; grep -v Warning "$OUT/resident_boxes.log" | tail -30
+timeout -s INT ${BOX_TIMEOUT:-150} python3 benchmarks/probe_query_boxes.py > "$OUT/query_boxes.log" 2>&1
+echo "query boxes exit $? after $(( $(date +%s) - s )) s"; grep -v Warning "$OUT/query_boxes.log" | tail -12
 if [ -z "$NO_TESTS" ]; then
   timeout -s INT ${TEST_TIMEOUT:-170} python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider -rf --tb=short \
     tests/test_triton_gpu.py tests/test_window_gpu.py tests/test_triton_mods_gpu.py tests/test_triton_kq_conv_gpu.py \
