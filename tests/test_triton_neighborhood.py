@@ -1477,7 +1477,8 @@ def test_host_descriptors_equal_device_descriptors(monkeypatch, spatial, window,
 
 @pytest.mark.parametrize(
     "spatial,window,options",
-    [((37,), 9, dict(causal=True)), ((9, 11), (5, 3), dict(kv_heads=1)), ((3, 5, 6), (3, 3, 5), dict(stride=(1, 2, 1)))],
+    [((37,), 9, dict(causal=True)), ((9, 11), (5, 3), dict(kv_heads=1)),
+     ((3, 5, 6), (3, 3, 5), dict(stride=(1, 2, 1)))],
     ids=["1d-causal", "2d-mqa", "3d-strided"],
 )
 def test_query_boxes_equal_pointers(monkeypatch, spatial, window, options):
