@@ -337,8 +337,8 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
         q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
         *mod_tensors(mods, q), q, *kv_descs, *box_descs, *token_strides(q, r), *token_strides(k, r),
         *token_strides(v, r), *token_strides(out, r), *token_strides(lse.unsqueeze(-1), r), *_rpb_strides(rpb, r),
-        *_extra_strides(ak), *_extra_strides(av), H // problem.kv_heads, problem.extra_tokens, problem.head_dim, problem.value_dim, H, B,
-        *geo.runtime_args(cfg["q"]),
+        *_extra_strides(ak), *_extra_strides(av), H // problem.kv_heads, problem.extra_tokens, problem.head_dim,
+        problem.value_dim, H, B, *geo.runtime_args(cfg["q"]),
         problem.scale, problem.softcap or 1.0,
     ], dict(
         **geo.constexprs(), **_tile_constexprs(cfg["q"], cfg["kv"], r), **heads,
