@@ -130,7 +130,8 @@ def main():
             ms = forward_ms(backend, problem, inputs, configs)
             row.update(default_ms=ms["default"], other_ms=ms["other"], speedup=ms["other"] / ms["default"])
             if "tma_unpacked" in ms:
-                row.update(tma_unpacked_ms=ms["tma_unpacked"], tma_unpacked_speedup=ms["tma_unpacked"] / ms["default"])
+                row.update(tma_unpacked_ms=ms["tma_unpacked"],
+                           tma_unpacked_speedup=ms["tma_unpacked"] / ms["default"])
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
