@@ -388,8 +388,8 @@ def _query_boxes(rank: int, geo: "Geometry", heads: dict, tile, q: torch.Tensor,
                and host_descriptors_fit(rank, geo.Dl, t, heads[width], 0))
         return fit, token_descriptors(t, rank, _pad3(tile, 1), heads[width], 0)[0] if fit else None
 
-    (q_fit, q_desc), (o_fit, o_desc) = box(q, "BLOCK_D", HOST_QUERY_BOXES["query"]), box(
-        out, "BLOCK_DV", HOST_QUERY_BOXES["output"])
+    q_fit, q_desc = box(q, "BLOCK_D", HOST_QUERY_BOXES["query"])
+    o_fit, o_desc = box(out, "BLOCK_DV", HOST_QUERY_BOXES["output"])
     return q_fit, o_fit, q_desc, o_desc
 
 
