@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One device call: the forward's query tile and output through host descriptors, each half
-# against pointers and the oracle, and timed (probe_query_boxes.py); the triton GPU test suites
+# One device call: query-tile boxes through Triton alone (probe_box_roundtrip.py); the forward's
+# query tile and output through host descriptors, each half against pointers and the oracle, and
+# timed (probe_query_boxes.py); the triton GPU test suites
 # (neighbourhood, window, mods, kq_conv, tiny random problems; -n 8, cut off by TEST_TIMEOUT);
 # then the short-walk load rules re-measured now that undilated problems read their tiles through
 # descriptors built on the host (bench_short_walks.py --flip, then --backward: each problem's
 # default against its loads flipped).
-# Files under $OUT: device.txt, query_boxes.log, short_walks_{forward,backward}.{json,log},
+# Files under $OUT: device.txt, box_roundtrip.log, query_boxes.log, short_walks_{forward,backward}.{json,log},
 # gpu_tests.log.
 #   bash benchmarks/gpu_run_short_walks.sh
 source "$(dirname "$0")/gpu_preamble.sh"
+timeout -s INT 90 python3 benchmarks/probe_box_roundtrip.py > "$OUT/box_roundtrip.log" 2>&1
+echo "box round trip exit $? after $(( $(date +%s) - s )) s"; grep -v Warning "$OUT/box_roundtrip.log" | tail -40
 timeout -s INT ${BOX_TIMEOUT:-150} python3 benchmarks/probe_query_boxes.py > "$OUT/query_boxes.log" 2>&1
 echo "query boxes exit $? after $(( $(date +%s) - s )) s"; grep -v Warning "$OUT/query_boxes.log" | tail -12
 if [ -z "$NO_TESTS" ]; then
