@@ -486,9 +486,10 @@ def test_short_walks_read_keys_by_pointer(monkeypatch, forget_configs):
 def test_host_descriptors_move_the_descriptor_rules(monkeypatch, forget_configs):
     """Where descriptors are built on the host (undilated 16-bit problems on a GPU with a copy
     engine), the forward reads K/V through them from 64 channels on and on short walks too
-    (1.07-1.14x on an H200), the backward from 32 channels (1.32x), and packed forwards keep their
-    pointers; dilated problems, and every problem with host descriptors off, keep the rules of
-    per-program descriptors; only the loads change, never the tiles."""
+    (1.07-1.14x on an H200), the backward from 32 channels (1.32x) and on one- and two-tile walks
+    too (1.09-1.15x on the H100), and packed forwards keep their pointers; dilated problems, and
+    every problem with host descriptors off, keep the rules of per-program descriptors; only the
+    loads change, never the tiles."""
     from haloattn.backends.triton import host_descriptors
 
     _pretend_gpu(monkeypatch, 227 * 1024, (9, 0))
@@ -519,15 +520,24 @@ def test_host_descriptors_move_the_descriptor_rules(monkeypatch, forget_configs)
     assert on_host == per_program and not on_host["fwd"]["tma"]
     on_host, per_program = configs((64, 64), 8, 64, batch=4, stride=8)  # one key tile: packed
     assert on_host["fwd"]["pack"] > 1 and not on_host["fwd"]["tma"]
+    for spatial, window, head_dim, options in (((64, 64), 8, 64, dict(stride=8)), ((64, 64), 8, 128, dict(stride=8)),
+                                               ((16, 48, 48), (2, 8, 8), 128, dict(stride=(2, 8, 8)))):
+        on_host, per_program = configs(spatial, window, head_dim, batch=4, **options)  # one- and two-tile walks
+        assert on_host["dq"]["tma"] and on_host["dkdv"]["tma"], (spatial, head_dim)
+        assert not per_program["dq"]["tma"] and not per_program["dkdv"]["tma"], (spatial, head_dim)
 
 
 def test_short_backward_walks_read_by_pointer(monkeypatch, forget_configs):
-    """On a GPU with a copy engine the backward streams 16-bit tiles of 64-128 channels through
-    descriptors, except where its dQ walk visits at most BACKWARD_SHORT_WALK_STEPS tiles (one-tile
-    and two-tile blocked problems: 1.04-1.24x by pointer on the H100); both kernels then agree, and
-    dK/dV drops the descriptor-only wait."""
+    """On a GPU with a copy engine, with descriptors built by each program, the backward streams
+    16-bit tiles of 64-128 channels through descriptors, except where its dQ walk visits at most
+    BACKWARD_SHORT_WALK_STEPS tiles (one-tile and two-tile blocked problems: 1.04-1.24x by pointer
+    on the H100); both kernels then agree, and dK/dV drops the descriptor-only wait. (Host-built
+    descriptors drop the rule: test_host_descriptors_move_the_descriptor_rules.)"""
+    from haloattn.backends.triton import host_descriptors
+
     _pretend_gpu(monkeypatch, 227 * 1024, (9, 0))
     monkeypatch.setattr(tiles, "multiprocessors", lambda device: 132)  # an H100's
+    monkeypatch.setattr(host_descriptors, "HOST_DESCRIPTORS", False)
 
     def backward(spatial, window, head_dim=128, **options):
         q = torch.empty(2, *spatial, 8, head_dim, dtype=torch.bfloat16)

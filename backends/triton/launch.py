@@ -358,9 +358,10 @@ QUERY_DESCRIPTOR_BASES = {"QH": "Q", "DOH": "DO", "QTH": "Q", "DOTH": "DO", "STH
 FORWARD_DESCRIPTOR_BASES = {**KV_DESCRIPTOR_BASES, "QBOX": "Q", "OBOX": "O"}
 # Whether a forward that streams K/V through host descriptors also reads its query tile
 # ("query") and writes its output ("output") through host descriptors of query-tile boxes: one
-# copy instead of a pointer gather or scatter (heads without a channel tail only). Off: see
-# RESULTS.md, "Resident tiles through host descriptors".
-HOST_QUERY_BOXES = {"query": False, "output": False}
+# copy instead of a pointer gather or scatter (heads without a channel tail only). The query box
+# stays off: on the GPU it went wrong at 64 channels inside the forward (right alone:
+# benchmarks/probe_box_roundtrip.py); RESULTS.md, "Resident tiles through host descriptors".
+HOST_QUERY_BOXES = {"query": False, "output": True}
 
 
 def _host_descriptors_fit(rank: int, geo: "Geometry", heads: dict, keyed: torch.Tensor,
