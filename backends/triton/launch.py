@@ -358,10 +358,12 @@ QUERY_DESCRIPTOR_BASES = {"QH": "Q", "DOH": "DO", "QTH": "Q", "DOTH": "DO", "STH
 FORWARD_DESCRIPTOR_BASES = {**KV_DESCRIPTOR_BASES, "QBOX": "Q", "OBOX": "O"}
 # Whether a forward that streams K/V through host descriptors also reads its query tile
 # ("query") and writes its output ("output") through host descriptors of query-tile boxes: one
-# copy instead of a pointer gather or scatter (heads without a channel tail only). The query box
-# stays off: on the GPU it went wrong at 64 channels inside the forward (right alone:
-# benchmarks/probe_box_roundtrip.py); RESULTS.md, "Resident tiles through host descriptors".
-HOST_QUERY_BOXES = {"query": False, "output": True}
+# copy instead of a pointer gather or scatter (heads without a channel tail only). Both off
+# (RESULTS.md, "Query-tile boxes: the output alone, and why the query box goes wrong"): the
+# output box alone is right but 0.98-1.01x; the query box makes the query tile a register
+# operand of wgmma, whose registers ptxas (12.8 and 13.0) hands to the probabilities inside the
+# key loop at 64 channels, so every step after the first multiplies the wrong queries.
+HOST_QUERY_BOXES = {"query": False, "output": False}
 
 
 def _host_descriptors_fit(rank: int, geo: "Geometry", heads: dict, keyed: torch.Tensor,
