@@ -679,11 +679,12 @@ def _on_host_descriptors(problem: Problem, config: Dict) -> Dict:
     if not fwd["tma"] and fwd["pack"] == 1 and narrowest >= HOST_DESCRIPTOR_FORWARD_MIN_HEAD_DIM:
         config["fwd"] = dict(fwd, tma=True)
     dq, dkdv = config["dq"], config["dkdv"]
-    # Heads narrower than the per-program rule's, and its own heads on short walks (64-token
-    # resident tiles, as measured; the small-window tiles multiply on mma.sync by pointer).
+    # Heads narrower than the per-program rule's; and its own heads where it chose pointers for a
+    # short walk on wgmma-sized tiles (64+ resident tokens, as measured; the small-window tiles,
+    # which multiply on mma.sync, keep their pointers).
     narrow = widest < BACKWARD_DESCRIPTOR_HEAD_DIMS[0]
-    short_walk = widest <= BACKWARD_DESCRIPTOR_HEAD_DIMS[1] and math.prod(dq["q"]) >= 64
-    if not dq["tma"] and HOST_DESCRIPTOR_BACKWARD_MIN_HEAD_DIM <= narrowest and (narrow or short_walk):
+    wgmma_tiles = widest <= BACKWARD_DESCRIPTOR_HEAD_DIMS[1] and math.prod(dq["q"]) >= 64
+    if not dq["tma"] and HOST_DESCRIPTOR_BACKWARD_MIN_HEAD_DIM <= narrowest and (narrow or wgmma_tiles):
         config["dq"] = dict(dq, tma=True)
         config["dkdv"] = dict(dkdv, tma=True, wait_dk=waits_for_dk(problem, True))
     return config
