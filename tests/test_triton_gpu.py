@@ -677,3 +677,38 @@ def test_configs_for_smaller_gpus_compile_within_their_shared_memory(optin_kib, 
     assert {"forward_kernel", "dq_kernel", "dkdv_kernel"} <= names, names
     for _, kernel in launched:
         assert kernel.metadata.shared <= optin_kib * 1024, (kernel.name, kernel.metadata.shared)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.xfail(strict=True, reason="ptxas (12.8 and 13.0) allocates the probabilities over the query's "
+                   "registers inside the key loop when the query tile comes through a host-descriptor box "
+                   "(RESULTS.md, 'Query-tile boxes'); a toolchain that keeps them apart makes this pass, and "
+                   "launch.HOST_QUERY_BOXES can then be measured again")
+def test_query_box_forward_equals_pointers(monkeypatch):
+    """The forward with its query tile read through a host-descriptor box (off by default:
+    launch.HOST_QUERY_BOXES) against the default pointer load, bit for bit, at 64 channels in
+    bfloat16, where the H100 build of 2026-12-06 multiplied the probabilities instead of the
+    queries from the second key tile on. The output box alone is right (its own half below)."""
+    from haloattn.backend import AttentionInputs
+    from haloattn.backends.triton import fast_launch, launch, tiles
+    from haloattn.problem import build_problem
+
+    gen = torch.Generator().manual_seed(65)
+    q, k, v = (torch.randn(1, 64, 64, 4, 64, generator=gen).bfloat16().cuda() for _ in range(3))
+    problem = build_problem(q, k, v, 31)
+    config = tiles.default_config(problem)
+    outputs = {}
+    try:
+        for query, output in ((False, False), (False, True), (True, False)):
+            monkeypatch.setattr(launch, "HOST_QUERY_BOXES", {"query": query, "output": output})
+            fast_launch.clear_plans()
+            outputs[query, output] = launch.forward(problem, AttentionInputs(q, k, v), config)
+    finally:
+        monkeypatch.undo()
+        fast_launch.clear_plans()
+    base_out, base_lse = outputs[False, False]
+    box_out, box_lse = outputs[False, True]
+    assert torch.equal(box_out, base_out) and torch.equal(box_lse, base_lse), "the output box alone"
+    query_out, query_lse = outputs[True, False]
+    assert torch.equal(query_out, base_out) and torch.equal(query_lse, base_lse), "the query box"
