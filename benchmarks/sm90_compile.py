@@ -32,6 +32,9 @@ from triton.runtime.jit import mangle_type
 
 from haloattn.backends.triton.host_descriptors import is_host_descriptor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ptx_register_operands import loop_invariant_register_operands  # noqa: E402
+
 KIB = 1024
 
 
@@ -249,6 +252,8 @@ def compile_captured(fn, args, kwargs, label, sass_dir=None, ttgir_dir=None, cap
                cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"), **counts)
     ops = " ".join(f"{k}={v}" for k, v in counts.items() if v)
     row["wgmma_serialized"] = serialized
+    # wgmma A fragments a loop reads from registers it never writes: see ptx_register_operands.py.
+    row["invariant_register_operands"] = len(loop_invariant_register_operands(ptx))
     print(f"{label}: warps {row['warps']} stages {row['stages']} regs {regs}{' (rebuilt capped)' if rebuilt else ''} "
           f"spill-stores {spills}B "
           f"shared {row['shared']}B ptx-cp.async {row['cp_async']}{' WGMMA-SERIALIZED' if serialized else ''} | {ops}",

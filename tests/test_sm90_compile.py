@@ -172,7 +172,7 @@ def _build(fn, args, kwargs, label: str, capability: int) -> dict:
     """What the tests check of one launch built for ``sm_{capability}``."""
     row = compile_captured(fn, args, kwargs, label, capability=capability)
     return dict(kernel=fn.__name__, regs=row["regs"], spills=row["spills"], serialized=row["wgmma_serialized"],
-                shared=row["shared"])
+                shared=row["shared"], invariant_register_operands=row["invariant_register_operands"])
 
 
 def _forward_packing(name: str, problem):
@@ -304,6 +304,20 @@ def test_packed_forward_keeps_its_wgmma_asynchronous(compiled):
     assert kernels, log
     forward = [row["serialized"] for row in kernels if row["kernel"] == "forward_kernel"]
     assert forward == [False]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_no_loop_reads_a_register_fragment_it_never_writes(name, compiled):
+    """No kernel has a wgmma in a loop whose A fragment comes from registers the loop never
+    writes (ptx_register_operands.py): ptxas 12.8 and 13.0 gave such a fragment's registers to
+    other values of the loop in the query-box forward (wrong results on the H100, RESULTS.md
+    "Query-tile boxes"). Loop-invariant operands stay in shared memory."""
+    results, log = compiled
+    kernels = results.get(name, {}).get("kernels")
+    assert kernels, log
+    invariant = [(row["kernel"], row["invariant_register_operands"]) for row in kernels
+                 if row["invariant_register_operands"]]
+    assert not invariant, invariant
 
 
 def test_float32_forward_spills_little(compiled):
