@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: query-tile boxes through Triton alone (probe_box_roundtrip.py); the forward's
-# query tile and output through host descriptors, each half against pointers and the oracle, and
-# timed (probe_query_boxes.py); the triton GPU test suites
+# query tile and output through host descriptors, each half against pointers, what the query
+# box feeds the tensor cores, and timed (probe_query_boxes.py); the triton GPU test suites
 # (neighbourhood, window, mods, kq_conv, tiny random problems; -n 8, cut off by TEST_TIMEOUT);
 # then the short-walk load rules re-measured now that undilated problems read their tiles through
 # descriptors built on the host (bench_short_walks.py --flip, then --backward: each problem's

@@ -7,7 +7,9 @@ pointers and through an output box (descriptors.store_host_box). Each must equal
 from the tensor with torch, bit for bit.
 
 On the H200 (2026-12-06) the forward went wrong at D=64 with both boxes on and right at D=128:
-this tells whether the fault is Triton's (the round trip fails too) or the kernel's.
+this tells whether the boxes are at fault (the round trip fails too) or the kernel's build. On
+the H100 (2026-12-06 04:20 UTC) all 32 cases were right: the fault was the forward's register
+allocation (RESULTS.md, "Query-tile boxes").
 
     python3 benchmarks/probe_box_roundtrip.py      # a GPU with a copy engine (sm_90), or
     TRITON_INTERPRET=1 python benchmarks/probe_box_roundtrip.py
