@@ -32,8 +32,7 @@ from triton.runtime.jit import mangle_type
 
 from haloattn.backends.triton.host_descriptors import is_host_descriptor
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ptx_register_operands import loop_invariant_register_operands  # noqa: E402
+from ptx_register_operands import loop_invariant_register_operands  # beside this file, as its importers find it
 
 KIB = 1024
 
