@@ -188,6 +188,7 @@ def test_each_backward_kernel_on_random_problems(kernel, seed, monkeypatch):
 
 
 @requires_cuda_backend
+@pytest.mark.device_memory
 @pytest.mark.parametrize("kernel", ["portable", "hopper"])
 @pytest.mark.parametrize("spatial,window,tail", [((66_000,), 9, 256), ((257, 257), 7, 24)])
 def test_more_than_2_31_elements_in_query(kernel, spatial, window, tail, monkeypatch):

@@ -534,6 +534,7 @@ def test_backward_is_bitwise_repeatable():
 
 @gpu
 @needs_cuda
+@pytest.mark.device_memory
 @pytest.mark.parametrize("spatial,window,tail", [((66_000,), 9, 256), ((257, 257), 7, 24)])
 def test_more_than_2_31_elements_in_query(spatial, window, tail):
     """B=2, H=128, D=128: 2.16e9 elements per tensor, offsets need int64 (large_offsets.py)."""
@@ -542,6 +543,7 @@ def test_more_than_2_31_elements_in_query(spatial, window, tail):
 
 @gpu
 @needs_cuda
+@pytest.mark.device_memory
 def test_batch_beyond_the_grid_limit():
     """B=70000 short 1-D sequences: more than the 65535 programs a grid's batch axis holds, so the
     launches run in batch slices. Output, LSE and every gradient (the bias one summed over slices)
