@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call per part of the whole GPU test suite (`pytest -m gpu`), on the tree's defaults,
-# under xdist with one worker per two CPU cores less two (compiles dominate: a fresh machine
-# compiles every kernel variant the tests touch). Triton's cache lives in the ignored folder
+# under xdist with one worker per CPU core but two (compiles dominate: a fresh machine compiles
+# every kernel variant the tests touch). Triton's cache lives in the ignored folder
 # .gpu_triton_cache/, which stays on a warm machine, so a second part reuses the first's kernels.
 #   PART=1 bash benchmarks/gpu_run_every_test.sh   # the cuda module built; every file but the tiny random one
 #   PART=2 bash benchmarks/gpu_run_every_test.sh   # tests/test_tiny_random_gpu.py (no cuda build)
-# Knobs: TEST_TIMEOUT (seconds, default 520), MEMORY_TEST_TIMEOUT (the device_memory tests, 240), WORKERS, SELECT (extra pytest arguments).
+# Knobs: TEST_TIMEOUT (seconds, default 520), MEMORY_TEST_TIMEOUT (the device_memory tests, 240),
+# WORKERS, SELECT (extra pytest arguments).
 # Files under $OUT: device.txt, install.log, tests_part$PART.log (with the 40 slowest tests),
 # tests_device_memory.log (part 1).
 PART=${PART:-1}
