@@ -157,6 +157,14 @@ def test_reasons_are_precise(monkeypatch):
         "score_mod is not supported here: backend 'triton' compiles it into its kernels where its operators "
         "allow (else the flex backend runs it on CUDA, the reference backend elsewhere)"
     ]
+    extra = torch.randn(1, 3, 2, 16)
+    assert _reasons(pattern="window", additional_keys=extra, additional_values=extra) == [
+        "additional_keys/additional_values are not supported here: backend 'triton' runs them"
+    ]
+    assert _reasons(spatial=(64,), pattern="window", kq_conv=torch.randn(2, 2, 3)) == [
+        "kq_conv is not supported here: backend 'triton' runs it (its own kernels), the reference backend "
+        "where triton cannot"
+    ]
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     (reason,) = _reasons(pattern="window")
     assert reason.startswith("device cpu: Triton runs on CUDA devices (set TRITON_INTERPRET=1")

@@ -109,6 +109,14 @@ def _leaves(tensors: dict, kw: dict) -> list:
     return [t for t in list(tensors.values()) + extras if t is not None]
 
 
+def _refusal(exc: BackendUnavailableError, backend: str) -> str:
+    """The refused backend's own line of the dispatcher's message (the whole message is explain()'s
+    table, whose first 200 characters are the problem, not the reason)."""
+    lines = str(exc).splitlines()
+    own = [line.strip() for line in lines if line.split()[1:2] == [backend]]
+    return own[0] if own else lines[0]
+
+
 def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu", dtype=torch.float32,
           kq_conv: bool = False, mods: bool = False) -> str:
     """The backend on ``device`` against the oracles, which run on the CPU (leaves of their own with
@@ -123,7 +131,7 @@ def check(seed: int, backend: str, head_dims=HEAD_DIMS, device: str = "cpu", dty
         out, lse = haloattn.attention(*run_tensors.values(), spec["window"], return_lse=True, backend=backend,
                                       **run_kw)
     except BackendUnavailableError as exc:  # the backend refuses the problem and says why
-        return f"REFUSED {str(exc)[:200]}"
+        return f"REFUSED {_refusal(exc, backend)}"
     out_cpu, lse_cpu = out.cpu(), lse.cpu()  # differentiable copies: gradients reach the run's leaves
     ref_out, ref_lse = oracle.attention(*tensors.values(), spec["window"], **kw)
     errors = []

@@ -68,7 +68,7 @@ class TritonWindowBackend(Backend):
             if dim > MAX_HEAD_DIM:
                 reasons.append(f"{name} {dim} > {MAX_HEAD_DIM}")
         if problem.extra_tokens:
-            reasons.append("additional_keys/additional_values are not supported (the reference backend runs them)")
+            reasons.append("additional_keys/additional_values are not supported here: backend 'triton' runs them")
         for flag, name in (
             (problem.score_mod is not None, "score_mod"),
             (problem.mask_mod is not None, "mask_mod"),
@@ -79,7 +79,8 @@ class TritonWindowBackend(Backend):
                                "backend elsewhere)")
         if problem.kq_conv_shape is not None:
             # not flex's either: a per-score Flex mod cannot see the neighbouring scores it mixes
-            reasons.append("kq_conv is not supported (the reference backend runs it)")
+            reasons.append("kq_conv is not supported here: backend 'triton' runs it (its own kernels), "
+                           "the reference backend where triton cannot")
         return reasons
 
     def forward(self, problem, inputs, config=None):
