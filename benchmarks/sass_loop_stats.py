@@ -131,11 +131,25 @@ def fragment_overwrites(lines: list) -> list:
              and int(m.group(1)) in held]
     first = loads[0] if loads else 0
     bad = []
-    for line in lines[first:last]:
-        written = WRITTEN.search(line)
-        if written and not written.group(1).startswith(("LDSM",) + READS_FIRST) and int(written.group(2)) in held:
-            bad.append(line.strip())
+    for i in range(first, last):
+        written = WRITTEN.search(lines[i])
+        if (written and not written.group(1).startswith(("LDSM",) + READS_FIRST) and int(written.group(2)) in held
+                and not reloaded_next(lines, i + 1, int(written.group(2)))):
+            bad.append(lines[i].strip())
     return bad
+
+
+def reloaded_next(lines: list, start: int, register: int) -> bool:
+    """Whether an LDSM writes `register` again before any product, branch or label from `start`
+    on: the fragments are being reloaded (a pair's new queries), and the write was only their
+    load's address, so no product reads it."""
+    for line in lines[start:]:
+        if LABEL.match(line) or "HGMMA" in line or re.search(r"\bBRA\b", line):
+            return False
+        loaded = re.search(r"LDSM\S* R(\d+)", line)
+        if loaded and int(loaded.group(1)) <= register < int(loaded.group(1)) + 4:
+            return True
+    return False
 
 
 def loop_stats(instructions: list) -> dict:

@@ -80,6 +80,31 @@ def test_fragment_check_finds_held_registers_overwritten_inside_the_loop(tmp_pat
     assert [line.split()[1] for line in fragment_overwrites(found["reused"])] == ["F2FP.BF16.F32.PACK_AB"]
 
 
+# Fragments reloaded inside the loop (a new pair's queries): the reload's address may be computed
+# into the fragment's own register right before the LDSM that overwrites it. RELOAD_ADDRESS puts
+# a branch between the two, so the loop's next product could read the address instead.
+RELOAD_LOOP = """\
+\t.section\t.text.{name},"ax",@progbits
+        /*0010*/                   LDSM.16.M88.4 R120, [R32] ;
+.L_x_1:
+        /*0020*/                   WARPGROUP.ARRIVE ;
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R56, R120, gdesc[UR12], RZ, !UPT, gsb0 ;
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0050*/                   LEA R120, R6, UR20, 0x1 ;
+{between}        /*0070*/                   LDSM.16.M88.4 R120, [R120+0x2000] ;
+        /*0080*/              @!P4 BRA `(.L_x_1) ;
+"""
+
+
+def test_fragment_check_allows_a_reload_address_in_the_reloaded_registers(tmp_path):
+    path = tmp_path / "kernel.sass"
+    branch = "        /*0060*/              @P1 BRA `(.L_x_1) ;\n"
+    path.write_text(RELOAD_LOOP.format(name="address", between="") + RELOAD_LOOP.format(name="branch", between=branch))
+    found = listings(str(path))
+    assert fragment_overwrites(found["address"]) == []
+    assert [line.split()[1] for line in fragment_overwrites(found["branch"])] == ["LEA"]
+
+
 def test_every_ablation_still_finds_its_lines_in_csrc(tmp_path):
     """Each ablation replaces lines of the kernels as they stand: a change to those lines must
     update the ablation, or its timings would silently measure the kernels unchanged."""
