@@ -72,6 +72,13 @@ PROBLEMS = [
     ("3-D 12x12x32, 11x9x3 dilation 1x1x2, D=128", 2, (12, 12, 32), (11, 9, 3), {"dilation": (1, 1, 2)}, 128, 8, 8,
      torch.bfloat16),
     ("2-D 96x80, 13x13 stride 13x2, D=64", 2, (96, 80), 13, {"stride": (13, 2)}, 64, 8, 8, torch.bfloat16),
+    # Dilated grids (2026-12-06): the tuner found the dilation-2 problem's dK/dV 1.07x
+    # faster on 4x16 boxes than on the default 8x8, which key_major_cost ranks 7 % dearer there.
+    ("2-D 128x128, 31x31 dilation 2, 16 heads of 128", 1, (128, 128), 31, {"dilation": 2}, 128, 16, 16,
+     torch.bfloat16),
+    ("2-D 96x96, 13x13 dilation 3, 8 heads of 128, batch 2", 2, (96, 96), 13, {"dilation": 3}, 128, 8, 8,
+     torch.bfloat16),
+    ("2-D 64x96, 11x9 dilation 2x4, D=64", 2, (64, 96), (11, 9), {"dilation": (2, 4)}, 64, 8, 8, torch.bfloat16),
 ]
 BOX_PAIRS = 4  # the cheapest (resident, streamed) box pairs timed beside the default
 
