@@ -113,7 +113,8 @@ def fragment_overwrites(lines: list) -> list:
     or through a loop's back edge) still reads them: from the fragments' first load (LDSM) to their
     last read, or to the branch of a loop that jumps back before it. ptxas 13.0 did so across a
     branch in the backward's 1-D kernels (RESULTS.md, 2026-12-02): the next tile's product then
-    read other values, with no warning."""
+    read other values, with no warning. A write that only feeds the LDSM reloading the same
+    registers (reloaded_next) is not one."""
     held, last = set(), -1
     for i, line in enumerate(lines):
         found = REGISTER_A.search(line)

@@ -81,8 +81,8 @@ def test_fragment_check_finds_held_registers_overwritten_inside_the_loop(tmp_pat
 
 
 # Fragments reloaded inside the loop (a new pair's queries): the reload's address may be computed
-# into the fragment's own register right before the LDSM that overwrites it. RELOAD_ADDRESS puts
-# a branch between the two, so the loop's next product could read the address instead.
+# into the fragment's own register right before the LDSM that overwrites it. The "branch" copy
+# puts a branch between the two, so the loop's next product could read the address instead.
 RELOAD_LOOP = """\
 \t.section\t.text.{name},"ax",@progbits
         /*0010*/                   LDSM.16.M88.4 R120, [R32] ;
