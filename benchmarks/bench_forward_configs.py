@@ -59,6 +59,21 @@ SETS = {
         ("1-D 65536, causal window 8192, GQA 8/1, D=64", (65536,), 8192, {"causal": True}, 8, 1, 64, 1),
         ("2-D 128x128, 31x31, D=64 (unchanged: control)", (128, 128), 31, {}, 16, 16, 64, 1),
     ],
+    # Blocked windows (stride = window) and the issue's overlapping ones under 128-query tiles whose
+    # boxes the cost model picks (added 2026-12-06): do twice the queries per key tile, halving
+    # the keys' and values' trips from L2, pay where the 64-query forward waits on L2?
+    "blocked": [
+        ("2-D 128x128, 16x16 stride 16, D=128", (128, 128), 16, {"stride": 16}, 16, 16, 128, 1),
+        ("2-D 128x128, 16x16 stride 16, D=64, B=2", (128, 128), 16, {"stride": 16}, 16, 16, 64, 2),
+        ("2-D 112x112, 14x14 stride 14, D=64, B=2 (SAM-style)", (112, 112), 14, {"stride": 14}, 12, 12, 64, 2),
+        ("3-D 8x32x32, 4x8x8 stride 4x8x8, D=128, B=2", (8, 32, 32), (4, 8, 8), {"stride": (4, 8, 8)}, 8, 8, 128, 2),
+        ("1-D 16384, window 256 stride 256, D=128", (16384,), 256, {"stride": 256}, 16, 16, 128, 1),
+        ("2-D 128x128, 32x32 stride 32, D=128", (128, 128), 32, {"stride": 32}, 16, 16, 128, 1),
+        ("2-D 128x128, 32x32 stride 16, D=128 (issue)", (128, 128), 32, {"stride": 16}, 16, 16, 128, 1),
+        ("2-D 128x128, 31x31, D=128 (issue)", (128, 128), 31, {}, 16, 16, 128, 1),
+        ("2-D 128x128, 63x63, D=128 (issue)", (128, 128), 63, {}, 16, 16, 128, 1),
+        ("3-D 16x48x48, 7x15x15, D=128 (issue)", (16, 48, 48), (7, 15, 15), {}, 16, 16, 128, 1),
+    ],
 }
 # (queries, keys, warps, stages, descriptor loads)
 VARIANTS = {
@@ -67,7 +82,13 @@ VARIANTS = {
     "narrow_nd": [(64, 64, 4, 3, True), (64, 64, 4, 3, False), (128, 64, 8, 3, True), (128, 64, 8, 3, False),
                   (64, 64, 4, 2, False), (64, 128, 4, 2, False)],
     "narrow_rule": [(128, 64, 8, 3, False), (64, 64, 4, 3, True), (128, 128, 8, 2, False)],
+    "blocked": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
+                (128, 64, 8, 2, False), (128, 128, 8, 2, False)],
 }
+# Sets whose variants take the cost model's cheapest boxes for their token counts
+# (tiles._cheapest_boxes) instead of the default's boxes refitted by tiles.fit: refitted, a
+# blocked problem's 4x16 query box grows to 4x32 and straddles two windows.
+COST_MODEL_BOXES = {"blocked"}
 
 
 def default_before_narrow_rule(problem):
@@ -81,10 +102,14 @@ def default_before_narrow_rule(problem):
         tiles._best_forward.cache_clear()
 
 
-def forced(problem, default, bm, bn, warps, stages, tma):
+def forced(problem, default, bm, bn, warps, stages, tma, cheapest=False):
     ext = tiles.group_extents(problem)
-    fwd = dict(default["fwd"], q=tiles.fit(default["fwd"]["q"], ext, bm), kv=tiles.fit(default["fwd"]["kv"], ext, bn),
-               warps=warps, stages=stages, tma=tma, pack=1)
+    if cheapest:
+        _, q, kv = tiles._cheapest_boxes(problem, bm, bn)
+        q, kv = list(q), list(kv)
+    else:
+        q, kv = tiles.fit(default["fwd"]["q"], ext, bm), tiles.fit(default["fwd"]["kv"], ext, bn)
+    fwd = dict(default["fwd"], q=q, kv=kv, warps=warps, stages=stages, tma=tma, pack=1)
     return tiles.normalise(dict(default, fwd=fwd), problem)
 
 
@@ -104,7 +129,8 @@ def main():
         base_ms = None
         seen = []
         for label, config in [("default", default), ("before", default_before_narrow_rule(problem))] + [
-                (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}", forced(problem, default, bm, bn, w, s, t))
+                (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}",
+                 forced(problem, default, bm, bn, w, s, t, args.set in COST_MODEL_BOXES))
                 for bm, bn, w, s, t in VARIANTS[args.set]]:
             if config["fwd"] in seen:
                 continue
@@ -112,7 +138,8 @@ def main():
             ms, err = time_forward(problem, inputs, config, ref)
             base_ms = base_ms or ms
             rows.append(dict(problem=name, variant=label, fwd=config["fwd"], ms=ms, error=err, speedup=base_ms / ms))
-            print(f"  {label}: {ms:.3f} ms, rel error {err:.1e}, {base_ms / ms:.2f}x the default", flush=True)
+            print(f"  {label} {config['fwd']['q']}x{config['fwd']['kv']}: {ms:.3f} ms, rel error {err:.1e}, "
+                  f"{base_ms / ms:.2f}x the default", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "set": args.set, "rows": rows}, f, indent=1)
