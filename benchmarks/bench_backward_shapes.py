@@ -79,6 +79,12 @@ PROBLEMS = [
     ("2-D 96x96, 13x13 dilation 3, 8 heads of 128, batch 2", 2, (96, 96), 13, {"dilation": 3}, 128, 8, 8,
      torch.bfloat16),
     ("2-D 64x96, 11x9 dilation 2x4, D=64", 2, (64, 96), (11, 9), {"dilation": (2, 4)}, 64, 8, 8, torch.bfloat16),
+    # Blocked windows (2026-12-06): 128-token resident boxes that stay inside one window (the
+    # "resident 128" knob's refitted 4x32 box straddles two).
+    ("2-D 128x128, 16x16 stride 16, 16 heads of 128", 1, (128, 128), 16, {"stride": 16}, 128, 16, 16,
+     torch.bfloat16),
+    ("3-D 8x32x32, 4x8x8 stride 4x8x8, 8 heads of 128, batch 2", 2, (8, 32, 32), (4, 8, 8), {"stride": (4, 8, 8)},
+     128, 8, 8, torch.bfloat16),
 ]
 BOX_PAIRS = 4  # the cheapest (resident, streamed) box pairs timed beside the default
 
@@ -111,6 +117,13 @@ def variants(problem, default):
         ("dkdv streamed 32", dict(q=tiles.fit(key_major["q"], ext, 32))),
     ]
     out += [(label, dict(default, dkdv=dict(key_major, **change))) for label, change in knobs]
+    # Both kernels on 128-token resident boxes of the cost model's shape, 8 warps: twice the
+    # queries (keys) per streamed tile, half the streamed tiles' trips from L2.
+    _, resident, streamed = tiles._cheapest_boxes(problem, 128, 64)
+    resident, streamed = list(resident), list(streamed)
+    out.append((f"both resident {resident}/{streamed}, 8 warps",
+                dict(default, dq=dict(default["dq"], q=resident, kv=streamed, warps=8),
+                     dkdv=dict(key_major, q=streamed, kv=resident, warps=8))))
     return [(label, tiles.normalise(config, problem)) for label, config in out]
 
 
