@@ -26,7 +26,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_wide_forward_tiles import bf16_problem, time_forward  # noqa: E402
 
-from haloattn.backends.triton import tiles  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+from haloattn.backends.triton import launch, tiles  # noqa: E402
 
 # (name, spatial, window, options, heads, kv_heads, head_dim, batch)
 SETS = {
@@ -59,6 +61,17 @@ SETS = {
         ("1-D 65536, causal window 8192, GQA 8/1, D=64", (65536,), 8192, {"causal": True}, 8, 1, 64, 1),
         ("2-D 128x128, 31x31, D=64 (unchanged: control)", (128, 128), 31, {}, 16, 16, 64, 1),
     ],
+    # Narrow heads' short walks that left the 128 x 128 block with tiles.NARROW_128_KEEP_MAX_STEPS
+    # (2026-12-06): "before" is the default with the short-walk threshold of before (4 steps).
+    "narrow_short": [
+        ("2-D 128x128, 16x16 stride 16, D=64, B=2", (128, 128), 16, {"stride": 16}, 16, 16, 64, 2),
+        ("2-D 128x128, 16x16 stride 16, D=32, B=4", (128, 128), 16, {"stride": 16}, 8, 8, 32, 4),
+        ("3-D 8x32x32, 4x8x8 stride 4x8x8, D=64, B=2", (8, 32, 32), (4, 8, 8), {"stride": (4, 8, 8)}, 16, 16, 64, 2),
+        ("1-D 16384, window 256 stride 256, D=64, B=2", (16384,), 256, {"stride": 256}, 16, 16, 64, 2),
+        ("1-D 4096, window 384 stride 128, D=64, B=8", (4096,), 384, {"stride": 128}, 16, 16, 64, 8),
+        ("1-D 2048, window 128 stride 128, D=64, B=8 (unchanged: control)", (2048,), 128, {"stride": 128}, 16, 16,
+         64, 8),
+    ],
     # Blocked windows (stride = window) and the issue's overlapping ones under 128-query tiles whose
     # boxes the cost model picks (added 2026-12-06): do twice the queries per key tile, halving
     # the keys' and values' trips from L2, pay where the 64-query forward waits on L2?
@@ -82,6 +95,7 @@ VARIANTS = {
     "narrow_nd": [(64, 64, 4, 3, True), (64, 64, 4, 3, False), (128, 64, 8, 3, True), (128, 64, 8, 3, False),
                   (64, 64, 4, 2, False), (64, 128, 4, 2, False)],
     "narrow_rule": [(128, 64, 8, 3, False), (64, 64, 4, 3, True), (128, 128, 8, 2, False)],
+    "narrow_short": [],
     "blocked": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
                 (128, 64, 8, 2, False), (128, 128, 8, 2, False)],
 }
@@ -102,6 +116,31 @@ def default_before_narrow_rule(problem):
         tiles._best_forward.cache_clear()
 
 
+def default_before_short_walk_threshold(problem):
+    """The default of before tiles.NARROW_128_KEEP_MAX_STEPS (2026-12-06): narrow heads kept the
+    128 x 128 block on walks of up to SHORT_WALK_STEPS tiles."""
+    kept = tiles.NARROW_128_KEEP_MAX_STEPS
+    tiles.NARROW_128_KEEP_MAX_STEPS = tiles.SHORT_WALK_STEPS
+    tiles._best_forward.cache_clear()
+    try:
+        return tiles.normalise(tiles.default_config.__wrapped__(problem), problem)
+    finally:
+        tiles.NARROW_128_KEEP_MAX_STEPS = kept
+        tiles._best_forward.cache_clear()
+
+
+BEFORE = {"narrow_short": default_before_short_walk_threshold}
+
+
+def time_backward(problem, inputs, config):
+    """Median ms of the backward (every gradient) on ``config``, from its own forward's output."""
+    out, lse = launch.forward(problem, inputs, config)
+    go = torch.randn_like(out)
+    needs = (True, True, True, False, False, False, False)
+    return do_bench(lambda: launch.backward(problem, inputs, out, lse, go, None, needs, config), warmup=25, rep=100,
+                    return_mode="median")
+
+
 def forced(problem, default, bm, bn, warps, stages, tma, cheapest=False):
     ext = tiles.group_extents(problem)
     if cheapest:
@@ -118,6 +157,8 @@ def main():
     parser.add_argument("--set", choices=sorted(SETS), required=True)
     parser.add_argument("--only")
     parser.add_argument("--json")
+    parser.add_argument("--backward", action="store_true",
+                        help="also time the backward (dQ, dK, dV) of the default and the 'before' config")
     args = parser.parse_args()
     problems = SETS[args.set]
     rows = []
@@ -128,7 +169,7 @@ def main():
         print(f"# {name}: default {default['fwd']}", flush=True)
         base_ms = None
         seen = []
-        for label, config in [("default", default), ("before", default_before_narrow_rule(problem))] + [
+        for label, config in [("default", default), ("before", BEFORE.get(args.set, default_before_narrow_rule)(problem))] + [
                 (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}",
                  forced(problem, default, bm, bn, w, s, t, args.set in COST_MODEL_BOXES))
                 for bm, bn, w, s, t in VARIANTS[args.set]]:
@@ -137,9 +178,15 @@ def main():
             seen.append(config["fwd"])
             ms, err = time_forward(problem, inputs, config, ref)
             base_ms = base_ms or ms
-            rows.append(dict(problem=name, variant=label, fwd=config["fwd"], ms=ms, error=err, speedup=base_ms / ms))
+            row = dict(problem=name, variant=label, fwd=config["fwd"], ms=ms, error=err, speedup=base_ms / ms)
+            rows.append(row)
             print(f"  {label} {config['fwd']['q']}x{config['fwd']['kv']}: {ms:.3f} ms, rel error {err:.1e}, "
                   f"{base_ms / ms:.2f}x the default", flush=True)
+            if args.backward and label in ("default", "before"):
+                row["backward ms"] = time_backward(problem, inputs, config)
+                row["dq"], row["dkdv"] = config["dq"], config["dkdv"]
+                print(f"    backward ({config['dq']['q']}/{config['dq']['kv']} {config['dq']['warps']}w): "
+                      f"{row['backward ms']:.3f} ms", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "set": args.set, "rows": rows}, f, indent=1)

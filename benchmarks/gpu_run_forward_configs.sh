@@ -2,7 +2,7 @@
 # One device call: bench_forward_configs.py over SETS (default "narrow_1d narrow_nd"), each
 # problem compiled first in a process of its own (Triton's disk cache then serves the timing
 # runs), then every set timed in one quiet process each. Usage (GPU machine, repo root):
-# [SETS="narrow_1d"] [TESTS="tests/..."] bash benchmarks/gpu_run_forward_configs.sh
+# [SETS="narrow_1d"] [TESTS="tests/..."] [BENCH_ARGS=--backward] bash benchmarks/gpu_run_forward_configs.sh
 # TESTS: a pytest selection run under -m gpu while the problems compile (HALOATTN_RANDOM_SEEDS
 # passes through).
 set -o pipefail
@@ -13,7 +13,7 @@ SETS=${SETS:-narrow_1d narrow_nd}
 for set in $SETS; do
   count=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import bench_forward_configs as b; print(len(b.SETS['$set']))")
   for ((i = 0; i < count; i++)); do
-    timeout ${COMPILE_TIMEOUT:-200} python3 benchmarks/bench_forward_configs.py --set "$set" --only "$i" > "$OUT/compile_${set}_$i.log" 2>&1 &
+    timeout ${COMPILE_TIMEOUT:-200} python3 benchmarks/bench_forward_configs.py --set "$set" --only "$i" $BENCH_ARGS > "$OUT/compile_${set}_$i.log" 2>&1 &
   done
 done
 if [ -n "$TESTS" ]; then
@@ -24,5 +24,5 @@ fi
 wait
 echo "compiled at $(date -u +%T)"
 for set in $SETS; do
-  timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_forward_configs.py --set "$set" --json "$OUT/$set.json" 2>&1 | tee "$OUT/$set.log"
+  timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_forward_configs.py --set "$set" --json "$OUT/$set.json" $BENCH_ARGS 2>&1 | tee "$OUT/$set.log"
 done

@@ -123,8 +123,10 @@ NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
 # 1-D forwards with windows of 2047 to 16384 keys, on which the cost model chose it, ran
 # 1.22-1.31x faster on either smaller block at 64 channels and 1.33-1.48x at 32), so its speed
 # there is 0.91 x 0.8 (RESULTS.md, "Triton's own ceiling beside the kernel"). Walks of at most
-# SHORT_WALK_STEPS key tiles (blocked problems, where one 128 x 128 tile is the whole window) were
-# not measured and keep FORWARD_BLOCKS' speed.
+# NARROW_128_KEEP_MAX_STEPS key tiles keep FORWARD_BLOCKS' speed: there the packed short-walk
+# block (NARROW_SHORT_WALK_BLOCK) takes over. Longer short walks follow the rule since 2026-12-06:
+# on the H100 the 128 x 128 block ran 2-D 16x16 stride 16 at 64 channels (two tiles a walk) 1.52x
+# slower than 64 x 64 on 4 warps (RESULTS.md, "Blocked windows on 128-query tiles").
 NARROW_128_BLOCK_SPEED = 0.73
 POINTER_BLOCK_MAX_HEAD_DIM = 64
 NARROW_128_BLOCK_RULE = True
@@ -193,6 +195,8 @@ KEY_MAJOR_CANDIDATES = 3
 # candidates try every pair count. Only where K/V come by pointer loads and the problem has no
 # additional tokens (the packed loop has neither).
 PACK_MAX_STEPS = 1.5
+# Narrow heads' 128 x 128 forward block keeps its speed on walks this short (see NARROW_128_BLOCK_SPEED).
+NARROW_128_KEEP_MAX_STEPS = PACK_MAX_STEPS
 PACK_MAX = 16
 PACK_MIN_WAVES = 2
 
@@ -520,8 +524,8 @@ def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...],
         blocks.update(NARROW_FORWARD_BLOCKS)
     best = _cheapest_forward(problem, blocks)
     if NARROW_128_BLOCK_RULE and not descriptors and _pointer_width_16bit_on_copy_engine(problem):
-        # Measured on long walks only: a short one (a blocked problem's single tile) keeps its block.
-        if steps_per_tile(problem, best[0], best[1]) > SHORT_WALK_STEPS:
+        # A walk of one tile (a blocked problem's whole window) keeps its block: it is packed.
+        if steps_per_tile(problem, best[0], best[1]) > NARROW_128_KEEP_MAX_STEPS:
             warps, stages, _ = blocks[(128, 128)]
             best = _cheapest_forward(problem, {**blocks, (128, 128): (warps, stages, NARROW_128_BLOCK_SPEED)})
     return best
