@@ -72,6 +72,14 @@ SETS = {
         ("1-D 2048, window 128 stride 128, D=64, B=8 (unchanged: control)", (2048,), 128, {"stride": 128}, 16, 16,
          64, 8),
     ],
+    # Narrow heads' walks of one 128 x 128 tile, which keep that block, packed (2026-12-06)
+    "narrow_one_tile": [
+        ("1-D 2048, window 128 stride 128, D=64, B=8", (2048,), 128, {"stride": 128}, 16, 16, 64, 8),
+        ("1-D 8192, window 128 stride 128, D=64, B=2", (8192,), 128, {"stride": 128}, 16, 16, 64, 2),
+        ("3-D 32x32x32, 2x8x8 stride 2x8x8, D=64", (32, 32, 32), (2, 8, 8), {"stride": (2, 8, 8)}, 8, 8, 64, 1),
+        ("2-D 64x64, 8x16 stride 8x16, D=64, B=4", (64, 64), (8, 16), {"stride": (8, 16)}, 8, 8, 64, 4),
+        ("1-D 4096, window 100 stride 100, D=64, B=4", (4096,), 100, {"stride": 100}, 16, 16, 64, 4),
+    ],
     # Blocked windows (stride = window) and the issue's overlapping ones under 128-query tiles whose
     # boxes the cost model picks (added 2026-12-06): do twice the queries per key tile, halving
     # the keys' and values' trips from L2, pay where the 64-query forward waits on L2?
@@ -96,13 +104,14 @@ VARIANTS = {
                   (64, 64, 4, 2, False), (64, 128, 4, 2, False)],
     "narrow_rule": [(128, 64, 8, 3, False), (64, 64, 4, 3, True), (128, 128, 8, 2, False)],
     "narrow_short": [],
+    "narrow_one_tile": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 128, 8, 2, False)],
     "blocked": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
                 (128, 64, 8, 2, False), (128, 128, 8, 2, False)],
 }
 # Sets whose variants take the cost model's cheapest boxes for their token counts
 # (tiles._cheapest_boxes) instead of the default's boxes refitted by tiles.fit: refitted, a
 # blocked problem's 4x16 query box grows to 4x32 and straddles two windows.
-COST_MODEL_BOXES = {"blocked"}
+COST_MODEL_BOXES = {"blocked", "narrow_one_tile"}
 
 
 def default_before_narrow_rule(problem):
