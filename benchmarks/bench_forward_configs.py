@@ -114,28 +114,27 @@ VARIANTS = {
 COST_MODEL_BOXES = {"blocked", "narrow_one_tile"}
 
 
-def default_before_narrow_rule(problem):
-    """The default of before tiles.NARROW_128_BLOCK_RULE (2026-12-05)."""
-    tiles.NARROW_128_BLOCK_RULE = False
+def default_with(problem, name, value):
+    """The default with ``tiles.<name>`` set to ``value`` (restored after)."""
+    kept = getattr(tiles, name)
+    setattr(tiles, name, value)
     tiles._best_forward.cache_clear()
     try:
         return tiles.normalise(tiles.default_config.__wrapped__(problem), problem)
     finally:
-        tiles.NARROW_128_BLOCK_RULE = True
+        setattr(tiles, name, kept)
         tiles._best_forward.cache_clear()
+
+
+def default_before_narrow_rule(problem):
+    """The default of before tiles.NARROW_128_BLOCK_RULE (2026-12-05)."""
+    return default_with(problem, "NARROW_128_BLOCK_RULE", False)
 
 
 def default_before_short_walk_threshold(problem):
     """The default of before tiles.NARROW_128_KEEP_MAX_STEPS (2026-12-06): narrow heads kept the
     128 x 128 block on walks of up to SHORT_WALK_STEPS tiles."""
-    kept = tiles.NARROW_128_KEEP_MAX_STEPS
-    tiles.NARROW_128_KEEP_MAX_STEPS = tiles.SHORT_WALK_STEPS
-    tiles._best_forward.cache_clear()
-    try:
-        return tiles.normalise(tiles.default_config.__wrapped__(problem), problem)
-    finally:
-        tiles.NARROW_128_KEEP_MAX_STEPS = kept
-        tiles._best_forward.cache_clear()
+    return default_with(problem, "NARROW_128_KEEP_MAX_STEPS", tiles.SHORT_WALK_STEPS)
 
 
 BEFORE = {"narrow_short": default_before_short_walk_threshold}
