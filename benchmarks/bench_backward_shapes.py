@@ -11,6 +11,9 @@ variants of the backward's tiles:
   (forward_cost) pairs of 64-token boxes;
 * one knob of the default's dK/dV changed: warps, stages, descriptor loads, the in-step dK wait,
   128 resident keys on 8 warps, 32 streamed queries.
+* both kernels on 128-token resident boxes of the cost model's shape, 8 warps (added 2026-12-06
+  with two blocked problems, where the knob's refitted 128-key box straddles two windows; not yet
+  run).
 
 The first run (2026-12-02) found the dK/dV kernel's walk by the inverse rule computing up to
 1.6x the pairs of the dQ kernel's on the forward's boxes; since then dK/dV takes boxes of its own
