@@ -124,9 +124,10 @@ NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
 # 1.22-1.31x faster on either smaller block at 64 channels and 1.33-1.48x at 32), so its speed
 # there is 0.91 x 0.8 (RESULTS.md, "Triton's own ceiling beside the kernel"). Walks of at most
 # NARROW_128_KEEP_MAX_STEPS key tiles keep FORWARD_BLOCKS' speed: those walks are packed
-# (packed_pairs; at up to 32 channels NARROW_SHORT_WALK_BLOCK takes them). Longer short walks follow the rule since 2026-12-06:
-# on the H100 the 128 x 128 block ran 2-D 16x16 stride 16 at 64 channels (two tiles a walk) 1.52x
-# slower than 64 x 64 on 4 warps (RESULTS.md, "Blocked windows on 128-query tiles").
+# (packed_pairs; at up to 32 channels NARROW_SHORT_WALK_BLOCK takes them). Longer short walks
+# follow the rule since 2026-12-06: on the H100 the 128 x 128 block ran 2-D 16x16 stride 16 at 64
+# channels (two tiles a walk) 1.52x slower than 64 x 64 on 4 warps (RESULTS.md, "Blocked windows
+# on 128-query tiles").
 NARROW_128_BLOCK_SPEED = 0.73
 POINTER_BLOCK_MAX_HEAD_DIM = 64
 NARROW_128_BLOCK_RULE = True
