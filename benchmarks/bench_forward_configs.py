@@ -177,7 +177,8 @@ def main():
         print(f"# {name}: default {default['fwd']}", flush=True)
         base_ms = None
         seen = []
-        for label, config in [("default", default), ("before", BEFORE.get(args.set, default_before_narrow_rule)(problem))] + [
+        before = BEFORE.get(args.set, default_before_narrow_rule)(problem)
+        for label, config in [("default", default), ("before", before)] + [
                 (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}",
                  forced(problem, default, bm, bn, w, s, t, args.set in COST_MODEL_BOXES))
                 for bm, bn, w, s, t in VARIANTS[args.set]]:
