@@ -96,7 +96,11 @@ SETS = {
         ("3-D 16x48x48, 7x15x15, D=128 (issue)", (16, 48, 48), (7, 15, 15), {}, 16, 16, 128, 1),
     ],
 }
-# (queries, keys, warps, stages, descriptor loads)
+# The blocked D=128 rows again, for the packed forward (two programs' walks in one) on 2 stages:
+# compiled for sm_90 it takes 106 KiB and 249 registers, so two programs share a multiprocessor,
+# where the 3-stage packed candidates timed 2026-11-27 had one (and ran 1.3-1.55x slower).
+SETS["blocked_packed"] = [SETS["blocked"][i] for i in (0, 3, 4, 5)]
+# (queries, keys, warps, stages, descriptor loads[, programs packed into one: 1 unless given])
 VARIANTS = {
     "narrow_1d": [(128, 64, 8, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 2, True), (64, 64, 4, 3, True),
                   (128, 128, 8, 2, True), (64, 128, 4, 2, True)],
@@ -107,11 +111,13 @@ VARIANTS = {
     "narrow_one_tile": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 128, 8, 2, False)],
     "blocked": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
                 (128, 64, 8, 2, False), (128, 128, 8, 2, False)],
+    "blocked_packed": [(64, 64, 4, 2, False, 2), (64, 64, 4, 2, True, 2), (64, 64, 4, 3, False, 2),
+                       (64, 64, 4, 2, False)],
 }
 # Sets whose variants take the cost model's cheapest boxes for their token counts
 # (tiles._cheapest_boxes) instead of the default's boxes refitted by tiles.fit: refitted, a
 # blocked problem's 4x16 query box grows to 4x32 and straddles two windows.
-COST_MODEL_BOXES = {"blocked", "narrow_one_tile"}
+COST_MODEL_BOXES = {"blocked", "blocked_packed", "narrow_one_tile"}
 
 
 def default_with(problem, name, value):
@@ -149,14 +155,14 @@ def time_backward(problem, inputs, config):
                     return_mode="median")
 
 
-def forced(problem, default, bm, bn, warps, stages, tma, cheapest=False):
+def forced(problem, default, bm, bn, warps, stages, tma, pack=1, cheapest=False):
     ext = tiles.group_extents(problem)
     if cheapest:
         _, q, kv = tiles._cheapest_boxes(problem, bm, bn)
         q, kv = list(q), list(kv)
     else:
         q, kv = tiles.fit(default["fwd"]["q"], ext, bm), tiles.fit(default["fwd"]["kv"], ext, bn)
-    fwd = dict(default["fwd"], q=q, kv=kv, warps=warps, stages=stages, tma=tma, pack=1)
+    fwd = dict(default["fwd"], q=q, kv=kv, warps=warps, stages=stages, tma=tma, pack=pack)
     return tiles.normalise(dict(default, fwd=fwd), problem)
 
 
@@ -179,9 +185,9 @@ def main():
         seen = []
         before = BEFORE.get(args.set, default_before_narrow_rule)(problem)
         for label, config in [("default", default), ("before", before)] + [
-                (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}",
-                 forced(problem, default, bm, bn, w, s, t, args.set in COST_MODEL_BOXES))
-                for bm, bn, w, s, t in VARIANTS[args.set]]:
+                (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}{f' pack{pack[0]}' if pack else ''}",
+                 forced(problem, default, bm, bn, w, s, t, *pack, cheapest=args.set in COST_MODEL_BOXES))
+                for bm, bn, w, s, t, *pack in VARIANTS[args.set]]:
             if config["fwd"] in seen:
                 continue
             seen.append(config["fwd"])
