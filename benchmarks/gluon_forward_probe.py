@@ -57,8 +57,9 @@ def _window_start(i, L, window):
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
-              q_row, kv_row, col, first_tile, n_tiles, BN: gl.constexpr, STAGES: gl.constexpr):
-    for half in gl.static_range(2):
+              q_row, kv_row, col, first_tile, n_tiles, BN: gl.constexpr, STAGES: gl.constexpr,
+              CONSUMERS: gl.constexpr):
+    for half in gl.static_range(CONSUMERS):
         mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col],
                                         q_ready.index(half), q_smem.index(half))
@@ -194,80 +195,97 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
 
 @gluon.jit
 def probe_forward(q_desc, k_desc, v_desc, o_desc, L, window, qk_scale, BN: gl.constexpr, STAGES: gl.constexpr,
-                  WINDOWED: gl.constexpr, PIPELINE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                  PRODUCER_REGS: gl.constexpr):
-    """One program: 128 queries of one (batch, head), two consumer warpgroups and a producer warp."""
+                  WINDOWED: gl.constexpr, PIPELINE: gl.constexpr, CONSUMERS: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """One program: 64 queries per consumer warpgroup (1 or 2) of one (batch, head), one producer warp."""
     BMH: gl.constexpr = q_desc.block_type.shape[0]
     D: gl.constexpr = q_desc.block_type.shape[1]
-    q_start = gl.program_id(0) * (2 * BMH)
+    q_start = gl.program_id(0) * (CONSUMERS * BMH)
     col = gl.program_id(1) * D
     kv_row = gl.program_id(2) * L
     q_row = kv_row + q_start
     if WINDOWED:
         first_tile = _window_start(q_start, L, window) // BN
-        end_tile = gl.cdiv(_window_start(q_start + 2 * BMH - 1, L, window) + window, BN)
+        end_tile = gl.cdiv(_window_start(q_start + CONSUMERS * BMH - 1, L, window) + window, BN)
     else:
         first_tile = gl.to_tensor(0)
         end_tile = gl.cdiv(L, BN)
     n_tiles = end_tile - first_tile
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BMH, D], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BMH, D], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, D], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for half in gl.static_range(2):
+    for half in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(half), count=1)
     for slot in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(slot), count=1)
         mbarrier.init(v_ready.index(slot), count=1)
-        # both consumer warpgroups release a slot before the producer refills it
-        mbarrier.init(k_empty.index(slot), count=2)
-        mbarrier.init(v_empty.index(slot), count=2)
+        # every consumer warpgroup releases a slot before the producer refills it
+        mbarrier.init(k_empty.index(slot), count=CONSUMERS)
+        mbarrier.init(v_empty.index(slot), count=CONSUMERS)
 
     # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
-    gl.warp_specialize([
-        (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, q_row, col,
-                     q_start, first_tile, n_tiles, L, window, qk_scale, 0, BN, STAGES, WINDOWED, PIPELINE)),
-        (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, q_row, col,
-                     q_start, first_tile, n_tiles, L, window, qk_scale, 1, BN, STAGES, WINDOWED, PIPELINE)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
-                     q_row, kv_row, col, first_tile, n_tiles, BN, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, q_row, col,
+                         q_start, first_tile, n_tiles, L, window, qk_scale, 0, BN, STAGES, WINDOWED, PIPELINE)),
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, q_row, col,
+                         q_start, first_tile, n_tiles, L, window, qk_scale, 1, BN, STAGES, WINDOWED, PIPELINE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready,
+                         v_empty, q_row, kv_row, col, first_tile, n_tiles, BN, STAGES, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, q_row, col,
+                         q_start, first_tile, n_tiles, L, window, qk_scale, 0, BN, STAGES, WINDOWED, PIPELINE)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready,
+                         v_empty, q_row, kv_row, col, first_tile, n_tiles, BN, STAGES, CONSUMERS)),
+        ], [1], [PRODUCER_REGS])
 
 
-# (name, stages, pipeline, consumer registers, producer registers)
-VARIANTS = [("ws s2", 2, False, 240, 24), ("ws s2 pipelined", 2, True, 240, 24),
-            ("ws s3 pipelined", 3, True, 232, 24)]
+# (name, consumer warpgroups, keys a tile, stages, pipelined, consumer registers (2 consumers: the
+# worker's), producer registers, maxnreg (None: the compiler's)). One consumer with 64-key tiles
+# is the 2-D neighbourhood's building block (the triton backend's 2-D defaults are 64 x 64 tiles);
+# its maxnreg of 128 lets two programs share a multiprocessor.
+VARIANTS = [("2wg 128k s2", 2, 128, 2, False, 240, 24, None), ("2wg 128k s2 pipelined", 2, 128, 2, True, 240, 24, None),
+            ("2wg 128k s3 pipelined", 2, 128, 3, True, 232, 24, None),
+            ("1wg 64k s2 pipelined", 1, 64, 2, True, None, 24, 128),
+            ("1wg 64k s3 pipelined", 1, 64, 3, True, None, 24, 128),
+            ("1wg 128k s2 pipelined", 1, 128, 2, True, None, 24, 128)]
 
 
-def _descriptors(q, k, v, out):
+def _descriptors(q, k, v, out, consumers, keys):
     batch, length, heads, dim = q.shape
-    if length % (2 * HALF_ROWS) or length % KEYS:
-        raise ValueError(f"L={length}: the probe needs a multiple of {2 * HALF_ROWS} and {KEYS}")
+    if length % (consumers * HALF_ROWS) or length % keys:
+        raise ValueError(f"L={length}: the probe needs a multiple of {consumers * HALF_ROWS} and {keys}")
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
     q_layout = gl.NVMMASharedLayout.get_default_for([HALF_ROWS, dim], gl_dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([KEYS, dim], gl_dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([keys, dim], gl_dtype)
 
     def flat(t, block, layout):
         view = t.reshape(batch * length, heads * dim)
         return TensorDescriptor(view, list(view.shape), list(view.stride()), block, layout)
 
-    return (flat(q, [HALF_ROWS, dim], q_layout), flat(k, [KEYS, dim], kv_layout),
-            flat(v, [KEYS, dim], kv_layout), flat(out, [HALF_ROWS, dim], q_layout))
+    return (flat(q, [HALF_ROWS, dim], q_layout), flat(k, [keys, dim], kv_layout),
+            flat(v, [keys, dim], kv_layout), flat(out, [HALF_ROWS, dim], q_layout))
 
 
 def _kernel_args(q, k, v, out, window, variant):
-    _, stages, pipeline, consumer_regs, producer_regs = variant
+    _, consumers, keys, stages, pipeline, consumer_regs, producer_regs, maxnreg = variant
     length = q.shape[1]
-    descs = _descriptors(q, k, v, out)
+    descs = _descriptors(q, k, v, out, consumers, keys)
     windowed = window is not None and window < length
+    options = dict(num_warps=4)
+    if maxnreg:
+        options["maxnreg"] = maxnreg
     return (*descs, length, window if windowed else length, q.shape[-1] ** -0.5 * LOG2E), dict(
-        BN=KEYS, STAGES=stages, WINDOWED=windowed, PIPELINE=pipeline, CONSUMER_REGS=consumer_regs,
-        PRODUCER_REGS=producer_regs, num_warps=4)
+        BN=keys, STAGES=stages, WINDOWED=windowed, PIPELINE=pipeline, CONSUMERS=consumers,
+        CONSUMER_REGS=consumer_regs or 0, PRODUCER_REGS=producer_regs, **options)
 
 
 def probe(q, k, v, window=None, variant=VARIANTS[1]):
@@ -275,7 +293,7 @@ def probe(q, k, v, window=None, variant=VARIANTS[1]):
     batch, length, heads, _ = q.shape
     out = torch.empty_like(q)
     args, meta = _kernel_args(q, k, v, out, window, variant)
-    probe_forward[(length // (2 * HALF_ROWS), heads, batch)](*args, **meta)
+    probe_forward[(length // (variant[1] * HALF_ROWS), heads, batch)](*args, **meta)
     return out
 
 
@@ -298,7 +316,8 @@ def compile_only(shape, window):
         for name in names[len(args):]:
             signature[name], constexprs[name] = "constexpr", meta[name]
         src = GluonASTSource(probe_forward, signature, constexprs)
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=meta["num_warps"]))
+        options = {key: meta[key] for key in ("num_warps", "maxnreg") if key in meta}
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         info = ptxas_report(kernel.asm["ptx"], 90)
         counts = {k: v for k, v in count_ops(sass_of(kernel.asm["cubin"])).items() if v}
         regs = [line.strip() for line in info.splitlines() if "registers" in line or "spill" in line]
