@@ -48,24 +48,43 @@ LOG2E = 1.4426950408889634
 def _axis_walks(pid, L0, L1, L2, K0, K1, K2, S0, S1, S2, NT1, NT2, C0: gl.constexpr, C1: gl.constexpr,
                 C2: gl.constexpr, TQ0: gl.constexpr, TQ1: gl.constexpr, TQ2: gl.constexpr, TK0: gl.constexpr,
                 TK1: gl.constexpr, TK2: gl.constexpr):
-    """The query box of program ``pid`` and its walk per axis: (first query coordinate, walk start,
-    tiles, keys every query sees [lo, hi)) for each of the three axes."""
+    """The query box (all consumers' queries) of program ``pid`` and its walk per axis: (first
+    query coordinate, walk start, tiles) for each of the three axes."""
     t0, t1, t2 = split3(pid, NT1, NT2)
     xs0, xs1, xs2 = t0 * TQ0, t1 * TQ1, t2 * TQ2
-    st0, n0, lo0, hi0 = key_walk(xs0, L0, K0, S0, 0, C0, False, TQ0, TK0, True)
-    st1, n1, lo1, hi1 = key_walk(xs1, L1, K1, S1, 0, C1, False, TQ1, TK1, True)
-    st2, n2, lo2, hi2 = key_walk(xs2, L2, K2, S2, 0, C2, False, TQ2, TK2, True)
-    return xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, lo0, hi0, lo1, hi1, lo2, hi2
+    st0, n0, _, _ = key_walk(xs0, L0, K0, S0, 0, C0, False, TQ0, TK0, True)
+    st1, n1, _, _ = key_walk(xs1, L1, K1, S1, 0, C1, False, TQ1, TK1, True)
+    st2, n2, _, _ = key_walk(xs2, L2, K2, S2, 0, C2, False, TQ2, TK2, True)
+    return xs0, xs1, xs2, st0, st1, st2, n0, n1, n2
+
+
+@gluon.jit
+def _half_origin(xs0, xs1, xs2, HALF: gl.constexpr, SPLIT: gl.constexpr, E0: gl.constexpr, E1: gl.constexpr,
+                 E2: gl.constexpr):
+    """First coordinates of consumer ``HALF``'s queries: the box is cut into consumers' parts of
+    E0 x E1 x E2 along axis ``SPLIT`` (its slowest axis longer than 1, so each part is a run of
+    whole rows of the box's row-major order)."""
+    if SPLIT == 0:
+        xs0 = xs0 + HALF * E0
+    elif SPLIT == 1:
+        xs1 = xs1 + HALF * E1
+    else:
+        xs2 = xs2 + HALF * E2
+    return xs0, xs1, xs2
 
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
-              b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES: gl.constexpr):
+              b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES: gl.constexpr,
+              CONSUMERS: gl.constexpr, SPLIT: gl.constexpr):
     TK0: gl.constexpr = k_desc.block_type.shape[1]
     TK1: gl.constexpr = k_desc.block_type.shape[2]
     TK2: gl.constexpr = k_desc.block_type.shape[3]
-    mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, xs0, xs1, xs2, q_col], q_ready.index(0), q_smem)
+    for half in gl.static_range(CONSUMERS):
+        hx0, hx1, hx2 = _half_origin(xs0, xs1, xs2, half, SPLIT, q_desc.block_type.shape[1],
+                                     q_desc.block_type.shape[2], q_desc.block_type.shape[3])
+        mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, hx0, hx1, hx2, q_col], q_ready.index(half), q_smem.index(half))
     j0 = gl.to_tensor(0)
     j1 = gl.to_tensor(0)
     j2 = gl.to_tensor(0)
@@ -115,9 +134,10 @@ def _softmax_step(s, m_i, l_i, qk_scale):
 
 @gluon.jit
 def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
-              L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2,
-              lo0, hi0, lo1, hi1, lo2, hi2, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr,
-              RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr):
+              L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, qk_scale,
+              C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
+              TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr, SPLIT: gl.constexpr):
+    TQ0: gl.constexpr = o_desc.block_type.shape[1]
     TQ1: gl.constexpr = o_desc.block_type.shape[2]
     TQ2: gl.constexpr = o_desc.block_type.shape[3]
     D: gl.constexpr = o_desc.block_type.shape[4]
@@ -132,7 +152,13 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = o_desc.dtype
 
-    q = q_smem.reshape([BM, D])
+    xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
+    # the keys every query of this consumer sees (its tiles inside them skip the mask)
+    _, _, lo0, hi0 = key_walk(xs0, L0, K0, S0, 0, C0, False, TQ0, TK0, True)
+    _, _, lo1, hi1 = key_walk(xs1, L1, K1, S1, 0, C1, False, TQ1, TK1, True)
+    _, _, lo2, hi2 = key_walk(xs2, L2, K2, S2, 0, C2, False, TQ2, TK2, True)
+    q_box = q_smem.index(HALF)
+    q = q_box.reshape([BM, D])
     m0, m1, m2 = split3(gl.arange(0, BM, layout=s_rows), TQ1, TQ2)
     x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
     m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
@@ -140,7 +166,7 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
     acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
     n_tiles = n0 * n1 * n2
-    mbarrier.wait(q_ready.index(0), 0)
+    mbarrier.wait(q_ready.index(HALF), 0)
 
     # tile 0's scores and softmax before the loop; each step then issues tile i's S, tile i-1's
     # O += P V, and runs tile i's softmax while the latter is on the tensor cores
@@ -182,18 +208,20 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
     # copy engine drops the box's rows outside the grid)
     q.store(out.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, xs0, xs1, xs2, q_col], q_smem)
+    tma.async_copy_shared_to_global(o_desc, [b, xs0, xs1, xs2, q_col], q_box)
     tma.store_wait(0)
 
 
 @gluon.jit
 def probe_forward(q_desc, k_desc, v_desc, o_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, NT1, NT2, GROUP, qk_scale,
                   C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
-                  PRODUCER_REGS: gl.constexpr):
-    """One program: one query box of one (batch, head); one consumer warpgroup, one producer warp."""
-    TQ0: gl.constexpr = q_desc.block_type.shape[1]
-    TQ1: gl.constexpr = q_desc.block_type.shape[2]
-    TQ2: gl.constexpr = q_desc.block_type.shape[3]
+                  CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr):
+    """One program: one query box of one (batch, head), cut into CONSUMERS parts of 64 queries (one
+    consumer warpgroup each, sharing the box's key walk) along axis SPLIT; one producer warp."""
+    TQ0: gl.constexpr = q_desc.block_type.shape[1] * (CONSUMERS if SPLIT == 0 else 1)
+    TQ1: gl.constexpr = q_desc.block_type.shape[2] * (CONSUMERS if SPLIT == 1 else 1)
+    TQ2: gl.constexpr = q_desc.block_type.shape[3] * (CONSUMERS if SPLIT == 2 else 1)
     D: gl.constexpr = q_desc.block_type.shape[4]
     TK0: gl.constexpr = k_desc.block_type.shape[1]
     TK1: gl.constexpr = k_desc.block_type.shape[2]
@@ -202,31 +230,48 @@ def probe_forward(q_desc, k_desc, v_desc, o_desc, L0, L1, L2, K0, K1, K2, S0, S1
     b = gl.program_id(2)
     q_col = h * D
     kv_col = (h // GROUP) * D
-    xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, lo0, hi0, lo1, hi1, lo2, hi2 = _axis_walks(
+    xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _axis_walks(
         gl.program_id(0), L0, L1, L2, K0, K1, K2, S0, S1, S2, NT1, NT2, C0, C1, C2, TQ0, TQ1, TQ2, TK0, TK1, TK2)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready.index(0), count=1)
+    for half in gl.static_range(CONSUMERS):
+        mbarrier.init(q_ready.index(half), count=1)
     for slot in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(slot), count=1)
         mbarrier.init(v_ready.index(slot), count=1)
-        mbarrier.init(k_empty.index(slot), count=1)
-        mbarrier.init(v_empty.index(slot), count=1)
+        # every consumer warpgroup releases a slot before the producer refills it
+        mbarrier.init(k_empty.index(slot), count=CONSUMERS)
+        mbarrier.init(v_empty.index(slot), count=CONSUMERS)
 
-    gl.warp_specialize([
-        (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
-                     L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2,
-                     lo0, hi0, lo1, hi1, lo2, hi2, qk_scale, C0, C1, C2, RANK, STAGES, TK0, TK1, TK2)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
-                     b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES)),
-    ], [1], [PRODUCER_REGS])
+    # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
+                         L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, qk_scale,
+                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
+                         L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, qk_scale,
+                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready,
+                         v_empty, b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES, CONSUMERS,
+                         SPLIT)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
+                         L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, qk_scale,
+                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready,
+                         v_empty, b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES, CONSUMERS,
+                         SPLIT)),
+        ], [1], [PRODUCER_REGS])
 
 
 def _rank3(values, fill):
@@ -235,7 +280,8 @@ def _rank3(values, fill):
 
 def launch_args(q, k, v, out, problem, q_box, kv_box, stages):
     """(grid, positional arguments, meta-parameters) of the probe for ``problem`` on these boxes
-    (rank-3 lists: missing leading axes have length 1)."""
+    (rank-3 lists: missing leading axes have length 1). A box of 128 queries runs on two
+    consumer warpgroups, one of 64 on one."""
     batch, *spatial, heads, dim = q.shape
     kv_heads = k.shape[-2]
     axes = list(problem.axes)
@@ -246,6 +292,10 @@ def launch_args(q, k, v, out, problem, q_box, kv_box, stages):
     strides = _rank3([a.stride for a in axes], 1)
     causal = _rank3([a.causal for a in axes], False)
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+    consumers = q_box[0] * q_box[1] * q_box[2] // 64
+    split = next(axis for axis in range(3) if q_box[axis] > 1 or axis == 2)
+    part = list(q_box)
+    part[split] //= consumers
 
     def desc(t, box):
         view = t.reshape(batch, *lengths, t.shape[-2] * dim)
@@ -255,18 +305,14 @@ def launch_args(q, k, v, out, problem, q_box, kv_box, stages):
 
     boxes = [-(-n // t) for n, t in zip(lengths, q_box)]
     grid = (boxes[0] * boxes[1] * boxes[2], heads, batch)
-    args = (desc(q, q_box), desc(k, kv_box), desc(v, kv_box), desc(out, q_box), *lengths, *windows, *strides,
+    args = (desc(q, part), desc(k, kv_box), desc(v, kv_box), desc(out, part), *lengths, *windows, *strides,
             boxes[1], boxes[2], heads // kv_heads, problem.scale * LOG2E)
-    meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], RANK=len(axes), STAGES=stages, PRODUCER_REGS=24,
-                num_warps=4, maxnreg=128)
+    # one consumer: maxnreg 128 over 8 warps lets two programs share a multiprocessor
+    meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], RANK=len(axes), STAGES=stages, CONSUMERS=consumers,
+                SPLIT=split, PRODUCER_REGS=24, CONSUMER_REGS=240 if consumers == 2 else 0, num_warps=4)
+    if consumers == 1:
+        meta["maxnreg"] = 128
     return grid, args, meta
-
-
-def probe(q, k, v, problem, q_box, kv_box, stages=2):
-    out = torch.empty_like(q)
-    grid, args, meta = launch_args(q, k, v, out, problem, q_box, kv_box, stages)
-    probe_forward[grid](*args, **meta)
-    return out
 
 
 # (name, spatial, window, options, heads, kv heads, head dim, batch): the issue's 2-D / 3-D rows
@@ -295,17 +341,26 @@ def _problem(spec, device, seed):
 
 
 def variants(problem):
-    """(label, query box, key box, stages): the backend's default boxes (rank 3), and the cost
-    model's cheapest 64-query / 128-key boxes."""
+    """(label, query box, key box, stages): the backend's default boxes (rank 3) on one consumer,
+    and the cost model's cheapest 128-query boxes (two consumers) with 64- and 128-key tiles."""
     from haloattn.backends.triton import tiles
     fwd = tiles.normalise(None, problem)["fwd"]
-    q_box, kv_box = _rank3(fwd["q"], 1), _rank3(fwd["kv"], 1)
-    _, q128, kv128 = tiles._cheapest_boxes(problem, 64, 128)
-    found = [(f"default boxes {fwd['q']}x{fwd['kv']} s2", q_box, kv_box, 2),
-             (f"default boxes {fwd['q']}x{fwd['kv']} s3", q_box, kv_box, 3)]
-    if q_box[0] * q_box[1] * q_box[2] == 64:
-        found.append((f"64x128 boxes {list(q128)}x{list(kv128)} s2", _rank3(q128, 1), _rank3(kv128, 1), 2))
-    return [v for v in found if v[1][0] * v[1][1] * v[1][2] == 64]
+    found = []
+    if fwd["q"] and len(fwd["q"]) and _tokens(fwd["q"]) == 64:
+        found.append((f"1 consumer {fwd['q']}x{fwd['kv']} s2", _rank3(fwd["q"], 1), _rank3(fwd["kv"], 1), 2))
+    for keys, stages in ((128, 2), (64, 3), (64, 2)):
+        _, q_box, kv_box = tiles._cheapest_boxes(problem, 128, keys)
+        if _tokens(q_box) == 128 and _tokens(kv_box) == keys:
+            found.append((f"2 consumers {list(q_box)}x{list(kv_box)} s{stages}", _rank3(q_box, 1),
+                          _rank3(kv_box, 1), stages))
+    return found
+
+
+def _tokens(box):
+    count = 1
+    for extent in box:
+        count *= extent
+    return count
 
 
 def compile_only():
@@ -327,8 +382,8 @@ def compile_only():
             for arg_name in names[len(args):]:
                 signature[arg_name], constexprs[arg_name] = "constexpr", meta[arg_name]
             src = GluonASTSource(probe_forward, signature, constexprs)
-            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                    options=dict(num_warps=meta["num_warps"], maxnreg=meta["maxnreg"]))
+            options = {key: meta[key] for key in ("num_warps", "maxnreg") if key in meta}
+            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
             info = ptxas_report(kernel.asm["ptx"], 90)
             counts = {key: n for key, n in count_ops(sass_of(kernel.asm["cubin"])).items() if n}
             regs = [line.split("info    :")[-1].strip() for line in info.splitlines() if "registers" in line]
