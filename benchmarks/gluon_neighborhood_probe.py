@@ -103,21 +103,20 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, 
 
 
 @gluon.jit
-def _masked(s, x0, x1, x2, ys0, ys1, ys2, L0, L1, L2, K0, K1, K2, S0, S1, S2, lo0, hi0, lo1, hi1, lo2, hi2,
-            C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
-            TK2: gl.constexpr, RANK: gl.constexpr, s_layout: gl.constexpr):
-    """Scores of the key tile at (ys0, ys1, ys2) with -inf outside each row's window, on the
-    axes where the tile leaves the part every row sees."""
+def _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2,
+            TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, RANK: gl.constexpr, MASKS: gl.constexpr,
+            s_layout: gl.constexpr):
+    """Scores of the key tile at (ys0, ys1, ys2) with -inf outside each row's window (rows' key
+    ranges rlo/rhi per axis), on the axes where the tile leaves the part every row sees [lo, hi).
+    MASKS=False (timing only, wrong outputs) measures what the masks cost."""
     c0 = crosses(ys0, TK0, lo0, hi0)
     c1 = crosses(ys1, TK1, lo1, hi1)
     c2 = crosses(ys2, TK2, lo2, hi2)
-    if c0 | c1 | c2:
-        n0, n1, n2 = split3(gl.arange(0, TK0 * TK1 * TK2, layout=gl.SliceLayout(0, s_layout)), TK1, TK2)
-        rlo0, rhi0 = key_range(x0, L0, K0, S0, 0, C0, False)
-        rlo1, rhi1 = key_range(x1, L1, K1, S1, 0, C1, False)
-        rlo2, rhi2 = key_range(x2, L2, K2, S2, 0, C2, False)
-        s = mask_pairs(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0 + n0, ys1 + n1, ys2 + n2,
-                       c0, c1, c2, True, RANK, True)
+    if MASKS:
+        if c0 | c1 | c2:
+            n0, n1, n2 = split3(gl.arange(0, TK0 * TK1 * TK2, layout=gl.SliceLayout(0, s_layout)), TK1, TK2)
+            s = mask_pairs(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0 + n0, ys1 + n1, ys2 + n2,
+                           c0, c1, c2, True, RANK, True)
     return s
 
 
@@ -136,7 +135,8 @@ def _softmax_step(s, m_i, l_i, qk_scale):
 def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
               L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, qk_scale,
               C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
-              TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr, SPLIT: gl.constexpr):
+              TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr, SPLIT: gl.constexpr,
+              MASKS: gl.constexpr):
     TQ0: gl.constexpr = o_desc.block_type.shape[1]
     TQ1: gl.constexpr = o_desc.block_type.shape[2]
     TQ2: gl.constexpr = o_desc.block_type.shape[3]
@@ -161,6 +161,10 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
     q = q_box.reshape([BM, D])
     m0, m1, m2 = split3(gl.arange(0, BM, layout=s_rows), TQ1, TQ2)
     x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
+    # each row's keys per axis, once: the masks of the partial tiles compare against them
+    rlo0, rhi0 = key_range(x0, L0, K0, S0, 0, C0, False)
+    rlo1, rhi1 = key_range(x1, L1, K1, S1, 0, C1, False)
+    rlo2, rhi2 = key_range(x2, L2, K2, S2, 0, C2, False)
     m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([BM], gl.float32, layout=s_rows)
     acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
@@ -174,8 +178,8 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
     s = warpgroup_mma(q, k_bufs.index(0).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(0), count=1)
-    s = _masked(s, x0, x1, x2, st0, st1, st2, L0, L1, L2, K0, K1, K2, S0, S1, S2, lo0, hi0, lo1, hi1, lo2, hi2,
-                C0, C1, C2, TK0, TK1, TK2, RANK, s_layout)
+    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
+                RANK, MASKS, s_layout)
     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
     p16 = gl.convert_layout(p.to(dtype), p_layout)
     j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), n1, n2)
@@ -189,8 +193,8 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
         acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s, ))
         mbarrier.arrive(k_empty.index(slot), count=1)
-        s = _masked(s, x0, x1, x2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, L0, L1, L2, K0, K1, K2, S0, S1,
-                    S2, lo0, hi0, lo1, hi1, lo2, hi2, C0, C1, C2, TK0, TK1, TK2, RANK, s_layout)
+        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
+                    lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, MASKS, s_layout)
         p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
         acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
         mbarrier.arrive(v_empty.index(prev), count=1)
@@ -216,7 +220,7 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
 def probe_forward(q_desc, k_desc, v_desc, o_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, NT1, NT2, GROUP, qk_scale,
                   C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
                   CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                  CONSUMER_REGS: gl.constexpr):
+                  CONSUMER_REGS: gl.constexpr, MASKS: gl.constexpr):
     """One program: one query box of one (batch, head), cut into CONSUMERS parts of 64 queries (one
     consumer warpgroup each, sharing the box's key walk) along axis SPLIT; one producer warp."""
     TQ0: gl.constexpr = q_desc.block_type.shape[1] * (CONSUMERS if SPLIT == 0 else 1)
@@ -255,10 +259,10 @@ def probe_forward(q_desc, k_desc, v_desc, o_desc, L0, L1, L2, K0, K1, K2, S0, S1
         gl.warp_specialize([
             (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
                          L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, qk_scale,
-                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
+                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT, MASKS)),
             (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
                          L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, qk_scale,
-                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT)),
+                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT, MASKS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready,
                          v_empty, b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES, CONSUMERS,
                          SPLIT)),
@@ -267,7 +271,7 @@ def probe_forward(q_desc, k_desc, v_desc, o_desc, L0, L1, L2, K0, K1, K2, S0, S1
         gl.warp_specialize([
             (_consumer, (o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, q_col,
                          L0, L1, L2, K0, K1, K2, S0, S1, S2, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, qk_scale,
-                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
+                         C0, C1, C2, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT, MASKS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready,
                          v_empty, b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES, CONSUMERS,
                          SPLIT)),
@@ -278,7 +282,7 @@ def _rank3(values, fill):
     return [fill] * (3 - len(values)) + list(values)
 
 
-def launch_args(q, k, v, out, problem, q_box, kv_box, stages):
+def launch_args(q, k, v, out, problem, q_box, kv_box, stages, masks=True):
     """(grid, positional arguments, meta-parameters) of the probe for ``problem`` on these boxes
     (rank-3 lists: missing leading axes have length 1). A box of 128 queries runs on two
     consumer warpgroups, one of 64 on one."""
@@ -309,10 +313,18 @@ def launch_args(q, k, v, out, problem, q_box, kv_box, stages):
             boxes[1], boxes[2], heads // kv_heads, problem.scale * LOG2E)
     # one consumer: maxnreg 128 over 8 warps lets two programs share a multiprocessor
     meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], RANK=len(axes), STAGES=stages, CONSUMERS=consumers,
-                SPLIT=split, PRODUCER_REGS=24, CONSUMER_REGS=240 if consumers == 2 else 0, num_warps=4)
+                SPLIT=split, PRODUCER_REGS=24, CONSUMER_REGS=240 if consumers == 2 else 0, MASKS=masks,
+                num_warps=4)
     if consumers == 1:
         meta["maxnreg"] = 128
     return grid, args, meta
+
+
+def probe(q, k, v, problem, q_box, kv_box, stages=2, masks=True):
+    out = torch.empty_like(q)
+    grid, args, meta = launch_args(q, k, v, out, problem, q_box, kv_box, stages, masks)
+    probe_forward[grid](*args, **meta)
+    return out
 
 
 # (name, spatial, window, options, heads, kv heads, head dim, batch): the issue's 2-D / 3-D rows
@@ -341,18 +353,19 @@ def _problem(spec, device, seed):
 
 
 def variants(problem):
-    """(label, query box, key box, stages): the backend's default boxes (rank 3) on one consumer,
-    and the cost model's cheapest 128-query boxes (two consumers) with 64- and 128-key tiles."""
+    """(label, query box, key box, stages, masks): the backend's default boxes (rank 3) on one
+    consumer; the cost model's cheapest 128-query / 128-key boxes on two consumers, on 2 and 3
+    stages, and once with the masks off (timing only: what the partial tiles' masks cost)."""
     from haloattn.backends.triton import tiles
     fwd = tiles.normalise(None, problem)["fwd"]
     found = []
-    if fwd["q"] and len(fwd["q"]) and _tokens(fwd["q"]) == 64:
-        found.append((f"1 consumer {fwd['q']}x{fwd['kv']} s2", _rank3(fwd["q"], 1), _rank3(fwd["kv"], 1), 2))
-    for keys, stages in ((128, 2), (64, 3), (64, 2)):
-        _, q_box, kv_box = tiles._cheapest_boxes(problem, 128, keys)
-        if _tokens(q_box) == 128 and _tokens(kv_box) == keys:
-            found.append((f"2 consumers {list(q_box)}x{list(kv_box)} s{stages}", _rank3(q_box, 1),
-                          _rank3(kv_box, 1), stages))
+    if _tokens(fwd["q"]) == 64:
+        found.append((f"1 consumer {fwd['q']}x{fwd['kv']} s2", _rank3(fwd["q"], 1), _rank3(fwd["kv"], 1), 2, True))
+    _, q_box, kv_box = tiles._cheapest_boxes(problem, 128, 128)
+    if _tokens(q_box) == 128 and _tokens(kv_box) == 128:
+        for stages, masks in ((2, True), (3, True), (2, False)):
+            label = f"2 consumers {list(q_box)}x{list(kv_box)} s{stages}" + ("" if masks else " masks off (timing)")
+            found.append((label, _rank3(q_box, 1), _rank3(kv_box, 1), stages, masks))
     return found
 
 
@@ -372,8 +385,8 @@ def compile_only():
 
     for index, spec in enumerate(PROBLEMS):
         name, q, k, v, *_, problem = _problem(spec, "cpu", index)
-        for label, q_box, kv_box, stages in variants(problem):
-            grid, args, meta = launch_args(q, k, v, q, problem, q_box, kv_box, stages)
+        for label, q_box, kv_box, stages, masks in variants(problem):
+            grid, args, meta = launch_args(q, k, v, q, problem, q_box, kv_box, stages, masks)
             names = probe_forward.arg_names
             signature, constexprs = {}, {}
             for arg_name, value in zip(names, args):
@@ -407,12 +420,12 @@ def run_gpu(json_path):
         base_ms = do_bench(triton_forward, warmup=25, rep=200, return_mode="median")
         row = {"problem": name, "triton_ms": base_ms, "variants": {}}
         print(f"{name} | triton default | {base_ms:.3f} ms", flush=True)
-        for label, q_box, kv_box, stages in variants(problem):
+        for label, q_box, kv_box, stages, masks in variants(problem):
             try:
-                out = probe(q, k, v, problem, q_box, kv_box, stages)
+                out = probe(q, k, v, problem, q_box, kv_box, stages, masks)
                 torch.cuda.synchronize()
                 err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-                ms = do_bench(lambda: probe(q, k, v, problem, q_box, kv_box, stages), warmup=25, rep=200,
+                ms = do_bench(lambda: probe(q, k, v, problem, q_box, kv_box, stages, masks), warmup=25, rep=200,
                               return_mode="median")
             except Exception as exc:  # a variant that fails is reported, not fatal
                 print(f"{name} | {label} | FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
