@@ -143,7 +143,13 @@ def default_before_short_walk_threshold(problem):
     return default_with(problem, "NARROW_128_KEEP_MAX_STEPS", tiles.SHORT_WALK_STEPS)
 
 
-BEFORE = {"narrow_short": default_before_short_walk_threshold}
+def default_before_one_tile_walks(problem):
+    """The default of before one-tile walks left the block (2026-12-06): narrow heads kept the
+    128 x 128 block on walks of up to PACK_MAX_STEPS tiles, packed."""
+    return default_with(problem, "NARROW_128_KEEP_MAX_STEPS", tiles.PACK_MAX_STEPS)
+
+
+BEFORE = {"narrow_short": default_before_short_walk_threshold, "narrow_one_tile": default_before_one_tile_walks}
 
 
 def time_backward(problem, inputs, config):

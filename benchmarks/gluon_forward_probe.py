@@ -300,31 +300,12 @@ def probe(q, k, v, window=None, variant=VARIANTS[1]):
 def compile_only(shape, window):
     """Build every variant for sm_90 (no GPU needed) and print registers, spills and shared memory."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from sm90_compile import ptxas_report, sass_of, count_ops
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
+    from gluon_compile import build_sm90, report
 
     q = torch.empty(shape, dtype=torch.bfloat16, device="meta")
     for variant in VARIANTS:
         args, meta = _kernel_args(q, q, q, q, window, variant)
-        names = probe_forward.arg_names
-        signature, constexprs = {}, {}
-        for name, value in zip(names, args):
-            signature[name] = "fp32" if isinstance(value, float) else "i32" if isinstance(value, int) else \
-                mangle_type(value)
-        for name in names[len(args):]:
-            signature[name], constexprs[name] = "constexpr", meta[name]
-        src = GluonASTSource(probe_forward, signature, constexprs)
-        options = {key: meta[key] for key in ("num_warps", "maxnreg") if key in meta}
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-        info = ptxas_report(kernel.asm["ptx"], 90)
-        counts = {k: v for k, v in count_ops(sass_of(kernel.asm["cubin"])).items() if v}
-        regs = [line.strip() for line in info.splitlines() if "registers" in line or "spill" in line]
-        print(f"{variant[0]} (window {window}): shared {kernel.metadata.shared} B; {' | '.join(regs)}; {counts}")
-        if os.environ.get("PROBE_DUMP"):
-            with open(os.path.join(os.environ["PROBE_DUMP"], variant[0].replace(" ", "_") + ".ptx"), "w") as f:
-                f.write(kernel.asm["ptx"])
+        report(f"{variant[0]} (window {window})", build_sm90(probe_forward, args, meta))
 
 
 def main():

@@ -377,30 +377,15 @@ def _tokens(box):
 
 
 def compile_only():
+    """Build every problem's variants for sm_90 (no GPU needed) and print what they come to."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from sm90_compile import count_ops, ptxas_report, sass_of
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
+    from gluon_compile import build_sm90, report
 
     for index, spec in enumerate(PROBLEMS):
         name, q, k, v, *_, problem = _problem(spec, "cpu", index)
         for label, q_box, kv_box, stages, masks in variants(problem):
-            grid, args, meta = launch_args(q, k, v, q, problem, q_box, kv_box, stages, masks)
-            names = probe_forward.arg_names
-            signature, constexprs = {}, {}
-            for arg_name, value in zip(names, args):
-                signature[arg_name] = ("fp32" if isinstance(value, float) else "i32" if isinstance(value, int)
-                                       else mangle_type(value))
-            for arg_name in names[len(args):]:
-                signature[arg_name], constexprs[arg_name] = "constexpr", meta[arg_name]
-            src = GluonASTSource(probe_forward, signature, constexprs)
-            options = {key: meta[key] for key in ("num_warps", "maxnreg") if key in meta}
-            kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-            info = ptxas_report(kernel.asm["ptx"], 90)
-            counts = {key: n for key, n in count_ops(sass_of(kernel.asm["cubin"])).items() if n}
-            regs = [line.split("info    :")[-1].strip() for line in info.splitlines() if "registers" in line]
-            print(f"{name} | {label}: shared {kernel.metadata.shared} B; {' '.join(regs)}; {counts}", flush=True)
+            _, args, meta = launch_args(q, k, v, q, problem, q_box, kv_box, stages, masks)
+            report(f"{name} | {label}", build_sm90(probe_forward, args, meta))
 
 
 def run_gpu(json_path):

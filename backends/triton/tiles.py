@@ -123,11 +123,11 @@ NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
 # 1-D forwards with windows of 2047 to 16384 keys, on which the cost model chose it, ran
 # 1.22-1.31x faster on either smaller block at 64 channels and 1.33-1.48x at 32), so its speed
 # there is 0.91 x 0.8 (RESULTS.md, "Triton's own ceiling beside the kernel"). Walks of at most
-# NARROW_128_KEEP_MAX_STEPS key tiles keep FORWARD_BLOCKS' speed: those walks are packed
-# (packed_pairs; at up to 32 channels NARROW_SHORT_WALK_BLOCK takes them). Longer short walks
-# follow the rule since 2026-12-06: on the H100 the 128 x 128 block ran 2-D 16x16 stride 16 at 64
-# channels (two tiles a walk) 1.52x slower than 64 x 64 on 4 warps (RESULTS.md, "Blocked windows
-# on 128-query tiles").
+# NARROW_128_KEEP_MAX_STEPS key tiles would keep FORWARD_BLOCKS' speed; none do since 2026-12-06.
+# On the H100 the 128 x 128 block ran 2-D 16x16 stride 16 at 64 channels (two tiles a walk) 1.52x
+# slower than 64 x 64 on 4 warps (RESULTS.md, "Blocked windows on 128-query tiles"), and one-tile
+# walks, packed four pairs a program, 1.04-1.11x slower than 64 x 64 tiles unpacked (RESULTS.md,
+# "Gluon probes").
 NARROW_128_BLOCK_SPEED = 0.73
 POINTER_BLOCK_MAX_HEAD_DIM = 64
 NARROW_128_BLOCK_RULE = True
@@ -196,8 +196,9 @@ KEY_MAJOR_CANDIDATES = 3
 # candidates try every pair count. Only where K/V come by pointer loads and the problem has no
 # additional tokens (the packed loop has neither).
 PACK_MAX_STEPS = 1.5
-# Narrow heads' 128 x 128 forward block keeps its speed on walks this short (see NARROW_128_BLOCK_SPEED).
-NARROW_128_KEEP_MAX_STEPS = PACK_MAX_STEPS
+# Narrow heads' 128 x 128 forward block would keep its speed on walks this short (see
+# NARROW_128_BLOCK_SPEED): on none, since one-tile walks were measured.
+NARROW_128_KEEP_MAX_STEPS = 0
 PACK_MAX = 16
 PACK_MIN_WAVES = 2
 
@@ -525,7 +526,6 @@ def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...],
         blocks.update(NARROW_FORWARD_BLOCKS)
     best = _cheapest_forward(problem, blocks)
     if NARROW_128_BLOCK_RULE and not descriptors and _pointer_width_16bit_on_copy_engine(problem):
-        # A walk of one tile (a blocked problem's whole window) keeps its block: it is packed.
         if steps_per_tile(problem, best[0], best[1]) > NARROW_128_KEEP_MAX_STEPS:
             warps, stages, _ = blocks[(128, 128)]
             best = _cheapest_forward(problem, {**blocks, (128, 128): (warps, stages, NARROW_128_BLOCK_SPEED)})
