@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -43,6 +42,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gluon_ring import allocate_ring  # noqa: E402 (beside this file)
 
 LOG2E = 1.4426950408889634
 HALF_ROWS = 64  # query rows per consumer warpgroup (wgmma's M)
@@ -212,22 +214,8 @@ def probe_forward(q_desc, k_desc, v_desc, o_desc, L, window, qk_scale, BN: gl.co
         end_tile = gl.cdiv(L, BN)
     n_tiles = end_tile - first_tile
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BMH, D], q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, D], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for half in gl.static_range(CONSUMERS):
-        mbarrier.init(q_ready.index(half), count=1)
-    for slot in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(slot), count=1)
-        mbarrier.init(v_ready.index(slot), count=1)
-        # every consumer warpgroup releases a slot before the producer refills it
-        mbarrier.init(k_empty.index(slot), count=CONSUMERS)
-        mbarrier.init(v_empty.index(slot), count=CONSUMERS)
+    q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
+        q_desc, k_desc, v_desc, CONSUMERS, STAGES)
 
     # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
     if CONSUMERS == 2:
@@ -299,7 +287,6 @@ def probe(q, k, v, window=None, variant=VARIANTS[1]):
 
 def compile_only(shape, window):
     """Build every variant for sm_90 (no GPU needed) and print registers, spills and shared memory."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gluon_compile import build_sm90, report
 
     q = torch.empty(shape, dtype=torch.bfloat16, device="meta")
@@ -326,7 +313,6 @@ def run_gpu(json_path):
     from triton.testing import do_bench
 
     import haloattn
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_triton_ceiling import CONFIGS, plain_forward
 
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))

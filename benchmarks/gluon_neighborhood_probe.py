@@ -38,8 +38,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from haloattn.backends.triton.index_math import crosses, key_range, key_walk, next3, split3
-from haloattn.backends.triton.scores import mask_pairs
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gluon_ring import allocate_ring  # noqa: E402 (beside this file)
+
+from haloattn.backends.triton.index_math import crosses, key_range, key_walk, next3, split3  # noqa: E402
+from haloattn.backends.triton.scores import mask_pairs  # noqa: E402
 
 LOG2E = 1.4426950408889634
 
@@ -237,22 +240,8 @@ def probe_forward(q_desc, k_desc, v_desc, o_desc, L0, L1, L2, K0, K1, K2, S0, S1
     xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _axis_walks(
         gl.program_id(0), L0, L1, L2, K0, K1, K2, S0, S1, S2, NT1, NT2, C0, C1, C2, TQ0, TQ1, TQ2, TK0, TK1, TK2)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for half in gl.static_range(CONSUMERS):
-        mbarrier.init(q_ready.index(half), count=1)
-    for slot in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(slot), count=1)
-        mbarrier.init(v_ready.index(slot), count=1)
-        # every consumer warpgroup releases a slot before the producer refills it
-        mbarrier.init(k_empty.index(slot), count=CONSUMERS)
-        mbarrier.init(v_empty.index(slot), count=CONSUMERS)
+    q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
+        q_desc, k_desc, v_desc, CONSUMERS, STAGES)
 
     # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
     if CONSUMERS == 2:
@@ -378,7 +367,6 @@ def _tokens(box):
 
 def compile_only():
     """Build every problem's variants for sm_90 (no GPU needed) and print what they come to."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gluon_compile import build_sm90, report
 
     for index, spec in enumerate(PROBLEMS):

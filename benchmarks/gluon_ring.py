@@ -1,0 +1,28 @@
+"""The shared memory both Gluon probes set up: each consumer warpgroup's query tile, a ring of
+``STAGES`` K and V slots, and the mbarriers that hand them between the producer warp and the
+consumers (a slot is refilled once every consumer has arrived on its "empty" barrier)."""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+
+@gluon.jit
+def allocate_ring(q_desc, k_desc, v_desc, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+    """(query tiles, K slots, V slots, q_ready, k_ready, k_empty, v_ready, v_empty), initialised."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for half in gl.static_range(CONSUMERS):
+        mbarrier.init(q_ready.index(half), count=1)
+    for slot in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(slot), count=1)
+        mbarrier.init(v_ready.index(slot), count=1)
+        mbarrier.init(k_empty.index(slot), count=CONSUMERS)
+        mbarrier.init(v_empty.index(slot), count=CONSUMERS)
+    return q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty
