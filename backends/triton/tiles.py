@@ -126,7 +126,7 @@ NARROW_FORWARD_BLOCKS = {(32, 64): (1, 3, 0.66), (16, 32): (1, 3, 0.50)}
 # NARROW_128_KEEP_MAX_STEPS key tiles would keep FORWARD_BLOCKS' speed; none do since 2026-12-06.
 # On the H100 the 128 x 128 block ran 2-D 16x16 stride 16 at 64 channels (two tiles a walk) 1.52x
 # slower than 64 x 64 on 4 warps (RESULTS.md, "Blocked windows on 128-query tiles"), and one-tile
-# walks, packed four pairs a program, 1.04-1.11x slower than 64 x 64 tiles unpacked (RESULTS.md,
+# walks, packed four pairs a program, 1.04-1.13x slower than 64 x 64 tiles unpacked (RESULTS.md,
 # "Gluon probes").
 NARROW_128_BLOCK_SPEED = 0.73
 POINTER_BLOCK_MAX_HEAD_DIM = 64
