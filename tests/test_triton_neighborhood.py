@@ -398,6 +398,21 @@ def test_narrow_heads_leave_the_128_block_on_one_tile_walks(monkeypatch, spatial
 
 
 @pytest.mark.parametrize("spatial,window,options", [
+    ((2048,), 128, dict(stride=128)), ((32, 32, 32), (2, 8, 8), dict(stride=(2, 8, 8))),
+])
+@pytest.mark.parametrize("head_dim", [16, 32])
+def test_narrowest_heads_one_tile_walks_keep_the_short_walk_block(spatial, window, options, head_dim):
+    """At up to NARROW_HEAD_DIM channels a one-tile walk keeps the 128 x 128 block in the cost
+    model, so NARROW_SHORT_WALK_BLOCK takes its forward (measured there; the 64-channel change of
+    2026-12-06 was not) and the backward keeps the boxes that followed the block."""
+    problem, fwd = _forward_tiles(spatial, window, head_dim, **options)
+    (queries, keys), (warps, _) = tiles.NARROW_SHORT_WALK_BLOCK
+    assert fwd[:3] == (queries, keys, warps), fwd
+    q, kv, _, _ = tiles._best_forward.__wrapped__(problem, False)
+    assert math.prod(q) == 128 == math.prod(kv), (q, kv)
+
+
+@pytest.mark.parametrize("spatial,window,options", [
     ((4096,), 384, dict(stride=128)), ((16384,), 256, dict(stride=256)), ((128, 128), 16, dict(stride=16)),
     ((8, 32, 32), (4, 8, 8), dict(stride=(4, 8, 8))),
 ])

@@ -196,8 +196,10 @@ KEY_MAJOR_CANDIDATES = 3
 # candidates try every pair count. Only where K/V come by pointer loads and the problem has no
 # additional tokens (the packed loop has neither).
 PACK_MAX_STEPS = 1.5
-# Narrow heads' 128 x 128 forward block would keep its speed on walks this short (see
-# NARROW_128_BLOCK_SPEED): on none, since one-tile walks were measured.
+# Heads of 33-64 channels keep the 128 x 128 forward block's speed on walks this short (see
+# NARROW_128_BLOCK_SPEED): on none, since one-tile walks were measured. At up to NARROW_HEAD_DIM
+# channels one-tile walks keep it (_narrow_128_keep_max_steps): NARROW_SHORT_WALK_BLOCK then
+# takes their forward, and the backward's boxes follow the block.
 NARROW_128_KEEP_MAX_STEPS = 0
 PACK_MAX = 16
 PACK_MIN_WAVES = 2
@@ -526,10 +528,15 @@ def _best_forward(problem: Problem, descriptors: bool) -> Tuple[Tuple[int, ...],
         blocks.update(NARROW_FORWARD_BLOCKS)
     best = _cheapest_forward(problem, blocks)
     if NARROW_128_BLOCK_RULE and not descriptors and _pointer_width_16bit_on_copy_engine(problem):
-        if steps_per_tile(problem, best[0], best[1]) > NARROW_128_KEEP_MAX_STEPS:
+        if steps_per_tile(problem, best[0], best[1]) > _narrow_128_keep_max_steps(problem):
             warps, stages, _ = blocks[(128, 128)]
             best = _cheapest_forward(problem, {**blocks, (128, 128): (warps, stages, NARROW_128_BLOCK_SPEED)})
     return best
+
+
+def _narrow_128_keep_max_steps(problem: Problem) -> float:
+    """Walks of at most this many 128 x 128 tiles keep that block's speed (NARROW_128_KEEP_MAX_STEPS)."""
+    return max(NARROW_128_KEEP_MAX_STEPS, PACK_MAX_STEPS) if narrow_16bit(problem) else NARROW_128_KEEP_MAX_STEPS
 
 
 def _cheapest_forward(problem: Problem, blocks: Dict) -> Tuple[Tuple[int, ...], Tuple[int, ...], int, int]:
