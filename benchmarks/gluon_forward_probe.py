@@ -8,9 +8,11 @@ was). Gluon, Triton's lower-level dialect, lets a kernel state that structure it
 
 * a producer warp issues the TMA loads of K and V into a ring of ``STAGES`` shared-memory slots,
   handing them over with mbarriers (``_producer``);
-* two consumer warpgroups of 64 query rows each (one in the default partition, one a worker,
-  so each arrives on the slot's "empty" barrier itself) run the wgmma products and the online
-  softmax on their rows (``_consumer``), with P handed to the second product from registers;
+* one or two consumer warpgroups of 64 query rows each (two: one in the default partition, one
+  a worker, so each arrives on the slot's "empty" barrier itself, sharing every K/V tile) run the
+  wgmma products and the online softmax on their rows (``_consumer``), with P handed to the
+  second product from registers; one consumer runs on 64- or 128-key tiles, two programs a
+  multiprocessor (``VARIANTS``);
 * with ``PIPELINE`` a consumer issues the next tile's S = Q K^T before the current tile's
   O += P V and computes the softmax while the latter runs (FlashAttention-3's intra-warpgroup
   overlap; without it every product is waited for at once).
@@ -18,8 +20,8 @@ was). Gluon, Triton's lower-level dialect, lets a kernel state that structure it
 Problems: dense attention over ``[B, L, H, D]`` (bf16) and the 1-D neighbourhood of SEMANTICS.md
 (window ``w``, no dilation, not causal: query ``i`` sees keys ``[s, s + w)`` with
 ``s = clamp(i - w // 2, 0, L - w)``), the walk visiting the key tiles its 128 queries' windows
-touch and masking only tiles some row of the half does not fully see. Sequence lengths must be
-multiples of 128 (the probe's descriptors span the flattened ``[B * L, H * D]`` view).
+touch and masking only tiles some row of the consumer does not fully see. Sequence lengths must
+be multiples of 128 (the probe's descriptors span the flattened ``[B * L, H * D]`` view).
 
     python benchmarks/gluon_forward_probe.py --compile-only       # build for sm_90 on any machine
     python benchmarks/gluon_forward_probe.py [--json FILE]         # on a Hopper GPU: check and time

@@ -9,10 +9,12 @@ the backend's own device functions, which Gluon calls as they are) under Gluon's
 * one producer warp issues the TMA copies of each key tile's K and V boxes (rank-5 descriptors
   over ``[B, X0, X1, X2, H * D]``, the heads merged as host_descriptors.py does at rank 3) into a
   ring of ``STAGES`` slots, handing them over with mbarriers;
-* one consumer warpgroup holds the 64 queries: S = Q K^T of tile i is issued before O += P V of
+* each consumer warpgroup holds 64 queries: S = Q K^T of tile i is issued before O += P V of
   tile i - 1, and the softmax of tile i runs while the latter is on the tensor cores;
-* ``maxnreg`` 128 over 8 warps (the producer's warpgroup gives its registers to the consumer)
-  lets two programs share a multiprocessor, as the backend's 4-warp programs do.
+* a 64-query box (the backend's default) runs on one consumer, ``maxnreg`` 128 over 8 warps
+  letting two programs share a multiprocessor as the backend's 4-warp programs do; a 128-query
+  box (the cost model's cheapest for 128 queries) on two consumers that share its key walk and
+  every K/V tile, each testing its masks against the keys its own half sees in full.
 
 Scope (a probe): rank 1-3 neighbourhoods with any per-axis window, stride and causal flag; no
 dilation, bias, softcap, mods or additional keys; 16-bit inputs with 64 or 128 channels, query
