@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gluon_ring import allocate_ring  # noqa: E402 (beside this file)
+from gluon_ring import accumulator_layout, allocate_ring, probabilities_layout  # noqa: E402 (beside this file)
 
 LOG2E = 1.4426950408889634
 HALF_ROWS = 64  # query rows per consumer warpgroup (wgmma's M)
@@ -126,11 +126,9 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
               PIPELINE: gl.constexpr):
     BMH: gl.constexpr = o_desc.block_type.shape[0]
     D: gl.constexpr = o_desc.block_type.shape[1]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = accumulator_layout(BN)
+    o_layout: gl.constexpr = accumulator_layout(D)
+    p_layout: gl.constexpr = probabilities_layout(o_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = o_desc.dtype
 

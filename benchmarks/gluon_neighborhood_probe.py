@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gluon_ring import allocate_ring  # noqa: E402 (beside this file)
+from gluon_ring import accumulator_layout, allocate_ring, probabilities_layout  # noqa: E402 (beside this file)
 
 from haloattn.backends.triton.index_math import crosses, key_range, key_walk, next3, split3  # noqa: E402
 from haloattn.backends.triton.scores import mask_pairs  # noqa: E402
@@ -148,11 +148,9 @@ def _consumer(o_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready
     D: gl.constexpr = o_desc.block_type.shape[4]
     BM: gl.constexpr = o_desc.block_type.shape[1] * TQ1 * TQ2
     BN: gl.constexpr = TK0 * TK1 * TK2
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = accumulator_layout(BN)
+    o_layout: gl.constexpr = accumulator_layout(D)
+    p_layout: gl.constexpr = probabilities_layout(o_layout)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = o_desc.dtype

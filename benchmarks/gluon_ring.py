@@ -1,10 +1,12 @@
-"""The shared memory both Gluon probes set up: each consumer warpgroup's query tile, a ring of
-``STAGES`` K and V slots, and the mbarriers that hand them between the producer warp and the
-consumers (a slot is refilled once every consumer has arrived on its "empty" barrier)."""
+"""What both Gluon probes set up: the shared memory (each consumer warpgroup's query tile, a ring
+of ``STAGES`` K and V slots, and the mbarriers that hand them between the producer warp and the
+consumers; a slot is refilled once every consumer has arrived on its "empty" barrier), and the
+register layouts of a consumer's wgmma accumulators and of P as the second product's operand."""
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.runtime.jit import constexpr_function
 
 
 @gluon.jit
@@ -26,3 +28,15 @@ def allocate_ring(q_desc, k_desc, v_desc, CONSUMERS: gl.constexpr, STAGES: gl.co
         mbarrier.init(k_empty.index(slot), count=CONSUMERS)
         mbarrier.init(v_empty.index(slot), count=CONSUMERS)
     return q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty
+
+
+@constexpr_function
+def accumulator_layout(columns):
+    """One consumer warpgroup's (4 warps') wgmma accumulator of ``columns`` columns, 16-bit operands."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, 16])
+
+
+@constexpr_function
+def probabilities_layout(o_layout):
+    """P in registers as the A operand of O += P V (accumulated in ``o_layout``)."""
+    return gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
