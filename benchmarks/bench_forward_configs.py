@@ -95,6 +95,26 @@ SETS = {
         ("2-D 128x128, 63x63, D=128 (issue)", (128, 128), 63, {}, 16, 16, 128, 1),
         ("3-D 16x48x48, 7x15x15, D=128 (issue)", (16, 48, 48), (7, 15, 15), {}, 16, 16, 128, 1),
     ],
+    # the Gluon forward (tiles.gluon_forward_chosen) against the Triton forward, both ways: the
+    # issue's 128-channel rows, off-list problems the rule gives it, and ones it leaves (the
+    # cost model within 0.77-0.98 of it)
+    "gluon": [
+        ("2-D 128x128, 31x31 (issue)", (128, 128), 31, {}, 16, 16, 128, 1),
+        ("2-D 128x128, 63x63 (issue)", (128, 128), 63, {}, 16, 16, 128, 1),
+        ("2-D 128x128, 31x31 causal axis 0 (issue)", (128, 128), 31, {"causal": (True, False)}, 16, 16, 128, 1),
+        ("3-D 16x48x48, 7x15x15 (issue)", (16, 48, 48), (7, 15, 15), {}, 16, 16, 128, 1),
+        ("1-D 32768, window 2047 (issue)", (32768,), 2047, {}, 16, 16, 128, 1),
+        ("2-D 128x128, 16x16 stride 16 (issue)", (128, 128), 16, {"stride": 16}, 16, 16, 128, 1),
+        ("2-D 128x128, 32x32 stride 16 (issue)", (128, 128), 32, {"stride": 16}, 16, 16, 128, 1),
+        ("1-D 16384, causal window 4096, GQA 32/8", (16384,), 4096, {"causal": True}, 32, 8, 128, 1),
+        ("1-D 8192, window 511, B=4", (8192,), 511, {}, 12, 12, 128, 4),
+        ("1-D 4096, window 255, B=4", (4096,), 255, {}, 16, 16, 128, 4),
+        ("2-D 200x200, 41x41", (200, 200), 41, {}, 8, 8, 128, 1),
+        ("2-D 96x96, 21x21, B=2", (96, 96), 21, {}, 8, 8, 128, 2),
+        ("3-D 12x40x36, 5x17x15 causal time, stride 1x2x1, B=2", (12, 40, 36), (5, 17, 15),
+         {"causal": (True, False, False), "stride": (1, 2, 1)}, 8, 8, 128, 2),
+        ("2-D 90x75, 13x21, GQA 8/2, B=2", (90, 75), (13, 21), {}, 8, 2, 128, 2),
+    ],
 }
 # The blocked D=128 rows again, for the packed forward (two programs' walks in one) on 2 stages:
 # compiled for sm_90 it takes 106 KiB and 249 registers, so two programs share a multiprocessor,
@@ -108,6 +128,7 @@ VARIANTS = {
                   (64, 64, 4, 2, False), (64, 128, 4, 2, False)],
     "narrow_rule": [(128, 64, 8, 3, False), (64, 64, 4, 3, True), (128, 128, 8, 2, False)],
     "narrow_short": [],
+    "gluon": [],
     "narrow_one_tile": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 128, 8, 2, False)],
     "blocked": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
                 (128, 64, 8, 2, False), (128, 128, 8, 2, False)],
@@ -149,7 +170,14 @@ def default_before_one_tile_walks(problem):
     return default_with(problem, "NARROW_128_KEEP_MAX_STEPS", tiles.PACK_MAX_STEPS)
 
 
-BEFORE = {"narrow_short": default_before_short_walk_threshold, "narrow_one_tile": default_before_one_tile_walks}
+def default_other_forward(problem):
+    """The default with the other of the Gluon and Triton forwards (tiles.gluon_forward_chosen)."""
+    default = tiles.normalise(None, problem)
+    return dict(default, fwd=dict(default["fwd"], gluon=not default["fwd"]["gluon"]))
+
+
+BEFORE = {"narrow_short": default_before_short_walk_threshold, "narrow_one_tile": default_before_one_tile_walks,
+          "gluon": default_other_forward}
 
 
 def time_backward(problem, inputs, config):
@@ -187,6 +215,8 @@ def main():
         name, problem, inputs, ref = bf16_problem(problems[index], index)
         default = tiles.normalise(None, problem)
         print(f"# {name}: default {default['fwd']}", flush=True)
+        if args.set == "gluon":
+            print(f"#   gluon boxes {tiles.gluon_forward_boxes(problem)}", flush=True)
         base_ms = None
         seen = []
         before = BEFORE.get(args.set, default_before_narrow_rule)(problem)

@@ -45,8 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gluon_ring import accumulator_layout, allocate_ring, probabilities_layout  # noqa: E402 (beside this file)
+from haloattn.backends.triton.gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 
 LOG2E = 1.4426950408889634
 HALF_ROWS = 64  # query rows per consumer warpgroup (wgmma's M)

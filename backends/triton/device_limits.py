@@ -89,3 +89,13 @@ def tiles_for_copy_engine(device: torch.device) -> bool:
     if device.type == "cuda" and torch.cuda.is_available():
         return has_copy_engine(device)
     return True
+
+
+def hopper_for_gluon(device: torch.device) -> bool:
+    """Whether default configs should choose the Gluon forward (gluon_forward_kernel.py): on an
+    sm_90 GPU (its wgmma instructions are Hopper's alone), and where there is no GPU to ask, so
+    that the CPU interpreter's configs match the GPU's (the interpreter then runs the Triton
+    forward the config also names)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_capability(device)[0] == 9
+    return True

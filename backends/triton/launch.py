@@ -20,7 +20,7 @@ from haloattn.backend import AttentionInputs
 from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
-from . import batch_slices, tiles
+from . import batch_slices, gluon_forward_launch, tiles
 from .descriptor_scratch import ensure_allocator
 from .device_limits import has_copy_engine
 from .relative_fold import fold_into_table, slots_of_entries
@@ -226,6 +226,10 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
     config = config or tiles.default_config(problem, exact_float32=exact_float32_products(precision))
     key = (problem, config_key(config), tensor_layout(q), tensor_layout(k), tensor_layout(v),
            tensor_layout(rpb), tensor_layout(ak), tensor_layout(av), precision)
+    gluon = cached(_GLUON_PLANS, key, lambda: _gluon_plan(problem, config, q, k, v, out, lse))
+    if gluon is not TRITON_FORWARD:
+        gluon(q, k, v, out, lse)
+        return out, lse
     mods = fused_mods(problem)
     tensors = (q, k, v, out, lse, rpb if rpb is not None else q, ak if ak is not None else q, av if av is not None else q,
                *mod_tensors(mods, q))
@@ -233,6 +237,18 @@ def forward(problem: Problem, inputs: AttentionInputs, config=None) -> Tuple[tor
                 lambda cfg: _forward_launch(problem, cfg, q, k, v, out, lse, rpb, ak, av, mods),
                 lambda plan: _start(plan.launch, *tensors, plan.live_lists(tensors[-4:], q)))
     return out, lse
+
+
+# A Gluon plan cache entry for calls that run the Triton forward (a cached None would rebuild).
+TRITON_FORWARD = "triton forward"
+_GLUON_PLANS = plan_cache()
+
+
+def _gluon_plan(problem: Problem, config, q, k, v, out, lse):
+    """The Gluon forward's launch where the config names it and the call suits it
+    (gluon_forward_launch), else TRITON_FORWARD."""
+    fwd = tiles.normalise(config, problem)["fwd"]
+    return gluon_forward_launch.plan(problem, fwd, q, k, v, out, lse) or TRITON_FORWARD
 
 
 class LivePlan:

@@ -29,7 +29,8 @@ from haloattn.geometry import Axis, key_range, query_range, window_query_range
 from haloattn.problem import Problem
 
 from . import host_descriptors
-from .device_limits import HOPPER_TILE_BUDGET, multiprocessors, tile_shared_budget, tiles_for_copy_engine
+from .device_limits import (HOPPER_TILE_BUDGET, hopper_for_gluon, multiprocessors, tile_shared_budget,
+                            tiles_for_copy_engine)
 
 MIN_TILE = 16  # tl.dot needs at least 16 rows
 
@@ -210,6 +211,54 @@ PACK_MIN_WAVES = 2
 # varies from run to run; ``"tma_dq": false`` forces element-wise atomics instead of bulk
 # reductions, for measurements). They join the tuning candidates; the default never uses them,
 # because on the H100 they were faster on one benchmark problem only (RESULTS.md, "Atomic dQ").
+# The Gluon forward (gluon_forward_kernel.py): on Hopper, two consumer warpgroups of 64 queries
+# share each 128-key tile of a 128-query box, a producer warp feeds them by TMA, and the softmax
+# of one tile overlaps the tensor cores' work on the previous one. On the issue's D=128 rows its
+# rate on computed pairs was 1.20-1.37x the Triton default's, whose 64 x 64 blocks FORWARD_BLOCKS
+# rates 1.02 (H100, 2026-12-06, RESULTS.md "Gluon probes"): GLUON_FORWARD_SPEED on that scale.
+# The forward takes it where the cost model, at that speed on its cheapest 128 x 128 boxes,
+# finds it cheaper than the Triton forward the config names (which runs wherever the inputs do
+# not suit the Gluon kernel: gluon_forward_launch.inputs_fit). Only 128-channel 16-bit heads
+# were measured faster: at 64 channels the probe ran 0.86-0.88x the Triton forward.
+GLUON_FORWARD = True
+GLUON_FORWARD_HEAD_DIM = 128
+GLUON_FORWARD_SPEED = 1.28
+GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers) and keys of a tile
+
+
+def gluon_forward_problem(problem: Problem) -> bool:
+    """Whether the Gluon forward computes this problem: 16-bit heads of GLUON_FORWARD_HEAD_DIM
+    channels (queries and values), undilated, no bias, softcap, mods, additional tokens or
+    key-query convolution, on a Hopper GPU (or no GPU to ask: device_limits.hopper_for_gluon)."""
+    return (GLUON_FORWARD and problem.dtype in (torch.float16, torch.bfloat16)
+            and problem.head_dim == problem.value_dim == GLUON_FORWARD_HEAD_DIM
+            and all(a.dilation == 1 for a in problem.axes) and not problem.has_rpb and problem.softcap is None
+            and not problem.has_mods and not problem.extra_tokens and problem.kq_conv_shape is None
+            and hopper_for_gluon(problem.device))
+
+
+@lru_cache(maxsize=256)
+def gluon_forward_boxes(problem: Problem):
+    """(forward_cost at GLUON_FORWARD_SPEED, query box, key box) of the Gluon forward: the
+    cheapest boxes of exactly GLUON_FORWARD_TOKENS queries and keys, or None where the grid has
+    none (fewer tokens along the axes than that)."""
+    found = _cheapest_boxes(problem, GLUON_FORWARD_TOKENS, GLUON_FORWARD_TOKENS, GLUON_FORWARD_SPEED)
+    if math.prod(found[1]) != GLUON_FORWARD_TOKENS or math.prod(found[2]) != GLUON_FORWARD_TOKENS:
+        return None
+    return found
+
+
+def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
+    """Whether the default forward is the Gluon kernel's rather than ``fwd`` (the Triton
+    forward's tiles): by forward_cost, each at its block's speed."""
+    if not gluon_forward_problem(problem):
+        return False
+    gluon = gluon_forward_boxes(problem)
+    block = (math.prod(fwd["q"]), math.prod(fwd["kv"]))
+    triton_speed = FORWARD_BLOCKS[bool(fwd["tma"])].get(block, (None, None, 1.0))[2]
+    return gluon is not None and gluon[0] < forward_cost(problem, fwd["q"], fwd["kv"], triton_speed)
+
+
 DETERMINISTIC_ENV = "HALOATTN_DETERMINISTIC"
 
 
@@ -668,7 +717,7 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
         config["dkdv"] = _fit_shared(problem, "dkdv", dict(config["dkdv"], **boxes))
     if host_descriptors_expected(problem):
         config = _on_host_descriptors(problem, config)
-    return config
+    return dict(config, fwd=dict(config["fwd"], gluon=gluon_forward_chosen(problem, config["fwd"])))
 
 
 def host_descriptors_expected(problem: Problem) -> bool:
@@ -872,7 +921,7 @@ def _exact_float32_config(problem: Problem) -> Dict:
     q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
     fwd = {"q": list(q), "kv": list(kv), "warps": exact_float32_forward_warps(problem), "stages": 2, "tma": False,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": per_axis_masks(problem), "pack": 1,
-           "split_heads": SPLIT_HEADS}
+           "split_heads": SPLIT_HEADS, "gluon": False}
     per_kernel = next(kernels for channels, kernels in EXACT_FLOAT32_BACKWARD if width <= channels)
     knobs = {"stages": 2, "tma": False, "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
     resident, streamed, warps = per_kernel["dq"]
@@ -994,6 +1043,12 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         wide = dict(base["dkdv"], kv=fit(base["dkdv"]["kv"], ext, 128), warps=8)
         for dkdv in (base["dkdv"], wide):
             out.append(dict(base, dkdv=_fit_shared(problem, "dkdv", dict(dkdv, atomic_dq=True))))
+    if base["fwd"]["gluon"]:
+        # The forwards built above are Triton's (their tiles, warps and stages are its knobs):
+        # without the flag they would inherit the default's Gluon forward. The default's own
+        # Triton forward, which the Gluon one displaced, is a candidate too.
+        out = [c if c["fwd"] is base["fwd"] else dict(c, fwd=dict(c["fwd"], gluon=False)) for c in out]
+        out.append(dict(base, fwd=dict(base["fwd"], gluon=False)))
     return _distinct_as_run(out, problem)
 
 

@@ -1,0 +1,236 @@
+"""The forward on Hopper in Gluon: FlashAttention-3's structure over the backend's own key walk.
+
+Triton 3.6 generates one loop for the forward kernel (forward_kernel.py), and at 128 channels the
+best it reaches on dense attention is about 0.80 of cuDNN's rate. Gluon, the lower-level dialect
+in the same wheel, lets a kernel state the structure that closes the gap (1.08 of cuDNN dense;
+RESULTS.md, "Gluon probes"):
+
+* one producer warp issues the TMA copies of each key tile's K and V boxes into a ring of
+  ``STAGES`` slots and hands them over with mbarriers (a slot is refilled once both consumers
+  have arrived on its "empty" barrier);
+* two consumer warpgroups of 64 queries each share the query box's key walk and every K/V tile;
+  S = Q K^T of tile i is issued before O += P V of tile i - 1, so the softmax of tile i runs
+  while the tensor cores work on the latter;
+* ``setmaxnreg`` hands the producer's registers to the consumers.
+
+The walk, the per-axis key ranges and the partial tiles' masks are the Triton kernels' device
+functions (index_math, scores.mask_pairs), which Gluon calls unchanged: both kernels compute the
+same pairs of the same boxes. K/V and the query/output boxes come through rank-5 descriptors
+over ``[B, X0, X1, X2, H * D]`` (the heads merged, as host_descriptors.py does at rank 3; query
+and key heads laid out back to back; GQA by head index). The LSE is written as the Triton
+forward writes it (natural log, float32, one per query and head), so the backward runs on it.
+gluon_forward_launch.py says which problems take this kernel.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
+from .index_math import crosses, key_range, key_walk, next3, split3
+from .scores import LN2, mask_pairs
+
+CONSUMERS = 2  # query warpgroups a program (64 queries each: wgmma's M per warpgroup)
+QUERIES_PER_CONSUMER = 64
+
+
+@gluon.jit
+def _half_origin(xs0, xs1, xs2, HALF: gl.constexpr, SPLIT: gl.constexpr, E0: gl.constexpr, E1: gl.constexpr,
+                 E2: gl.constexpr):
+    """First coordinates of consumer ``HALF``'s queries: the box is cut into consumers' parts of
+    E0 x E1 x E2 along axis ``SPLIT`` (its slowest axis longer than 1, so each part is a run of
+    whole rows of the box's row-major order)."""
+    if SPLIT == 0:
+        xs0 = xs0 + HALF * E0
+    elif SPLIT == 1:
+        xs1 = xs1 + HALF * E1
+    else:
+        xs2 = xs2 + HALF * E2
+    return xs0, xs1, xs2
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
+              b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES: gl.constexpr, SPLIT: gl.constexpr):
+    TK0: gl.constexpr = k_desc.block_type.shape[1]
+    TK1: gl.constexpr = k_desc.block_type.shape[2]
+    TK2: gl.constexpr = k_desc.block_type.shape[3]
+    for half in gl.static_range(2):
+        hx0, hx1, hx2 = _half_origin(xs0, xs1, xs2, half, SPLIT, q_desc.block_type.shape[1],
+                                     q_desc.block_type.shape[2], q_desc.block_type.shape[3])
+        mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, hx0, hx1, hx2, q_col], q_ready.index(half), q_smem.index(half))
+    j0 = gl.to_tensor(0)
+    j1 = gl.to_tensor(0)
+    j2 = gl.to_tensor(0)
+    for i in range(n0 * n1 * n2):
+        slot = i % STAGES
+        # mbarriers start with phase 1 complete: the first pass over the ring does not wait
+        empty_phase = ((i // STAGES) & 1) ^ 1
+        coord = [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col]
+        mbarrier.wait(k_empty.index(slot), empty_phase)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(slot), k_bufs.index(slot))
+        mbarrier.wait(v_empty.index(slot), empty_phase)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(slot), v_bufs.index(slot))
+        j0, j1, j2 = next3(j0, j1, j2, n1, n2)
+
+
+@gluon.jit
+def _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2,
+            TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, RANK: gl.constexpr, s_layout: gl.constexpr):
+    """Scores of the key tile at (ys0, ys1, ys2) with -inf outside each row's window (rows' key
+    ranges rlo/rhi per axis), on the axes where the tile leaves the part every row sees [lo, hi)."""
+    c0 = crosses(ys0, TK0, lo0, hi0)
+    c1 = crosses(ys1, TK1, lo1, hi1)
+    c2 = crosses(ys2, TK2, lo2, hi2)
+    if c0 | c1 | c2:
+        n0, n1, n2 = split3(gl.arange(0, TK0 * TK1 * TK2, layout=gl.SliceLayout(0, s_layout)), TK1, TK2)
+        s = mask_pairs(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0 + n0, ys1 + n1, ys2 + n2,
+                       c0, c1, c2, True, RANK, True)
+    return s
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale):
+    """One tile of the online softmax in log2 units: (P unnormalised, new maxima, new sums, alpha)."""
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    # rows that have seen no key yet keep -inf maxima: subtract 0 there instead of -inf
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+    return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
+
+
+@gluon.jit
+def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
+              slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2, st0, st1, st2,
+              n0, n1, n2, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
+              RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
+              HALF: gl.constexpr, SPLIT: gl.constexpr):
+    TQ0: gl.constexpr = o_desc.block_type.shape[1]
+    TQ1: gl.constexpr = o_desc.block_type.shape[2]
+    TQ2: gl.constexpr = o_desc.block_type.shape[3]
+    D: gl.constexpr = o_desc.block_type.shape[4]
+    BM: gl.constexpr = TQ0 * TQ1 * TQ2
+    BN: gl.constexpr = TK0 * TK1 * TK2
+    s_layout: gl.constexpr = accumulator_layout(BN)
+    o_layout: gl.constexpr = accumulator_layout(D)
+    p_layout: gl.constexpr = probabilities_layout(o_layout)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    dtype: gl.constexpr = o_desc.dtype
+
+    xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
+    # the keys every query of this consumer sees (its tiles inside them skip the mask)
+    _, _, lo0, hi0 = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
+    _, _, lo1, hi1 = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
+    _, _, lo2, hi2 = key_walk(xs2, L2, K2, S2, F2, C2, WINDOW, TQ2, TK2, True)
+    q_box = q_smem.index(HALF)
+    q = q_box.reshape([BM, D])
+    m0, m1, m2 = split3(gl.arange(0, BM, layout=s_rows), TQ1, TQ2)
+    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
+    # each row's keys per axis, once: the masks of the partial tiles compare against them
+    rlo0, rhi0 = key_range(x0, L0, K0, S0, F0, C0, WINDOW)
+    rlo1, rhi1 = key_range(x1, L1, K1, S1, F1, C1, WINDOW)
+    rlo2, rhi2 = key_range(x2, L2, K2, S2, F2, C2, WINDOW)
+    m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
+    l_i = gl.zeros([BM], gl.float32, layout=s_rows)
+    acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    n_tiles = n0 * n1 * n2
+    mbarrier.wait(q_ready.index(HALF), 0)
+
+    # tile 0's scores and softmax before the loop; each step then issues tile i's S, tile i-1's
+    # O += P V, and runs tile i's softmax while the latter is on the tensor cores
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q, k_bufs.index(0).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
+                RANK, s_layout)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+    p16 = gl.convert_layout(p.to(dtype), p_layout)
+    j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), n1, n2)
+    for i in range(1, n_tiles):
+        slot = i % STAGES
+        prev = (i - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
+        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
+                    lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        j0, j1, j2 = next3(j0, j1, j2, n1, n2)
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p16, v_bufs.index(last).reshape([BN, D]), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
+    mbarrier.arrive(v_empty.index(last), count=1)
+
+    # rows that saw no key (none in the patterns this kernel takes, but never NaN) get zeros and
+    # an LSE of -inf, as forward_kernel.store_rows writes them
+    empty = l_i == 0.0
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+    inside = (x0 < L0) & (x1 < L1) & (x2 < L2)
+    gl.store(LSE + b * slb + x0 * sl0 + x1 * sl1 + x2 * sl2 + h * slh, lse, mask=inside)
+    out = acc / gl.expand_dims(gl.convert_layout(gl.where(empty, 1.0, l_i), o_rows), 1)
+    # Q's slot is free once every product has completed: the output goes out through it (the
+    # copy engine drops the box's rows outside the grid)
+    q.store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, xs0, xs1, xs2, q_col], q_box)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2,
+                         S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr,
+                         C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
+                         SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """One program: one query box of one (batch, head), cut into two parts of 64 queries (one
+    consumer warpgroup each, sharing the box's key walk) along axis SPLIT; one producer warp.
+    Per axis: lengths L, windows K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2."""
+    TQ0: gl.constexpr = q_desc.block_type.shape[1] * (2 if SPLIT == 0 else 1)
+    TQ1: gl.constexpr = q_desc.block_type.shape[2] * (2 if SPLIT == 1 else 1)
+    TQ2: gl.constexpr = q_desc.block_type.shape[3] * (2 if SPLIT == 2 else 1)
+    D: gl.constexpr = q_desc.block_type.shape[4]
+    TK0: gl.constexpr = k_desc.block_type.shape[1]
+    TK1: gl.constexpr = k_desc.block_type.shape[2]
+    TK2: gl.constexpr = k_desc.block_type.shape[3]
+    h = gl.program_id(1)
+    b = gl.program_id(2)
+    q_col = h * D
+    kv_col = (h // GROUP) * D
+    t0, t1, t2 = split3(gl.program_id(0), NT1, NT2)
+    xs0, xs1, xs2 = t0 * TQ0, t1 * TQ1, t2 * TQ2
+    st0, n0, _, _ = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
+    st1, n1, _, _ = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
+    st2, n2, _, _ = key_walk(xs2, L2, K2, S2, F2, C2, WINDOW, TQ2, TK2, True)
+
+    q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
+        q_desc, k_desc, v_desc, 2, STAGES)
+
+    # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
+    gl.warp_specialize([
+        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
+                     slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2,
+                     st0, st1, st2, n0, n1, n2, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
+        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
+                     slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2,
+                     st0, st1, st2, n0, n1, n2, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
+                     b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES, SPLIT)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

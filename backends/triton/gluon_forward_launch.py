@@ -1,0 +1,126 @@
+"""Host side of the Gluon forward (gluon_forward_kernel.py): which calls take it, and its launch.
+
+A config's forward names the kernel with ``"gluon": True`` (tiles.gluon_forward_chosen picks it
+by the cost model; tuning weighs it against the Triton forwards). The problem then suits it
+(tiles.gluon_forward_problem); whether the call's tensors do is decided here, once per launch
+plan: the Triton forward of the same config runs where they do not (read by pointers that take
+any strides), which is the kernel the config names besides, never a slower stand-in.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional, Sequence
+
+import torch
+
+from haloattn.problem import Problem
+
+from . import tiles
+from .descriptor_scratch import ensure_allocator
+from .plugin import interpreting
+
+try:  # Gluon is experimental: a Triton that moved it runs the Triton forward instead
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .gluon_forward_kernel import QUERIES_PER_CONSUMER, gluon_forward_kernel
+except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
+    gluon_forward_kernel = None
+
+LOG2E = 1.4426950408889634
+INT32_LIMIT = 2**31 - 1
+# Two slots of 128-key K and V tiles (128 KiB at 128 channels) and the two consumers' query boxes
+# (32 KiB) fill most of a Hopper block's 227 KiB; a third slot would not fit.
+STAGES = 2
+# setmaxnreg: the producer warp keeps 24 registers a thread, each consumer warpgroup takes 240.
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
+WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 warps
+
+
+def _pad3(values: Sequence, fill) -> list:
+    return [fill] * (3 - len(values)) + list(values)
+
+
+def _descriptor_ready(t: torch.Tensor) -> bool:
+    """Whether ``t`` ([B, *spatial, H, D]) can be read as ``[B, X0, X1, X2, H * D]`` by the copy
+    engine: channels contiguous, heads back to back, a 16-byte aligned base, every other stride
+    a nonzero multiple of 16 bytes and the whole span addressable with int32 coordinates."""
+    if t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] or t.data_ptr() % 16:
+        return False
+    if any(s == 0 or (s * t.element_size()) % 16 for s in t.stride()[:-2]):
+        return False
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) <= INT32_LIMIT
+
+
+def inputs_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether this call's tensors can run the Gluon forward (the problem already suits it)."""
+    return (gluon_forward_kernel is not None and not interpreting() and q.is_cuda
+            and torch.cuda.get_device_capability(q.device)[0] == 9
+            and all(_descriptor_ready(t) for t in (q, k, v)))
+
+
+def _descriptor(t: torch.Tensor, rank: int, box: Sequence[int]) -> "TensorDescriptor":
+    """``t`` as ``[B, X0, X1, X2, H * D]`` in boxes of ``box`` (rank 3) tokens and one head. An
+    axis a problem of rank < 3 lacks has length 1 and the stride a contiguous tensor would give
+    it (the copy engine wants every stride a multiple of 16 bytes; it never steps along it)."""
+    batch, *spatial, heads, dim = t.shape
+    strides = list(t.stride()[1:1 + rank])
+    lengths = list(spatial)
+    while len(lengths) < 3:
+        strides.insert(0, strides[0] * lengths[0])
+        lengths.insert(0, 1)
+    gl_dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    block = [1, *box, dim]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+    return TensorDescriptor(t, [batch, *lengths, heads * dim], [t.stride(0), *strides, 1], block, layout)
+
+
+class GluonForward:
+    """One launch plan: the grid, the descriptors (built for the first call's tensors, rebased
+    onto each later call's: the plan's key fixes their layouts) and the scalar arguments."""
+
+    def __init__(self, problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor):
+        _, q_box, kv_box = tiles.gluon_forward_boxes(problem)
+        rank = problem.rank
+        q_box, kv_box = _pad3(q_box, 1), _pad3(kv_box, 1)
+        # the consumers' halves: the box cut along its slowest axis longer than 1
+        self.split = next(axis for axis in range(3) if q_box[axis] > 1 or axis == 2)
+        half = list(q_box)
+        half[self.split] //= q_box[0] * q_box[1] * q_box[2] // QUERIES_PER_CONSUMER
+        axes = problem.axes
+        lengths = _pad3([a.length for a in axes], 1)
+        boxes = [-(-n // t) for n, t in zip(lengths, q_box)]
+        self.grid = (boxes[0] * boxes[1] * boxes[2], problem.heads, problem.batch)
+        self.descriptors = [_descriptor(q, rank, half), _descriptor(k, rank, kv_box), _descriptor(v, rank, kv_box),
+                            _descriptor(out, rank, half)]
+        lse_strides = list(lse.stride())
+        self.scalars = [lse_strides[0], *_pad3(lse_strides[1:1 + rank], 0), lse_strides[-1], *lengths,
+                        *_pad3([a.window for a in axes], 1), *_pad3([a.stride for a in axes], 1),
+                        *_pad3([a.shift for a in axes], 0), boxes[1], boxes[2], problem.heads // problem.kv_heads,
+                        problem.scale * LOG2E]
+        causal = _pad3([a.causal for a in axes], False)
+        self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
+                         STAGES=STAGES, SPLIT=self.split, PRODUCER_REGS=PRODUCER_REGISTERS,
+                         CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor) -> None:
+        descriptors = []
+        for template, t in zip(self.descriptors, (q, k, v, out)):
+            desc = copy.copy(template)
+            desc.base = t
+            descriptors.append(desc)
+        ensure_allocator()
+        gluon_forward_kernel[self.grid](*descriptors, lse, *self.scalars, **self.meta)
+
+
+def plan(problem: Problem, fwd: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+         lse: torch.Tensor) -> Optional[GluonForward]:
+    """The Gluon launch for this forward config and call, or None where the config names the
+    Triton forward or the tensors do not suit the Gluon kernel."""
+    if not (fwd.get("gluon") and tiles.gluon_forward_problem(problem) and tiles.gluon_forward_boxes(problem)
+            and inputs_fit(q, k, v)):
+        return None
+    return GluonForward(problem, q, k, v, out, lse)

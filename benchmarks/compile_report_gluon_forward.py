@@ -1,0 +1,61 @@
+"""Build the triton backend's Gluon forward (gluon_forward_kernel.py) for sm_90 on any machine, on
+the problems its launch plans would run, and report what ptxas made of each: registers, spills,
+shared memory and the instruction mix (HGMMA = wgmma, UTMALDG = TMA loads). Gluon has no CPU
+interpreter; tests/test_gluon_probes.py runs this in CI so that a kernel change that no longer
+builds, spills or loses its structure fails there, not on the GPU.
+
+    python benchmarks/compile_report_gluon_forward.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gluon_compile import build_sm90, report  # noqa: E402
+
+from haloattn.backends.triton import tiles  # noqa: E402
+from haloattn.backends.triton.gluon_forward_kernel import gluon_forward_kernel  # noqa: E402
+from haloattn.backends.triton.gluon_forward_launch import GluonForward  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
+
+# (name, spatial, window, options, heads, kv heads, dtype): every rank, causal and strided axes,
+# the window pattern with a shift, GQA and float16, odd lengths
+PROBLEMS = [
+    ("1-D 32768, 2047", (32768,), 2047, {}, 16, 16, torch.bfloat16),
+    ("1-D 5000, 601 causal", (5000,), 601, {"causal": True}, 4, 4, torch.float16),
+    ("2-D 128x128, 31x31", (128, 128), 31, {}, 16, 16, torch.bfloat16),
+    ("2-D 128x128, 31x31 causal axis 0", (128, 128), 31, {"causal": (True, False)}, 16, 16, torch.bfloat16),
+    ("2-D 128x128, 16x16 stride 16", (128, 128), 16, {"stride": 16}, 16, 16, torch.bfloat16),
+    ("2-D 90x75, 33x21, GQA 8/2", (90, 75), (33, 21), {}, 8, 2, torch.bfloat16),
+    ("2-D 64x64 windows 16x16 shifted 8", (64, 64), 16, {"pattern": "window", "shift": 8}, 4, 4, torch.float16),
+    ("3-D 16x48x48, 7x15x15", (16, 48, 48), (7, 15, 15), {}, 16, 16, torch.bfloat16),
+    ("3-D 12x40x36, 5x17x15 causal time, stride 1x2x1", (12, 40, 36), (5, 17, 15),
+     {"causal": (True, False, False), "stride": (1, 2, 1)}, 8, 8, torch.bfloat16),
+]
+
+
+def build(spec):
+    """(label, build_sm90's row) of the Gluon forward's launch for one problem (meta tensors)."""
+    name, spatial, window, options, heads, kv_heads, dtype = spec
+    q, out = (torch.empty(1, *spatial, heads, tiles.GLUON_FORWARD_HEAD_DIM, device="meta", dtype=dtype)
+              for _ in range(2))
+    k = torch.empty(1, *spatial, kv_heads, tiles.GLUON_FORWARD_HEAD_DIM, device="meta", dtype=dtype)
+    lse = torch.empty(1, *spatial, heads, device="meta", dtype=torch.float32)
+    problem = build_problem(q, k, k, window, **options)
+    plan = GluonForward(problem, q, k, k, out, lse)
+    boxes = tiles.gluon_forward_boxes(problem)
+    label = f"{name} | boxes {list(boxes[1])} x {list(boxes[2])}"
+    return label, build_sm90(gluon_forward_kernel, (*plan.descriptors, lse, *plan.scalars), plan.meta)
+
+
+def main():
+    for spec in PROBLEMS:
+        report(*build(spec))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Which forwards the triton backend's default config gives the Gluon kernel (tiles.py's rule), how
+tuning and stored configs see the choice, and that a config naming it runs the Triton forward
+where the Gluon kernel cannot run (here: the CPU interpreter), with the oracle's results. The
+kernel itself is tested on the GPU (test_gluon_forward_gpu.py) and built for sm_90 in CI
+(test_gluon_probes.py)."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from haloattn.backends.triton import gluon_forward_launch, launch, tiles  # noqa: E402
+from haloattn.problem import build_problem  # noqa: E402
+
+from test_triton_gpu import check_against_oracle  # noqa: E402
+
+
+def _problem(spatial, window, head_dim=128, dtype=torch.bfloat16, heads=16, kv_heads=16, **options):
+    q = torch.empty(1, *spatial, heads, head_dim, dtype=dtype, device="meta")
+    k = torch.empty(1, *spatial, kv_heads, head_dim, dtype=dtype, device="meta")
+    return build_problem(q, k, k, window, **options)
+
+
+# The issue's 128-channel rows, where the Gluon probe ran 1.03-1.21x the Triton forward (H100,
+# 2026-12-06); the strided ones by the cost model alone.
+@pytest.mark.parametrize("spatial,window,options", [
+    ((128, 128), 31, {}), ((128, 128), 63, {}), ((128, 128), 31, dict(causal=(True, False))),
+    ((16, 48, 48), (7, 15, 15), {}), ((32768,), 2047, {}), ((128, 128), 16, dict(stride=16)),
+    ((128, 128), 32, dict(stride=16)),
+])
+def test_default_forward_is_gluon_on_the_issue_rows(spatial, window, options):
+    problem = _problem(spatial, window, **options)
+    assert tiles.default_config.__wrapped__(problem)["fwd"]["gluon"]
+
+
+@pytest.mark.parametrize("spatial,window,options", [
+    ((128, 128), 31, dict(head_dim=64)),  # the probe: 0.86-0.88x at 64 channels
+    ((90, 75), (13, 21), dict(heads=8, kv_heads=2)),  # the probe: 0.76-0.78x (128 x 128 boxes waste pairs)
+    ((56, 56), 7, {}),  # a small window: the same waste
+    ((128, 128), 31, dict(dilation=2)),  # dilation, bias, softcap, float32: the kernel has none
+    ((128, 128), 31, dict(softcap=20.0)),
+    ((128, 128), 31, dict(dtype=torch.float32)),
+    ((50,), 31, {}),  # boxes of at most 64 tokens (powers of two over the grid)
+])
+def test_default_forward_stays_triton(spatial, window, options):
+    problem = _problem(spatial, window, **options)
+    assert not tiles.default_config.__wrapped__(problem)["fwd"]["gluon"]
+
+
+def test_default_forward_stays_triton_off_hopper(monkeypatch):
+    """wgmma is sm_90's alone: another GPU's default is the Triton forward."""
+    monkeypatch.setattr(tiles, "hopper_for_gluon", lambda device: False)
+    assert not tiles.default_config.__wrapped__(_problem((128, 128), 63))["fwd"]["gluon"]
+
+
+def test_tuning_weighs_the_triton_forwards_against_it():
+    problem = _problem((128, 128), 31)
+    base = tiles.default_config(problem)
+    candidates = tiles.candidate_configs(problem)
+    assert candidates[0] == base and base["fwd"]["gluon"]
+    displaced = dict(base["fwd"], gluon=False)
+    assert any(c["fwd"] == displaced for c in candidates)
+    # every other forward is a Triton one: its knobs (tiles, warps, stages) are Triton's
+    assert all(not c["fwd"]["gluon"] for c in candidates if c["fwd"] != base["fwd"])
+    assert sum(not c["fwd"]["gluon"] for c in candidates) > 5
+
+
+def test_stored_configs_keep_their_choice_and_older_ones_take_the_default():
+    problem = _problem((128, 128), 31)
+    fwd = tiles.default_config(problem)["fwd"]
+    older = {"fwd": {k: v for k, v in fwd.items() if k != "gluon"}}
+    assert tiles.normalise(older, problem)["fwd"]["gluon"]
+    assert not tiles.normalise({"fwd": dict(fwd, gluon=False)}, problem)["fwd"]["gluon"]
+
+
+def test_gluon_boxes_hold_128_queries_and_keys():
+    for problem in (_problem((128, 128), 31), _problem((16, 48, 48), (7, 15, 15)), _problem((300,), 65)):
+        _, q, kv = tiles.gluon_forward_boxes(problem)
+        assert torch.Size(q).numel() == 128 == torch.Size(kv).numel()
+    assert tiles.gluon_forward_boxes(_problem((50,), 5)) is None  # 64 tokens at most a box
+
+
+def test_interpreter_runs_the_triton_forward_a_gluon_config_names(monkeypatch):
+    """Gluon has no interpreter: under it (and on CPU tensors) the config's Triton forward runs, and
+    the results are the oracle's."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not gluon_forward_launch.inputs_fit(*(torch.zeros(1, 8, 16, 1, 128, dtype=torch.bfloat16),) * 3)
+    default = tiles.default_config
+    monkeypatch.setattr(tiles, "default_config",
+                        lambda p, **kw: dict(default(p, **kw), fwd=dict(default(p, **kw)["fwd"], gluon=True)))
+    launch._GLUON_PLANS.clear()
+    check_against_oracle((8, 16), (3, 5), dtype=torch.bfloat16, heads=1, head_dim=128, seed=3)
+    assert set(launch._GLUON_PLANS.values()) == {launch.TRITON_FORWARD}
