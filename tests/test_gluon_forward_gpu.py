@@ -83,6 +83,14 @@ def test_listed_features_against_the_oracle(spatial, window, options, gluon_call
     assert gluon_calls, "the Gluon forward did not run"
 
 
+def test_a_plan_runs_again_on_new_tensors(gluon_calls):
+    """The second call of a problem reuses the first one's launch plan, its descriptors rebased
+    onto the new tensors."""
+    for seed in (1, 2):
+        check_against_oracle((12, 20), (5, 9), dtype=torch.bfloat16, device="cuda", head_dim=D, seed=seed)
+    assert len(gluon_calls) == 2
+
+
 def test_heads_not_back_to_back_take_the_triton_forward(gluon_calls):
     """Heads interleaved with another axis cannot merge into one descriptor axis: the Triton forward
     of the same config runs (read through pointers), and the result is the oracle's."""
