@@ -769,7 +769,7 @@ def _config_on_forward_boxes(problem: Problem) -> Dict:
     pack = packed_pairs(problem, q, kv, descriptors)
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
-           "pack": pack, "split_heads": SPLIT_HEADS}
+           "pack": pack, "split_heads": SPLIT_HEADS, "gluon": False}
     # The backward streams 64-token tiles past a resident tile of the forward's query-tile shape.
     # 64 resident tokens with 4 warps were fastest or within 2 % on all ten benchmark problems
     # (H100 sweep of 2026-11-23: 1.04-1.64x faster than 128 with 8 warps, fewer wasted pairs on
