@@ -115,6 +115,18 @@ SETS = {
          {"causal": (True, False, False), "stride": (1, 2, 1)}, 8, 8, 128, 2),
         ("2-D 90x75, 13x21, GQA 8/2, B=2", (90, 75), (13, 21), {}, 8, 2, 128, 2),
     ],
+    # problems the rule's two constants (tiles.GLUON_FORWARD_SPEED, GLUON_PROGRAM_STEPS) were not
+    # fitted on, either side of its choice
+    "gluon_check": [
+        ("2-D 160x160, 25x25", (160, 160), 25, {}, 8, 8, 128, 1),
+        ("1-D 8192, causal window 1023, B=2", (8192,), 1023, {"causal": True}, 16, 16, 128, 2),
+        ("3-D 8x32x32, 5x11x11, B=2", (8, 32, 32), (5, 11, 11), {}, 8, 8, 128, 2),
+        ("2-D 64x128, 15x31, B=2, GQA 16/4", (64, 128), (15, 31), {}, 16, 4, 128, 2),
+        ("1-D 2048, window 511, B=8", (2048,), 511, {}, 16, 16, 128, 8),
+        ("2-D 48x48, 11x23, B=4", (48, 48), (11, 23), {}, 8, 8, 128, 4),
+        ("2-D 64x64, 17x17, B=4", (64, 64), 17, {}, 16, 16, 128, 4),
+        ("3-D 32x64x64, 3x9x9", (32, 64, 64), (3, 9, 9), {}, 8, 8, 128, 1),
+    ],
 }
 # The blocked D=128 rows again, for the packed forward (two programs' walks in one) on 2 stages:
 # compiled for sm_90 it takes 106 KiB and 249 registers, so two programs share a multiprocessor,
@@ -129,6 +141,7 @@ VARIANTS = {
     "narrow_rule": [(128, 64, 8, 3, False), (64, 64, 4, 3, True), (128, 128, 8, 2, False)],
     "narrow_short": [],
     "gluon": [],
+    "gluon_check": [],
     "narrow_one_tile": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 128, 8, 2, False)],
     "blocked": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
                 (128, 64, 8, 2, False), (128, 128, 8, 2, False)],
@@ -177,7 +190,7 @@ def default_other_forward(problem):
 
 
 BEFORE = {"narrow_short": default_before_short_walk_threshold, "narrow_one_tile": default_before_one_tile_walks,
-          "gluon": default_other_forward}
+          "gluon": default_other_forward, "gluon_check": default_other_forward}
 
 
 def time_backward(problem, inputs, config):

@@ -213,16 +213,21 @@ PACK_MIN_WAVES = 2
 # because on the H100 they were faster on one benchmark problem only (RESULTS.md, "Atomic dQ").
 # The Gluon forward (gluon_forward_kernel.py): on Hopper, two consumer warpgroups of 64 queries
 # share each 128-key tile of a 128-query box, a producer warp feeds them by TMA, and the softmax
-# of one tile overlaps the tensor cores' work on the previous one. On the issue's D=128 rows its
-# rate on computed pairs was 1.20-1.37x the Triton default's, whose 64 x 64 blocks FORWARD_BLOCKS
-# rates 1.02 (H100, 2026-12-06, RESULTS.md "Gluon probes"): GLUON_FORWARD_SPEED on that scale.
-# The forward takes it where the cost model, at that speed on its cheapest 128 x 128 boxes,
-# finds it cheaper than the Triton forward the config names (which runs wherever the inputs do
-# not suit the Gluon kernel: gluon_forward_launch.inputs_fit). Only 128-channel 16-bit heads
-# were measured faster: at 64 channels the probe ran 0.86-0.88x the Triton forward.
+# of one tile overlaps the tensor cores' work on the previous one. Its cost on the model's scale:
+# forward_cost of its cheapest 128 x 128 boxes at GLUON_FORWARD_SPEED, plus GLUON_PROGRAM_STEPS
+# key-tile steps a program (its prologue and epilogue: loading the query halves, filling the
+# ring, the last product, the output's store), which short walks feel. Both fitted to the
+# Gluon / Triton time ratios of 14 problems at 128 channels on the H100 (2026-12-06 19:08 UTC,
+# RESULTS.md "The Gluon forward in the backend"): predicted within 0.90-1.05 of each measured
+# ratio, and on the measured side of 1 wherever that was more than 3 % away from it. The
+# forward takes it where that cost is below the Triton forward's (forward_cost at its block's
+# FORWARD_BLOCKS speed). The config's Triton forward runs wherever a call's inputs do not suit
+# the Gluon kernel (gluon_forward_launch.inputs_fit). Only 128-channel 16-bit heads were
+# measured faster: at 64 channels the probe ran 0.86-0.88x the Triton forward.
 GLUON_FORWARD = True
 GLUON_FORWARD_HEAD_DIM = 128
-GLUON_FORWARD_SPEED = 1.28
+GLUON_FORWARD_SPEED = 1.40
+GLUON_PROGRAM_STEPS = 0.8
 GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers) and keys of a tile
 
 
@@ -239,13 +244,14 @@ def gluon_forward_problem(problem: Problem) -> bool:
 
 @lru_cache(maxsize=256)
 def gluon_forward_boxes(problem: Problem):
-    """(forward_cost at GLUON_FORWARD_SPEED, query box, key box) of the Gluon forward: the
-    cheapest boxes of exactly GLUON_FORWARD_TOKENS queries and keys, or None where the grid has
-    none (fewer tokens along the axes than that)."""
-    found = _cheapest_boxes(problem, GLUON_FORWARD_TOKENS, GLUON_FORWARD_TOKENS, GLUON_FORWARD_SPEED)
-    if math.prod(found[1]) != GLUON_FORWARD_TOKENS or math.prod(found[2]) != GLUON_FORWARD_TOKENS:
+    """(cost, query box, key box) of the Gluon forward: the cheapest boxes of exactly
+    GLUON_FORWARD_TOKENS queries and keys by forward_cost, and their cost with the programs'
+    GLUON_PROGRAM_STEPS, or None where the grid has no such boxes (fewer tokens along its axes)."""
+    cost, q, kv = _cheapest_boxes(problem, GLUON_FORWARD_TOKENS, GLUON_FORWARD_TOKENS, GLUON_FORWARD_SPEED)
+    if math.prod(q) != GLUON_FORWARD_TOKENS or math.prod(kv) != GLUON_FORWARD_TOKENS:
         return None
-    return found
+    programs = math.prod(-(-a.length // t) for a, t in zip(problem.axes, q))
+    return cost + programs * GLUON_PROGRAM_STEPS * GLUON_FORWARD_TOKENS ** 2 / GLUON_FORWARD_SPEED, q, kv
 
 
 def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
