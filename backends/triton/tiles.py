@@ -2,7 +2,9 @@
 
 A config is a dict of three kernel configs, ``{"fwd": ..., "dq": ..., "dkdv": ...}``, each
 ``{"q": [per-axis query tile], "kv": [per-axis key tile], "warps": w, "stages": s}`` with one
-entry per spatial axis (powers of two). JSON-friendly so the core tuning cache can store it.
+entry per spatial axis (powers of two); the forward's ``"gluon": true`` names the Gluon kernel on
+Hopper (gluon_forward_launch.py; its tiles, warps and stages then serve the Triton forward that
+runs where a call's inputs do not suit it). JSON-friendly so the core tuning cache can store it.
 Configs are fitted to the problem (``normalise``) at launch, so a stored config never breaks one.
 
 The heuristic picks the forward/dQ tile shapes by a cost model: the key tiles a query tile
@@ -206,11 +208,6 @@ PACK_MAX = 16
 PACK_MIN_WAVES = 2
 
 
-# HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
-# (``"dkdv": {"atomic_dq": true}``: one pass, 5 matrix products per pair instead of 7, rounding that
-# varies from run to run; ``"tma_dq": false`` forces element-wise atomics instead of bulk
-# reductions, for measurements). They join the tuning candidates; the default never uses them,
-# because on the H100 they were faster on one benchmark problem only (RESULTS.md, "Atomic dQ").
 # The Gluon forward (gluon_forward_kernel.py): on Hopper, two consumer warpgroups of 64 queries
 # share each 128-key tile of a 128-query box, a producer warp feeds them by TMA, and the softmax
 # of one tile overlaps the tensor cores' work on the previous one. Its cost on the model's scale:
@@ -265,6 +262,11 @@ def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
     return gluon is not None and gluon[0] < forward_cost(problem, fwd["q"], fwd["kv"], triton_speed)
 
 
+# HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
+# (``"dkdv": {"atomic_dq": true}``: one pass, 5 matrix products per pair instead of 7, rounding that
+# varies from run to run; ``"tma_dq": false`` forces element-wise atomics instead of bulk
+# reductions, for measurements). They join the tuning candidates; the default never uses them,
+# because on the H100 they were faster on one benchmark problem only (RESULTS.md, "Atomic dQ").
 DETERMINISTIC_ENV = "HALOATTN_DETERMINISTIC"
 
 
