@@ -546,8 +546,10 @@ def test_host_descriptors_move_the_descriptor_rules(monkeypatch, forget_configs)
         monkeypatch.setattr(host_descriptors, "HOST_DESCRIPTORS", False)
         per_program = tiles.default_config(problem)
         tiles.default_config.cache_clear()
+        # (the Gluon forward's choice weighs the Triton forward at its loads' speed, so it may move too)
         for name in on_host:
-            assert dict(on_host[name], tma=None, wait_dk=None) == dict(per_program[name], tma=None, wait_dk=None)
+            ignored = dict(tma=None, wait_dk=None, gluon=None)
+            assert dict(on_host[name], **ignored) == dict(per_program[name], **ignored)
         return on_host, per_program
 
     on_host, per_program = configs((128, 128), 31, 64)
