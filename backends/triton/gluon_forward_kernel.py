@@ -33,8 +33,9 @@ from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 from .index_math import crosses, key_range, key_walk, next3, split3
 from .scores import LN2, mask_pairs
 
-CONSUMERS = 2  # query warpgroups a program (64 queries each: wgmma's M per warpgroup)
-QUERIES_PER_CONSUMER = 64
+# Query warpgroups a program (64 queries each: wgmma's M per warpgroup); the kernel below spells
+# the two out (its warp_specialize list, the producer's loop over the query halves).
+CONSUMERS = 2
 
 
 @gluon.jit

@@ -24,11 +24,11 @@ try:  # Gluon is experimental: a Triton that moved it runs the Triton forward in
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gluon_forward_kernel import QUERIES_PER_CONSUMER, gluon_forward_kernel
+    from .gluon_forward_kernel import CONSUMERS, gluon_forward_kernel
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
     gluon_forward_kernel = None
 
-LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634  # (a float: scores.LOG2E is a tl.constexpr, which a launch would specialise on)
 INT32_LIMIT = 2**31 - 1
 # Two slots of 128-key K and V tiles (128 KiB at 128 channels) and the two consumers' query boxes
 # (32 KiB) fill most of a Hopper block's 227 KiB; a third slot would not fit.
@@ -88,7 +88,7 @@ class GluonForward:
         # the consumers' halves: the box cut along its slowest axis longer than 1
         self.split = next(axis for axis in range(3) if q_box[axis] > 1 or axis == 2)
         half = list(q_box)
-        half[self.split] //= q_box[0] * q_box[1] * q_box[2] // QUERIES_PER_CONSUMER
+        half[self.split] //= CONSUMERS
         axes = problem.axes
         lengths = _pad3([a.length for a in axes], 1)
         boxes = [-(-n // t) for n, t in zip(lengths, q_box)]
