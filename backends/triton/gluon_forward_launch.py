@@ -9,7 +9,6 @@ any strides), which is the kernel the config names besides, never a slower stand
 
 from __future__ import annotations
 
-import copy
 from typing import Optional, Sequence
 
 import torch
@@ -18,6 +17,8 @@ from haloattn.problem import Problem
 
 from . import tiles
 from .descriptor_scratch import ensure_allocator
+from .host_descriptors import rebased
+from .launch import _pad3, needs_int64
 from .plugin import interpreting
 
 try:  # Gluon is experimental: a Triton that moved it runs the Triton forward instead
@@ -29,17 +30,12 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
     gluon_forward_kernel = None
 
 LOG2E = 1.4426950408889634  # (a float: scores.LOG2E is a tl.constexpr, which a launch would specialise on)
-INT32_LIMIT = 2**31 - 1
 # Two slots of 128-key K and V tiles (128 KiB at 128 channels) and the two consumers' query boxes
 # (32 KiB) fill most of a Hopper block's 227 KiB; a third slot would not fit.
 STAGES = 2
 # setmaxnreg: the producer warp keeps 24 registers a thread, each consumer warpgroup takes 240.
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 warps
-
-
-def _pad3(values: Sequence, fill) -> list:
-    return [fill] * (3 - len(values)) + list(values)
 
 
 def _descriptor_ready(t: torch.Tensor) -> bool:
@@ -50,7 +46,7 @@ def _descriptor_ready(t: torch.Tensor) -> bool:
         return False
     if any(s == 0 or (s * t.element_size()) % 16 for s in t.stride()[:-2]):
         return False
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) <= INT32_LIMIT
+    return not needs_int64(t)
 
 
 def inputs_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -107,11 +103,7 @@ class GluonForward:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor) -> None:
-        descriptors = []
-        for template, t in zip(self.descriptors, (q, k, v, out)):
-            desc = copy.copy(template)
-            desc.base = t
-            descriptors.append(desc)
+        descriptors = [rebased(template, t) for template, t in zip(self.descriptors, (q, k, v, out))]
         ensure_allocator()
         gluon_forward_kernel[self.grid](*descriptors, lse, *self.scalars, **self.meta)
 

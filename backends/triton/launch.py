@@ -20,7 +20,7 @@ from haloattn.backend import AttentionInputs
 from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
-from . import batch_slices, gluon_forward_launch, tiles
+from . import batch_slices, tiles
 from .descriptor_scratch import ensure_allocator
 from .device_limits import has_copy_engine
 from .relative_fold import fold_into_table, slots_of_entries
@@ -247,6 +247,8 @@ _GLUON_PLANS = plan_cache()
 def _gluon_plan(problem: Problem, config, q, k, v, out, lse):
     """The Gluon forward's launch where the config names it and the call suits it
     (gluon_forward_launch), else TRITON_FORWARD."""
+    from . import gluon_forward_launch  # (here: it takes this module's helpers)
+
     fwd = tiles.normalise(config, problem)["fwd"]
     return gluon_forward_launch.plan(problem, fwd, q, k, v, out, lse) or TRITON_FORWARD
 
