@@ -9,7 +9,7 @@ any strides), which is the kernel the config names besides, never a slower stand
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -17,14 +17,12 @@ from haloattn.problem import Problem
 
 from . import tiles
 from .descriptor_scratch import ensure_allocator
+from .gluon_descriptors import descriptor_ready, grid_descriptor
 from .host_descriptors import rebased
-from .launch import _pad3, needs_int64
+from .launch import _pad3
 from .plugin import interpreting
 
 try:  # Gluon is experimental: a Triton that moved it runs the Triton forward instead
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from .gluon_forward_kernel import CONSUMERS, gluon_forward_kernel
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
     gluon_forward_kernel = None
@@ -38,38 +36,11 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
 WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 warps
 
 
-def _descriptor_ready(t: torch.Tensor) -> bool:
-    """Whether ``t`` ([B, *spatial, H, D]) can be read as ``[B, X0, X1, X2, H * D]`` by the copy
-    engine: channels contiguous, heads back to back, a 16-byte aligned base, every other stride
-    a nonzero multiple of 16 bytes and the whole span addressable with int32 coordinates."""
-    if t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] or t.data_ptr() % 16:
-        return False
-    if any(s == 0 or (s * t.element_size()) % 16 for s in t.stride()[:-2]):
-        return False
-    return not needs_int64(t)
-
-
 def inputs_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether this call's tensors can run the Gluon forward (the problem already suits it)."""
     return (gluon_forward_kernel is not None and not interpreting() and q.is_cuda
             and torch.cuda.get_device_capability(q.device)[0] == 9
-            and all(_descriptor_ready(t) for t in (q, k, v)))
-
-
-def _descriptor(t: torch.Tensor, rank: int, box: Sequence[int]) -> "TensorDescriptor":
-    """``t`` as ``[B, X0, X1, X2, H * D]`` in boxes of ``box`` (rank 3) tokens and one head. An
-    axis a problem of rank < 3 lacks has length 1 and the stride a contiguous tensor would give
-    it (the copy engine wants every stride a multiple of 16 bytes; it never steps along it)."""
-    batch, *spatial, heads, dim = t.shape
-    strides = list(t.stride()[1:1 + rank])
-    lengths = list(spatial)
-    while len(lengths) < 3:
-        strides.insert(0, strides[0] * lengths[0])
-        lengths.insert(0, 1)
-    gl_dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
-    block = [1, *box, dim]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
-    return TensorDescriptor(t, [batch, *lengths, heads * dim], [t.stride(0), *strides, 1], block, layout)
+            and all(descriptor_ready(t) for t in (q, k, v)))
 
 
 class GluonForward:
@@ -89,8 +60,8 @@ class GluonForward:
         lengths = _pad3([a.length for a in axes], 1)
         boxes = [-(-n // t) for n, t in zip(lengths, q_box)]
         self.grid = (boxes[0] * boxes[1] * boxes[2], problem.heads, problem.batch)
-        self.descriptors = [_descriptor(q, rank, half), _descriptor(k, rank, kv_box), _descriptor(v, rank, kv_box),
-                            _descriptor(out, rank, half)]
+        self.descriptors = [grid_descriptor(q, rank, half), grid_descriptor(k, rank, kv_box), grid_descriptor(v, rank, kv_box),
+                            grid_descriptor(out, rank, half)]
         lse_strides = list(lse.stride())
         self.scalars = [lse_strides[0], *_pad3(lse_strides[1:1 + rank], 0), lse_strides[-1], *lengths,
                         *_pad3([a.window for a in axes], 1), *_pad3([a.stride for a in axes], 1),

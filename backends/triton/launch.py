@@ -623,7 +623,14 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
         ), KV_DESCRIPTOR_BASES), live), names))
 
     dq_sum_strides = token_strides(t["dq_sum"], r)
-    if need_k or need_v or atomic:
+    gluon_dkdv = None
+    if (need_k or need_v) and not atomic:
+        from . import gluon_dkdv_launch  # (here: it takes this module's helpers)
+
+        gluon_dkdv = gluon_dkdv_launch.plan(problem, cfgs["dkdv"], tensors)
+    if gluon_dkdv is not None:
+        launches.append((gluon_dkdv, gluon_dkdv_launch.TENSORS))
+    elif need_k or need_v or atomic:
         cfg = cfgs["dkdv"]
         tma = use_descriptors(cfg.get("tma", False), large, q, do)
         heads = head_block_constexprs(problem, cfg, feature["PRECISION"], atomic_dq=atomic and need_q)

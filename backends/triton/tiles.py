@@ -228,15 +228,20 @@ GLUON_PROGRAM_STEPS = 0.8
 GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers) and keys of a tile
 
 
-def gluon_forward_problem(problem: Problem) -> bool:
-    """Whether the Gluon forward computes this problem: 16-bit heads of GLUON_FORWARD_HEAD_DIM
-    channels (queries and values), undilated, no bias, softcap, mods, additional tokens or
+def _gluon_features(problem: Problem, head_dims: Sequence[int]) -> bool:
+    """Whether the Gluon kernels compute this problem: 16-bit heads of one of ``head_dims``
+    channels (queries and values alike), undilated, no bias, softcap, mods, additional tokens or
     key-query convolution, on a Hopper GPU (or no GPU to ask: device_limits.hopper_for_gluon)."""
-    return (GLUON_FORWARD and problem.dtype in (torch.float16, torch.bfloat16)
-            and problem.head_dim == problem.value_dim == GLUON_FORWARD_HEAD_DIM
+    return (problem.dtype in (torch.float16, torch.bfloat16)
+            and problem.head_dim == problem.value_dim and problem.head_dim in head_dims
             and all(a.dilation == 1 for a in problem.axes) and not problem.has_rpb and problem.softcap is None
             and not problem.has_mods and not problem.extra_tokens and problem.kq_conv_shape is None
             and hopper_for_gluon(problem.device))
+
+
+def gluon_forward_problem(problem: Problem) -> bool:
+    """Whether the Gluon forward computes this problem (heads of GLUON_FORWARD_HEAD_DIM channels)."""
+    return GLUON_FORWARD and _gluon_features(problem, (GLUON_FORWARD_HEAD_DIM, ))
 
 
 @lru_cache(maxsize=256)
@@ -260,6 +265,25 @@ def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
     block = (math.prod(fwd["q"]), math.prod(fwd["kv"]))
     triton_speed = FORWARD_BLOCKS[bool(fwd["tma"])].get(block, (None, None, 1.0))[2]
     return gluon is not None and gluon[0] < forward_cost(problem, fwd["q"], fwd["kv"], triton_speed)
+
+
+# The Gluon dK/dV pass (gluon_dkdv_kernel.py): the forward's producer warp and two consumer
+# warpgroups over the Triton dK/dV kernel's walk and tiles (a resident box of 64 keys, streamed
+# boxes of 64 queries), the consumers taking the steps in turn.
+GLUON_DKDV = True
+GLUON_DKDV_HEAD_DIMS = (64, 128)
+GLUON_DKDV_TOKENS = 64  # keys of the resident box, queries of a streamed one
+
+
+def gluon_dkdv_tiles(problem: Problem, dkdv: Dict) -> bool:
+    """Whether the Gluon dK/dV pass computes this problem on these tiles (GLUON_DKDV_TOKENS each)."""
+    return (_gluon_features(problem, GLUON_DKDV_HEAD_DIMS) and math.prod(dkdv["q"]) == GLUON_DKDV_TOKENS
+            and math.prod(dkdv["kv"]) == GLUON_DKDV_TOKENS)
+
+
+def gluon_dkdv_chosen(problem: Problem, dkdv: Dict) -> bool:
+    """Whether the default dK/dV pass is the Gluon kernel's on ``dkdv``'s tiles."""
+    return GLUON_DKDV and gluon_dkdv_tiles(problem, dkdv)
 
 
 # HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
@@ -725,7 +749,8 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
         config["dkdv"] = _fit_shared(problem, "dkdv", dict(config["dkdv"], **boxes))
     if host_descriptors_expected(problem):
         config = _on_host_descriptors(problem, config)
-    return dict(config, fwd=dict(config["fwd"], gluon=gluon_forward_chosen(problem, config["fwd"])))
+    return dict(config, fwd=dict(config["fwd"], gluon=gluon_forward_chosen(problem, config["fwd"])),
+                dkdv=dict(config["dkdv"], gluon=gluon_dkdv_chosen(problem, config["dkdv"])))
 
 
 def host_descriptors_expected(problem: Problem) -> bool:
@@ -797,7 +822,7 @@ def _config_on_forward_boxes(problem: Problem) -> Dict:
     knobs = {"warps": backward_warps, "stages": 2, "tma": backward_descriptors,
              "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
     dq = {"q": resident, "kv": stream, **knobs, "wait_dq": waits_for_dq(problem)}
-    dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"])}
+    dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"]), "gluon": False}
     if narrow_key_major(problem) and not narrow:
         dkdv["warps"] = NARROW_DKDV_WARPS
     config = {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
@@ -937,7 +962,7 @@ def _exact_float32_config(problem: Problem) -> Dict:
           "wait_dq": waits_for_dq(problem)}
     resident, streamed, warps = per_kernel["dkdv"]
     dkdv = {"q": fit(fwd["kv"], ext, streamed), "kv": fit(fwd["q"], ext, resident), **knobs, "warps": warps,
-            "wait_dk": waits_for_dk(problem, False)}
+            "wait_dk": waits_for_dk(problem, False), "gluon": False}
     return {name: _fit_shared(problem, name, cfg) for name, cfg in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))}
 
 
@@ -1057,6 +1082,10 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         # Triton forward, which the Gluon one displaced, is a candidate too.
         out = [c if c["fwd"] is base["fwd"] else dict(c, fwd=dict(c["fwd"], gluon=False)) for c in out]
         out.append(dict(base, fwd=dict(base["fwd"], gluon=False)))
+    if base["dkdv"]["gluon"]:
+        # Likewise the Triton dK/dV kernels above, and the default's own on its tiles.
+        out = [c if c["dkdv"] is base["dkdv"] else dict(c, dkdv=dict(c["dkdv"], gluon=False)) for c in out]
+        out.append(dict(base, dkdv=dict(base["dkdv"], gluon=False)))
     return _distinct_as_run(out, problem)
 
 
