@@ -89,6 +89,22 @@ def _row_statistics(st_box, BQ: gl.constexpr, W: gl.constexpr, cols: gl.constexp
 
 
 @gluon.jit
+def _masked(p_t, qlo0, qhi0, qlo1, qhi1, qlo2, qhi2, xs0, xs1, xs2, c0, c1, c2, TM1: gl.constexpr,
+            TM2: gl.constexpr, RANK: gl.constexpr, cols: gl.constexpr):
+    """P^T of the query box at (xs0, xs1, xs2) with 0 outside each key row's queries (ranges
+    qlo/qhi per axis), on the axes ``c*`` where the box leaves the queries that see every key. The
+    columns' coordinates are made here, on such boxes only: held across the loop they would take
+    three registers a column."""
+    if c0 | c1 | c2:
+        m0, m1, m2 = split3(gl.arange(0, p_t.shape[1], layout=cols), TM1, TM2)
+        # rows (keys) carry the ranges, columns (queries) the coordinates: mask_pairs' "rows are
+        # queries" orientation in its own terms, as in dkdv_kernel
+        p_t = mask_pairs(p_t, 0.0, qlo0, qhi0, qlo1, qhi1, qlo2, qhi2, xs0 + m0, xs1 + m1, xs2 + m2,
+                         c0, c1, c2, True, RANK, True)
+    return p_t
+
+
+@gluon.jit
 def _consumer(dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_ready, ready, empty, scratch, reduced,
               b, kvh, G, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, ys0, ys1, ys2, qs0, qs1, qs2, nq0, nq1, nq2,
               qk_scale, scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
@@ -112,7 +128,6 @@ def _consumer(dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_rea
     qlo0, qhi0 = query_range(ys0 + n0, L0, K0, S0, F0, C0, WINDOW)
     qlo1, qhi1 = query_range(ys1 + n1, L1, K1, S1, F1, C1, WINDOW)
     qlo2, qhi2 = query_range(ys2 + n2, L2, K2, S2, F2, C2, WINDOW)
-    m0, m1, m2 = split3(gl.arange(0, BQ, layout=cols), TM1, TM2)
     k = k_smem.reshape([BN, D])
     v = v_smem.reshape([BN, D])
     dk = gl.zeros([BN, D], gl.float32, layout=o_layout)
@@ -143,12 +158,10 @@ def _consumer(dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_rea
         c1 = crosses(ys1, TN1, lo1, hi1)
         c2 = crosses(ys2, TN2, lo2, hi2)
         s_t = warpgroup_mma_wait(1, deps=(s_t, ))
-        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0))
-        # rows (keys) carry the ranges, columns (queries) the coordinates: mask_pairs' "rows are
-        # queries" orientation in its own terms, as in dkdv_kernel. Query rows outside the grid
-        # came as zeros (q, dO and statistics): their dP^T and delta are 0, so they add nothing.
-        p_t = mask_pairs(p_t, 0.0, qlo0, qhi0, qlo1, qhi1, qlo2, qhi2, xs0 + m0, xs1 + m1, xs2 + m2,
-                         c0, c1, c2, True, RANK, True)
+        # query rows outside the grid came as zeros (q, dO and statistics): their dP^T and delta
+        # are 0, so they add nothing
+        p_t = _masked(gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0)), qlo0, qhi0, qlo1, qhi1, qlo2, qhi2,
+                      xs0, xs1, xs2, c0, c1, c2, TM1, TM2, RANK, cols)
         dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))
         ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
         p16 = gl.convert_layout(p_t.to(dtype), p_layout)
