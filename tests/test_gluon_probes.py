@@ -1,10 +1,11 @@
-"""The Gluon kernels still build for sm_90: the triton backend's Gluon forward on every rank,
-pattern and feature its launch plans take (benchmarks/compile_report_gluon_forward.py), and the
-dense probe RESULTS.md measures ("Gluon probes"; benchmarks/gluon_forward_probe.py
---compile-only). Gluon has no CPU interpreter, so CI builds them (in a child process without
-TRITON_INTERPRET) and checks what ptxas made of each: no spills, shared memory within an H100's
-227 KiB a block, the wgmma and TMA instructions the structure relies on, and the register split
-(setmaxnreg) that lets the producer warp give its registers away."""
+"""The Gluon kernels still build for sm_90: the triton backend's Gluon forward and dK/dV pass on
+every rank, pattern and feature their launch plans take (benchmarks/compile_report_gluon_forward.py,
+compile_report_gluon_dkdv.py), and the dense probe RESULTS.md measures ("Gluon probes";
+benchmarks/gluon_forward_probe.py --compile-only). Gluon has no CPU interpreter, so CI builds them
+(in a child process without TRITON_INTERPRET) and checks what ptxas made of each: no spills (but
+the dK/dV pass's few scalars), shared memory within an H100's 227 KiB a block, the wgmma and TMA
+instructions the structure relies on, and the register split (setmaxnreg) that lets the producer
+warp give its registers away."""
 
 import json
 import os
@@ -38,3 +39,21 @@ def test_gluon_kernels_build_for_sm90(script, args, count):
         assert row["ops"].get("HGMMA", 0) >= 16 and row["ops"].get("UTMALDG", 0) >= 3, row
         # one consumer: 128 a thread over 8 warps (two programs a multiprocessor); two: the rest
         assert row["regs"] in (128, 168), row
+
+
+# At 128 channels the dK/dV consumers hold two 64 x 128 float32 accumulators, S^T, dP^T and both
+# register operands: ptxas spills a few scalars of the walk (reloaded once a step from L1), never
+# a tile (one accumulator row alone would be 256 bytes a thread).
+DKDV_SPILL_LIMIT = {64: 0, 128: 320}
+
+
+def test_gluon_dkdv_builds_for_sm90():
+    rows = _compile("compile_report_gluon_dkdv.py")
+    assert len(rows) == 18, [row["label"] for row in rows]
+    for row in rows:
+        width = 64 if "D=64" in row["label"] else 128
+        assert row["spill_bytes"] <= DKDV_SPILL_LIMIT[width], row
+        assert row["shared"] <= SHARED_LIMIT, row
+        # 8 + 8 (S^T, dP^T) and 4 + 4 (dV, dK) wgmma a step at 128 channels, half the depth at 64
+        assert row["ops"].get("HGMMA", 0) >= 24 and row["ops"].get("UTMALDG", 0) >= 5, row
+        assert row["regs"] == 168, row

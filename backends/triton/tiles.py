@@ -269,10 +269,16 @@ def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
 
 # The Gluon dK/dV pass (gluon_dkdv_kernel.py): the forward's producer warp and two consumer
 # warpgroups over the Triton dK/dV kernel's walk and tiles (a resident box of 64 keys, streamed
-# boxes of 64 queries), the consumers taking the steps in turn.
+# boxes of 64 queries), the consumers taking the steps in turn. On the H100 (2026-12-06 22:29 UTC,
+# RESULTS.md "The Gluon dK/dV pass") the backward ran 1.00-1.06x the Triton kernel's where a
+# program walks GLUON_DKDV_MIN_STEPS steps or more (query boxes times query heads of the kv
+# head), 0.96-1.02x from 15 to 35 and 0.81-0.95x below 10: its program has one block a
+# multiprocessor, whose prologue (K and V) and epilogue (the consumers' sums meeting in shared
+# memory) short walks feel, where the Triton kernel runs two or three.
 GLUON_DKDV = True
 GLUON_DKDV_HEAD_DIMS = (64, 128)
 GLUON_DKDV_TOKENS = 64  # keys of the resident box, queries of a streamed one
+GLUON_DKDV_MIN_STEPS = 36
 
 
 def gluon_dkdv_tiles(problem: Problem, dkdv: Dict) -> bool:
@@ -281,9 +287,20 @@ def gluon_dkdv_tiles(problem: Problem, dkdv: Dict) -> bool:
             and math.prod(dkdv["kv"]) == GLUON_DKDV_TOKENS)
 
 
+def key_major_steps(problem: Problem, kv: Sequence[int], q: Sequence[int]) -> float:
+    """Steps a program of the dK/dV kernel walks, on average over the grid: query tiles ``q`` past
+    its key tile ``kv`` (group 0's, as ``_axis_query_steps`` counts them), times the query heads
+    that share a kv head."""
+    per_axis = [_axis_query_steps(a, problem.pattern, u, t, ANCHOR_TILES) for a, u, t in zip(problem.axes, kv, q)]
+    tiles = math.prod(-(-a.group_length(0) // u) for a, u in zip(problem.axes, kv))
+    return math.prod(visited for visited, _ in per_axis) / tiles * (problem.heads // problem.kv_heads)
+
+
 def gluon_dkdv_chosen(problem: Problem, dkdv: Dict) -> bool:
-    """Whether the default dK/dV pass is the Gluon kernel's on ``dkdv``'s tiles."""
-    return GLUON_DKDV and gluon_dkdv_tiles(problem, dkdv)
+    """Whether the default dK/dV pass is the Gluon kernel's on ``dkdv``'s tiles: where they are
+    its tiles and its programs walk at least GLUON_DKDV_MIN_STEPS steps."""
+    return (GLUON_DKDV and gluon_dkdv_tiles(problem, dkdv)
+            and key_major_steps(problem, dkdv["kv"], dkdv["q"]) >= GLUON_DKDV_MIN_STEPS)
 
 
 # HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
