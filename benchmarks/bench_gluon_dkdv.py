@@ -2,11 +2,10 @@
 
 Per problem: the backward's median time (every gradient; ``do_bench``) with the default config's
 dK/dV part named Gluon and named Triton, their ratio, and the relative difference of the two
-passes' dK and dV; with ``--both-orders`` the Gluon kernel also with the other order of a step's
-second half (gluon_dkdv_launch.EARLY_DV). The issue's 128-channel rows (but dilation, which the Gluon kernel leaves to
+passes' dK and dV. The issue's 128-channel rows (but dilation, which the Gluon kernel leaves to
 Triton), its 64-channel row, and off-list problems at both widths.
 
-    python benchmarks/bench_gluon_dkdv.py [--only 0,2] [--both-orders] [--json FILE]
+    python benchmarks/bench_gluon_dkdv.py [--only 0,2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -22,16 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_forward_configs import time_backward  # noqa: E402
 from bench_wide_forward_tiles import bf16_problem  # noqa: E402
 
-from haloattn.backends.triton import fast_launch, gluon_dkdv_launch, launch, tiles  # noqa: E402
-
-DEFAULT_ORDER = gluon_dkdv_launch.EARLY_DV
-
-
-def with_order(early: bool) -> None:
-    """The Gluon kernel's step order for the launch plans made from here on (EARLY_DV)."""
-    gluon_dkdv_launch.EARLY_DV = early
-    launch._BACKWARD_PLANS.clear()
-    fast_launch.clear_plans()
+from haloattn.backends.triton import launch, tiles  # noqa: E402
 
 # (name, spatial, window, options, heads, kv_heads, head_dim, batch)
 PROBLEMS = [
@@ -71,8 +61,6 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only")
     parser.add_argument("--json")
-    parser.add_argument("--both-orders", action="store_true",
-                        help="also time the Gluon kernel with the other order of a step's second half (EARLY_DV)")
     args = parser.parse_args()
     rows = []
     only = range(len(PROBLEMS)) if args.only is None else [int(i) for i in args.only.split(",")]
@@ -84,21 +72,14 @@ def main():
         if not tiles.gluon_dkdv_tiles(problem, default["dkdv"]):
             print("  (the default's dK/dV tiles are not the Gluon kernel's)", flush=True)
             continue
-        ms = {False: time_backward(problem, inputs, configs[False])}
-        want = gradients(problem, inputs, configs[False])
-        row = dict(problem=name, dkdv=default["dkdv"], triton_ms=ms[False])
-        for early in (DEFAULT_ORDER, not DEFAULT_ORDER)[:1 + args.both_orders]:
-            with_order(early)
-            ms[True] = time_backward(problem, inputs, configs[True])
-            got = gradients(problem, inputs, configs[True])
-            diff = [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, want)]
-            key = "" if early == DEFAULT_ORDER else "_other_order"
-            row.update({f"gluon_ms{key}": ms[True], f"speedup{key}": ms[False] / ms[True],
-                        f"dk_diff{key}": diff[0], f"dv_diff{key}": diff[1]})
-            print(f"  backward: Gluon dK/dV (early dV {early}) {ms[True]:.3f} ms, Triton {ms[False]:.3f} ms: "
-                  f"{ms[False] / ms[True]:.2f}x; dK / dV relative difference {diff[0]:.1e} / {diff[1]:.1e}", flush=True)
-        with_order(DEFAULT_ORDER)
+        ms = {gluon: time_backward(problem, inputs, cfg) for gluon, cfg in configs.items()}
+        got, want = gradients(problem, inputs, configs[True]), gradients(problem, inputs, configs[False])
+        diff = [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, want)]
+        row = dict(problem=name, dkdv=default["dkdv"], gluon_ms=ms[True], triton_ms=ms[False],
+                   speedup=ms[False] / ms[True], dk_diff=diff[0], dv_diff=diff[1])
         rows.append(row)
+        print(f"  backward: Gluon dK/dV {ms[True]:.3f} ms, Triton {ms[False]:.3f} ms: {row['speedup']:.2f}x; "
+              f"dK / dV relative difference {diff[0]:.1e} / {diff[1]:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

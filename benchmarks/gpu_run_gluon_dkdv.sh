@@ -2,7 +2,7 @@
 # One device call for the Gluon dK/dV pass: bench_gluon_dkdv.py's problems compiled in processes
 # of their own (Triton's disk cache then serves the timing run) while the GPU tests run, then the
 # A/B timing in one quiet process. Usage (GPU machine, repo root):
-# [TESTS="tests/..."] [ONLY=0,1] [BENCH_ARGS=--both-orders] [ISSUE_ONLY=0,1] bash benchmarks/gpu_run_gluon_dkdv.sh
+# [TESTS="tests/..."] [ONLY=0,1] [ISSUE_ONLY=0,1] bash benchmarks/gpu_run_gluon_dkdv.sh
 source benchmarks/gpu_preamble.sh
 count=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import bench_gluon_dkdv as b; print(len(b.PROBLEMS))")
 only=${ONLY:-$(seq -s, 0 $((count - 1)))}

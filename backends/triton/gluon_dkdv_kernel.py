@@ -109,7 +109,7 @@ def _consumer(dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_rea
               b, kvh, G, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, ys0, ys1, ys2, qs0, qs1, qs2, nq0, nq1, nq2,
               qk_scale, scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
               RANK: gl.constexpr, STAGES: gl.constexpr, TM0: gl.constexpr, TM1: gl.constexpr, TM2: gl.constexpr,
-              W: gl.constexpr, EARLY_DV: gl.constexpr, HALF: gl.constexpr):
+              W: gl.constexpr, HALF: gl.constexpr):
     TN0: gl.constexpr = dk_desc.block_type.shape[1]
     TN1: gl.constexpr = dk_desc.block_type.shape[2]
     TN2: gl.constexpr = dk_desc.block_type.shape[3]
@@ -162,19 +162,11 @@ def _consumer(dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_rea
         # are 0, so they add nothing
         p_t = _masked(gl.exp2(s_t * qk_scale - gl.expand_dims(lse2, 0)), qlo0, qhi0, qlo1, qhi1, qlo2, qhi2,
                       xs0, xs1, xs2, c0, c1, c2, TM1, TM2, RANK, cols)
-        if EARLY_DV:
-            # dV's product goes to the tensor cores before dS^T is worked out, which then overlaps it
-            p16 = gl.convert_layout(p_t.to(dtype), p_layout)
-            dv = warpgroup_mma(p16, do, dv, is_async=True)
-            dp_t = warpgroup_mma_wait(1, deps=(dp_t, ))
-            ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-            ds16 = gl.convert_layout(ds_t.to(dtype), p_layout)
-        else:
-            dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))
-            ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-            p16 = gl.convert_layout(p_t.to(dtype), p_layout)
-            ds16 = gl.convert_layout(ds_t.to(dtype), p_layout)
-            dv = warpgroup_mma(p16, do, dv, is_async=True)
+        dp_t = warpgroup_mma_wait(0, deps=(dp_t, ))
+        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+        p16 = gl.convert_layout(p_t.to(dtype), p_layout)
+        ds16 = gl.convert_layout(ds_t.to(dtype), p_layout)
+        dv = warpgroup_mma(p16, do, dv, is_async=True)
         dk = warpgroup_mma(ds16, q, dk, is_async=True)
         dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
         mbarrier.arrive(empty.index(slot), count=1)
@@ -204,8 +196,7 @@ def _consumer(dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_rea
 def gluon_dkdv_kernel(q_desc, do_desc, st_desc, k_desc, v_desc, dk_desc, dv_desc, L0, L1, L2, K0, K1, K2,
                       S0, S1, S2, F0, F1, F2, NK1, NK2, G, qk_scale, scale, C0: gl.constexpr, C1: gl.constexpr,
                       C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr, ANCHOR: gl.constexpr,
-                      STAGES: gl.constexpr, EARLY_DV: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr):
+                      STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """One program: one key box of one (batch, kv head); two consumer warpgroups take its walk's
     steps in turn, one producer warp feeds them. Per axis: lengths L, windows K, strides S, shifts
     F; NK1, NK2 key boxes along axes 1, 2; G query heads a kv head."""
@@ -246,10 +237,10 @@ def gluon_dkdv_kernel(q_desc, do_desc, st_desc, k_desc, v_desc, dk_desc, dv_desc
     gl.warp_specialize([
         (_consumer, (dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_ready, ready, empty, scratch,
                      reduced, b, kvh, G, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, ys0, ys1, ys2, qs0, qs1, qs2,
-                     nq0, nq1, nq2, qk_scale, scale, C0, C1, C2, WINDOW, RANK, STAGES, TM0, TM1, TM2, W, EARLY_DV, 0)),
+                     nq0, nq1, nq2, qk_scale, scale, C0, C1, C2, WINDOW, RANK, STAGES, TM0, TM1, TM2, W, 0)),
         (_consumer, (dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_ready, ready, empty, scratch,
                      reduced, b, kvh, G, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, ys0, ys1, ys2, qs0, qs1, qs2,
-                     nq0, nq1, nq2, qk_scale, scale, C0, C1, C2, WINDOW, RANK, STAGES, TM0, TM1, TM2, W, EARLY_DV, 1)),
+                     nq0, nq1, nq2, qk_scale, scale, C0, C1, C2, WINDOW, RANK, STAGES, TM0, TM1, TM2, W, 1)),
         (_producer, (q_desc, do_desc, st_desc, k_desc, v_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_ready,
                      ready, empty, b, kvh, G, ys0, ys1, ys2, qs0, qs1, qs2, nq0, nq1, nq2, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

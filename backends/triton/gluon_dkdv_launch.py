@@ -35,9 +35,6 @@ LOG2E = 1.4426950408889634
 # 195 KiB of a Hopper block's 227; a fourth slot would not fit.
 STAGES = 3
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
-# Whether a step issues dV += P^T dO before it works out dS^T (which then overlaps that product)
-# rather than issuing both second-half products together.
-EARLY_DV = True
 WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 warps
 # The tensors the launch reads and writes, in its call's order (launch._backward_launches names).
 TENSORS = ("q", "k", "v", "do", "stats", "dk", "dv")
@@ -64,7 +61,7 @@ class GluonKeyMajor:
                         problem.scale * LOG2E, problem.scale]
         causal = _pad3([a.causal for a in axes], False)
         self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
-                         ANCHOR=bool(cfg.get("anchor", tiles.ANCHOR_TILES)), STAGES=STAGES, EARLY_DV=EARLY_DV,
+                         ANCHOR=bool(cfg.get("anchor", tiles.ANCHOR_TILES)), STAGES=STAGES,
                          PRODUCER_REGS=PRODUCER_REGISTERS, CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
 
     def __call__(self, q, k, v, do, stats, dk, dv) -> None:
