@@ -34,11 +34,6 @@ from .gluon_ring import accumulator_layout, probabilities_layout
 from .index_math import crosses, key_walk, next3, query_range, query_walk, split3
 from .scores import mask_pairs
 
-# Consumer warpgroups a program; they take the walk's steps in turn (the kernel spells the two out
-# in its warp_specialize list).
-CONSUMERS = 2
-
-
 @gluon.jit
 def _step_after(j0, j1, j2, head, nq0, nq1, nq2):
     """The walk's cursor one step on: the next query box of this head, or the next head's first."""
@@ -141,7 +136,7 @@ def _consumer(dk_desc, dv_desc, k_smem, v_smem, q_bufs, do_bufs, st_bufs, kv_rea
         j0, j1, j2, head = _step_after(j0, j1, j2, head, nq0, nq1, nq2)
     mbarrier.wait(kv_ready, 0)
 
-    for i in range(HALF, G * nq0 * nq1 * nq2, 2):  # CONSUMERS
+    for i in range(HALF, G * nq0 * nq1 * nq2, 2):  # the two consumers' turns
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
         q = q_bufs.index(slot).reshape([BQ, D])

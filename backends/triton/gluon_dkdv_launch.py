@@ -2,10 +2,10 @@
 
 A config's dK/dV part names the kernel with ``"gluon": True`` (tiles.gluon_dkdv_chosen). Its
 tiles are then the Triton kernel's own (a resident box of 64 keys, streamed boxes of 64 queries),
-so the problem suits it (tiles.gluon_dkdv_problem); whether the call's tensors do is decided here,
+so the problem suits it (tiles.gluon_dkdv_tiles); whether the call's tensors do is decided here,
 once per launch plan. Where they do not (heads not back to back, unaligned strides, more than
-2^31 elements), or the backward adds dQ in the key-major pass (``atomic_dq``), the config's
-Triton dK/dV kernel runs on the same tiles.
+2^31 elements), the config's Triton dK/dV kernel runs on the same tiles; so it does where the
+backward adds dQ in the key-major pass (``atomic_dq``: launch._backward_launches does not ask).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from haloattn.problem import Problem
 from . import tiles
 from .descriptor_scratch import ensure_allocator
 from .gluon_descriptors import descriptor_ready, grid_descriptor
+from .gluon_forward_launch import LOG2E
 from .host_descriptors import rebased
 from .launch import _pad3
 from .plugin import interpreting
@@ -29,7 +30,6 @@ try:  # Gluon is experimental: a Triton that moved it runs the Triton dK/dV kern
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
     gluon_dkdv_kernel = None
 
-LOG2E = 1.4426950408889634
 # Three slots of a query box, its dO box and statistics rows (33 KiB at 128 channels), the key
 # box's K and V (32 KiB) and the float32 scratch where the consumers' partial sums meet (64 KiB):
 # 195 KiB of a Hopper block's 227; a fourth slot would not fit.
@@ -82,7 +82,7 @@ def plan(problem: Problem, cfg: dict, tensors: dict) -> Optional[GluonKeyMajor]:
     """The Gluon dK/dV launch for this config part and call, or None where the config names the
     Triton kernel or the tensors do not suit the Gluon one."""
     chosen = [tensors[name] for name in TENSORS]
-    if not (cfg.get("gluon") and not cfg.get("atomic_dq") and tiles.gluon_dkdv_tiles(problem, cfg)
+    if not (cfg.get("gluon") and tiles.gluon_dkdv_tiles(problem, cfg)
             and all(t is not None for t in chosen) and inputs_fit(*chosen)):
         return None
     return GluonKeyMajor(problem, cfg, *chosen)
