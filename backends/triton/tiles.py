@@ -4,7 +4,8 @@ A config is a dict of three kernel configs, ``{"fwd": ..., "dq": ..., "dkdv": ..
 ``{"q": [per-axis query tile], "kv": [per-axis key tile], "warps": w, "stages": s}`` with one
 entry per spatial axis (powers of two); the forward's ``"gluon": true`` names the Gluon kernel on
 Hopper (gluon_forward_launch.py; its tiles, warps and stages then serve the Triton forward that
-runs where a call's inputs do not suit it). JSON-friendly so the core tuning cache can store it.
+runs where a call's inputs do not suit it), and the dK/dV part's the Gluon dK/dV pass
+(gluon_dkdv_launch.py) on the same tiles. JSON-friendly so the core tuning cache can store it.
 Configs are fitted to the problem (``normalise``) at launch, so a stored config never breaks one.
 
 The heuristic picks the forward/dQ tile shapes by a cost model: the key tiles a query tile
@@ -292,8 +293,8 @@ def key_major_steps(problem: Problem, kv: Sequence[int], q: Sequence[int]) -> fl
     its key tile ``kv`` (group 0's, as ``_axis_query_steps`` counts them), times the query heads
     that share a kv head."""
     per_axis = [_axis_query_steps(a, problem.pattern, u, t, ANCHOR_TILES) for a, u, t in zip(problem.axes, kv, q)]
-    tiles = math.prod(-(-a.group_length(0) // u) for a, u in zip(problem.axes, kv))
-    return math.prod(visited for visited, _ in per_axis) / tiles * (problem.heads // problem.kv_heads)
+    key_tiles = math.prod(-(-a.group_length(0) // u) for a, u in zip(problem.axes, kv))
+    return math.prod(visited for visited, _ in per_axis) / key_tiles * (problem.heads // problem.kv_heads)
 
 
 def gluon_dkdv_chosen(problem: Problem, dkdv: Dict) -> bool:
