@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from .launch import needs_int64
+from .plugin import interpreting
 
 try:  # Gluon is experimental: a Triton that moved it leaves the Gluon kernels out
     from triton.experimental.gluon import language as gl
@@ -43,3 +44,10 @@ def grid_descriptor(t: torch.Tensor, rank: int, box: Sequence[int]) -> "TensorDe
     block = [1, *box, width]
     layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, GLUON_DTYPES[t.dtype]))
     return TensorDescriptor(t, [batch, *lengths, heads * width], [t.stride(0), *strides, 1], block, layout)
+
+
+def tensors_fit(*tensors: torch.Tensor) -> bool:
+    """Whether a Gluon kernel can run on these tensors: on an sm_90 GPU (Gluon has no interpreter),
+    each readable through such a descriptor."""
+    return (not interpreting() and tensors[0].is_cuda and torch.cuda.get_device_capability(tensors[0].device)[0] == 9
+            and all(descriptor_ready(t) for t in tensors))

@@ -19,11 +19,10 @@ from haloattn.problem import Problem
 
 from . import tiles
 from .descriptor_scratch import ensure_allocator
-from .gluon_descriptors import descriptor_ready, grid_descriptor
+from .gluon_descriptors import grid_descriptor, tensors_fit
 from .gluon_forward_launch import LOG2E
 from .host_descriptors import rebased
 from .launch import _pad3
-from .plugin import interpreting
 
 try:  # Gluon is experimental: a Triton that moved it runs the Triton dK/dV kernel instead
     from .gluon_dkdv_kernel import gluon_dkdv_kernel
@@ -73,9 +72,7 @@ class GluonKeyMajor:
 
 def inputs_fit(*tensors: torch.Tensor) -> bool:
     """Whether this call's tensors can run the Gluon dK/dV pass (the problem already suits it)."""
-    return (gluon_dkdv_kernel is not None and not interpreting() and tensors[0].is_cuda
-            and torch.cuda.get_device_capability(tensors[0].device)[0] == 9
-            and all(descriptor_ready(t) for t in tensors))
+    return gluon_dkdv_kernel is not None and tensors_fit(*tensors)
 
 
 def plan(problem: Problem, cfg: dict, tensors: dict) -> Optional[GluonKeyMajor]:

@@ -17,10 +17,9 @@ from haloattn.problem import Problem
 
 from . import tiles
 from .descriptor_scratch import ensure_allocator
-from .gluon_descriptors import descriptor_ready, grid_descriptor
+from .gluon_descriptors import grid_descriptor, tensors_fit
 from .host_descriptors import rebased
 from .launch import _pad3
-from .plugin import interpreting
 
 try:  # Gluon is experimental: a Triton that moved it runs the Triton forward instead
     from .gluon_forward_kernel import CONSUMERS, gluon_forward_kernel
@@ -38,9 +37,7 @@ WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 w
 
 def inputs_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether this call's tensors can run the Gluon forward (the problem already suits it)."""
-    return (gluon_forward_kernel is not None and not interpreting() and q.is_cuda
-            and torch.cuda.get_device_capability(q.device)[0] == 9
-            and all(descriptor_ready(t) for t in (q, k, v)))
+    return gluon_forward_kernel is not None and tensors_fit(q, k, v)
 
 
 class GluonForward:
@@ -60,8 +57,8 @@ class GluonForward:
         lengths = _pad3([a.length for a in axes], 1)
         boxes = [-(-n // t) for n, t in zip(lengths, q_box)]
         self.grid = (boxes[0] * boxes[1] * boxes[2], problem.heads, problem.batch)
-        self.descriptors = [grid_descriptor(q, rank, half), grid_descriptor(k, rank, kv_box), grid_descriptor(v, rank, kv_box),
-                            grid_descriptor(out, rank, half)]
+        self.descriptors = [grid_descriptor(q, rank, half), grid_descriptor(k, rank, kv_box),
+                            grid_descriptor(v, rank, kv_box), grid_descriptor(out, rank, half)]
         lse_strides = list(lse.stride())
         self.scalars = [lse_strides[0], *_pad3(lse_strides[1:1 + rank], 0), lse_strides[-1], *lengths,
                         *_pad3([a.window for a in axes], 1), *_pad3([a.stride for a in axes], 1),
