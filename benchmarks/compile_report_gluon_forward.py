@@ -4,11 +4,16 @@ shared memory and the instruction mix (HGMMA = wgmma, UTMALDG = TMA loads). Gluo
 interpreter; tests/test_gluon_probes.py runs this in CI so that a kernel change that no longer
 builds, spills or loses its structure fails there, not on the GPU.
 
-    python benchmarks/compile_report_gluon_forward.py
+    python benchmarks/compile_report_gluon_forward.py [--tiling whole|split128|split64]
+
+``--tiling`` builds the launches of one of the kernel's tilings (gluon_split_walk.py) instead of
+the cost model's default: both consumers on the whole walk, or the split walk on 128- or 64-key
+tiles.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -47,12 +52,23 @@ def build(spec):
     lse = torch.empty(1, *spatial, heads, device="meta", dtype=torch.float32)
     problem = build_problem(q, k, k, window, **options)
     plan = GluonForward(problem, q, k, k, out, lse)
-    boxes = tiles.gluon_forward_boxes(problem)
-    label = f"{name} | boxes {list(boxes[1])} x {list(boxes[2])}"
+    tiling = tiles.gluon_forward_boxes(problem)
+    label = (f"{name} | boxes {list(tiling.q)} x {list(tiling.kv)}, cut on axis {tiling.split}"
+             f"{', split walk' if tiling.split_walk else ''}")
     return label, build_sm90(gluon_forward_kernel, (*plan.descriptors, lse, *plan.scalars), plan.meta)
 
 
+# name -> (split walk, key-tile sizes weighed)
+TILINGS = {"whole": (False, (128, )), "split128": (True, (128, )), "split64": (True, (64, ))}
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiling", choices=sorted(TILINGS))
+    args = parser.parse_args()
+    if args.tiling:
+        split_walk, sizes = TILINGS[args.tiling]
+        tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes})
     for spec in PROBLEMS:
         report(*build(spec))
 

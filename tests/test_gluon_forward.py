@@ -76,11 +76,19 @@ def test_stored_configs_keep_their_choice_and_older_ones_take_the_default():
     assert not tiles.normalise({"fwd": dict(fwd, gluon=False)}, problem)["fwd"]["gluon"]
 
 
-def test_gluon_boxes_hold_128_queries_and_keys():
-    for problem in (_problem((128, 128), 31), _problem((16, 48, 48), (7, 15, 15)), _problem((300,), 65)):
-        _, q, kv = tiles.gluon_forward_boxes(problem)
-        assert torch.Size(q).numel() == 128 == torch.Size(kv).numel()
-    assert tiles.gluon_forward_boxes(_problem((50,), 5)) is None  # 64 tokens at most a box
+@pytest.mark.parametrize("split_walk,sizes", [(False, (128, )), (True, (128, )), (True, (64, )), (True, (64, 128))])
+def test_gluon_boxes_hold_128_queries_and_a_key_tile_of_a_weighed_size(split_walk, sizes):
+    saved = tiles.GLUON_SPLIT_WALK, tiles.GLUON_FORWARD_SPEEDS
+    tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes})
+    try:
+        for problem in (_problem((128, 128), 31), _problem((16, 48, 48), (7, 15, 15)), _problem((300,), 65)):
+            tiling = tiles.gluon_forward_boxes(problem)
+            assert torch.Size(tiling.q).numel() == 128 and torch.Size(tiling.kv).numel() in sizes
+            # the cut halves the box along an axis of at least two queries
+            assert tiling.q[tiling.split] >= 2 and tiling.split_walk == split_walk
+        assert tiles.gluon_forward_boxes(_problem((50,), 5)) is None  # 64 tokens at most a box
+    finally:
+        tiles.set_gluon_forward_tiling(*saved)
 
 
 def test_interpreter_runs_the_triton_forward_a_gluon_config_names(monkeypatch):

@@ -41,6 +41,22 @@ def gluon_calls(monkeypatch):
     fast_launch.clear_plans()
 
 
+# (split walk, key-tile sizes) of the Gluon forward's tilings (gluon_split_walk.py)
+TILINGS = {"whole": (False, (128, )), "split128": (True, (128, )), "split64": (True, (64, ))}
+
+
+@pytest.fixture(params=sorted(TILINGS))
+def tiling(request):
+    """Each tiling of the Gluon forward in turn (its choice of boxes and cut by the cost model)."""
+    saved = tiles.GLUON_SPLIT_WALK, tiles.GLUON_FORWARD_SPEEDS
+    split_walk, sizes = TILINGS[request.param]
+    tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes})
+    fast_launch.clear_plans()
+    yield request.param
+    tiles.set_gluon_forward_tiling(*saved)
+    fast_launch.clear_plans()
+
+
 def random_gluon_problem(rng: random.Random) -> dict:
     """A random problem the Gluon kernel takes: at least 128 tokens on the grid, 128 channels."""
     rank = rng.choice((1, 2, 3))
@@ -79,6 +95,27 @@ def test_random_problems_against_the_oracle(seed, gluon_calls):
     ((16, 16), 8, dict(pattern="window", shift=4)),
 ])
 def test_listed_features_against_the_oracle(spatial, window, options, gluon_calls):
+    check_against_oracle(spatial, window, dtype=torch.bfloat16, device="cuda", head_dim=D, **options)
+    assert gluon_calls, "the Gluon forward did not run"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_each_tiling_against_the_oracle(seed, tiling, gluon_calls):
+    """Random problems on each tiling: the split walk's halves, cut along any axis, on 64- and
+    128-key tiles, and the whole walk."""
+    options = random_gluon_problem(random.Random(7000 + seed))
+    spatial, window = options.pop("spatial"), options.pop("window")
+    check_against_oracle(spatial, window, dtype=(torch.bfloat16, torch.float16)[seed % 2], device="cuda",
+                         seed=seed, **options)
+    assert gluon_calls, "the Gluon forward did not run"
+
+
+@pytest.mark.parametrize("spatial,window,options", [
+    ((16, 16), 8, dict(pattern="window", shift=0)),  # halves in different windows: no shared tile
+    ((150,), 16, dict(pattern="window", causal=True)),  # the last box's second half past the grid's end
+    ((9, 30), (3, 29), dict(causal=(True, False), stride=(3, 1))),
+])
+def test_split_walk_edges_against_the_oracle(spatial, window, options, tiling, gluon_calls):
     check_against_oracle(spatial, window, dtype=torch.bfloat16, device="cuda", head_dim=D, **options)
     assert gluon_calls, "the Gluon forward did not run"
 

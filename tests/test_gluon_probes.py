@@ -28,13 +28,21 @@ def _compile(script: str, *args: str) -> list:
     return [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
 
 
+# The split walk's consumers (gluon_split_walk.py) keep the stream's counts through the exclusive
+# phase: ptxas spills one scalar of them on most walks (4 B at 240 registers a thread; giving the
+# consumers more starves the producer warp, which then spills its own bookkeeping).
+SPLIT_WALK_SPILL_LIMIT = 8
+
+
 @pytest.mark.parametrize("script,args,count", [("gluon_forward_probe.py", ("--compile-only",), 12),
-                                               ("compile_report_gluon_forward.py", (), 9)])
+                                               ("compile_report_gluon_forward.py", (), 9),
+                                               ("compile_report_gluon_forward.py", ("--tiling", "split128"), 9),
+                                               ("compile_report_gluon_forward.py", ("--tiling", "split64"), 9)])
 def test_gluon_kernels_build_for_sm90(script, args, count):
     rows = _compile(script, *args)
     assert len(rows) == count, [row["label"] for row in rows]
     for row in rows:
-        assert row["spill_bytes"] == 0, row
+        assert row["spill_bytes"] <= (SPLIT_WALK_SPILL_LIMIT if "split walk" in row["label"] else 0), row
         assert row["shared"] <= SHARED_LIMIT, row
         assert row["ops"].get("HGMMA", 0) >= 16 and row["ops"].get("UTMALDG", 0) >= 3, row
         # one consumer: 128 a thread over 8 warps (two programs a multiprocessor); two: the rest

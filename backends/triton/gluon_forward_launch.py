@@ -9,6 +9,7 @@ any strides), which is the kernel the config names besides, never a slower stand
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -27,11 +28,9 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
     gluon_forward_kernel = None
 
 LOG2E = 1.4426950408889634  # (a float: scores.LOG2E is a tl.constexpr, which a launch would specialise on)
-# Two slots of 128-key K and V tiles (128 KiB at 128 channels) and the two consumers' query boxes
-# (32 KiB) fill most of a Hopper block's 227 KiB; a third slot would not fit.
-STAGES = 2
-# setmaxnreg: the producer warp keeps 24 registers a thread, each consumer warpgroup takes 240.
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 240
+# setmaxnreg: the producer warp keeps 32 registers a thread (the split walk's stream bookkeeping
+# spilled at 24), each consumer warpgroup takes 240.
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 240
 WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 warps
 
 
@@ -46,11 +45,12 @@ class GluonForward:
 
     def __init__(self, problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor):
-        _, q_box, kv_box = tiles.gluon_forward_boxes(problem)
+        tiling = tiles.gluon_forward_boxes(problem)
         rank = problem.rank
-        q_box, kv_box = _pad3(q_box, 1), _pad3(kv_box, 1)
-        # the consumers' halves: the box cut along its slowest axis longer than 1
-        self.split = next(axis for axis in range(3) if q_box[axis] > 1 or axis == 2)
+        q_box, kv_box = _pad3(tiling.q, 1), _pad3(tiling.kv, 1)
+        # the consumers' halves: the box cut along the axis the cost model chose (as an axis of
+        # the kernel's three, which _pad3 fills from the front)
+        self.split = tiling.split + 3 - rank
         half = list(q_box)
         half[self.split] //= CONSUMERS
         axes = problem.axes
@@ -66,8 +66,9 @@ class GluonForward:
                         problem.scale * LOG2E]
         causal = _pad3([a.causal for a in axes], False)
         self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
-                         STAGES=STAGES, SPLIT=self.split, PRODUCER_REGS=PRODUCER_REGISTERS,
-                         CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
+                         STAGES=tiles.GLUON_RING_SLOTS[math.prod(kv_box)], SPLIT=self.split,
+                         SPLIT_CAUSAL=causal[self.split], SPLIT_WALK=tiling.split_walk,
+                         PRODUCER_REGS=PRODUCER_REGISTERS, CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ import itertools
 import math
 import os
 from functools import lru_cache
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -210,23 +210,42 @@ PACK_MIN_WAVES = 2
 
 
 # The Gluon forward (gluon_forward_kernel.py): on Hopper, two consumer warpgroups of 64 queries
-# share each 128-key tile of a 128-query box, a producer warp feeds them by TMA, and the softmax
-# of one tile overlaps the tensor cores' work on the previous one. Its cost on the model's scale:
-# forward_cost of its cheapest 128 x 128 boxes at GLUON_FORWARD_SPEED, plus GLUON_PROGRAM_STEPS
-# key-tile steps a program (its prologue and epilogue: loading the query halves, filling the
-# ring, the last product, the output's store), which short walks feel. Both fitted to the
-# Gluon / Triton time ratios of 14 problems at 128 channels on the H100 (2026-12-06 19:08 UTC,
-# RESULTS.md "The Gluon forward in the backend"): predicted within 0.90-1.05 of each measured
-# ratio, and on the measured side of 1 wherever that was more than 3 % away from it. The
-# forward takes it where that cost is below the Triton forward's (forward_cost at its block's
-# FORWARD_BLOCKS speed). The config's Triton forward runs wherever a call's inputs do not suit
-# the Gluon kernel (gluon_forward_launch.inputs_fit). Only 128-channel 16-bit heads were
-# measured faster: at 64 channels the probe ran 0.86-0.88x the Triton forward.
+# share each key tile of a 128-query box, a producer warp feeds them by TMA, and the softmax of
+# one tile overlaps the tensor cores' work on the previous one. Its cost on the model's scale:
+# gluon_forward_cost of its cheapest boxes at GLUON_FORWARD_SPEEDS[key-tile tokens], plus
+# GLUON_PROGRAM_STEPS 128-key steps a program (its prologue and epilogue: loading the query
+# halves, filling the ring, the last product, the output's store), which short walks feel. The
+# 128-key speed and the program steps were fitted to the Gluon / Triton time ratios of 14
+# problems at 128 channels on the H100 (2026-12-06 19:08 UTC, RESULTS.md "The Gluon forward in
+# the backend"): predicted within 0.90-1.05 of each measured ratio, and on the measured side of 1
+# wherever that was more than 3 % away from it. The forward takes it where that cost is below the
+# Triton forward's (forward_cost at its block's FORWARD_BLOCKS speed). The config's Triton forward
+# runs wherever a call's inputs do not suit the Gluon kernel (gluon_forward_launch.inputs_fit).
+# Only 128-channel 16-bit heads were measured faster: at 64 channels the probe ran 0.86-0.88x the
+# Triton forward.
+#
+# GLUON_SPLIT_WALK: each consumer computes only the key tiles its own half of the box sees
+# (gluon_split_walk.py; the cost counts each half's tile rows on the cut axis, _axis_split_steps),
+# and the box may be cut along any axis. Key tiles of 64 tokens (a ring of 4 slots) cut the
+# walks' rounding finer; they are weighed only where GLUON_FORWARD_SPEEDS holds their speed.
 GLUON_FORWARD = True
 GLUON_FORWARD_HEAD_DIM = 128
-GLUON_FORWARD_SPEED = 1.40
+GLUON_FORWARD_SPEED = 1.40  # of 128-key tiles (also what the programs' steps are weighed at)
+GLUON_FORWARD_SPEEDS = {128: GLUON_FORWARD_SPEED}
+GLUON_SPLIT_WALK = False
 GLUON_PROGRAM_STEPS = 0.8
-GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers) and keys of a tile
+GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
+GLUON_RING_SLOTS = {128: 2, 64: 4}  # K/V slots per key-tile size: 128 KiB of tiles at 128 channels
+
+
+class GluonBoxes(NamedTuple):
+    """The Gluon forward's tiling: its cost, the query box, the key box, the axis the box is cut
+    along into the consumers' halves, and whether each half computes only its own key tiles."""
+    cost: float
+    q: Tuple[int, ...]
+    kv: Tuple[int, ...]
+    split: int
+    split_walk: bool
 
 
 def _gluon_features(problem: Problem, head_dims: Sequence[int]) -> bool:
@@ -245,16 +264,83 @@ def gluon_forward_problem(problem: Problem) -> bool:
     return GLUON_FORWARD and _gluon_features(problem, (GLUON_FORWARD_HEAD_DIM, ))
 
 
+def _axis_split_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool) -> Tuple[float, float]:
+    """``_axis_steps`` on the cut axis of the split walk: each box's walk as the kernel takes it
+    (index_math.key_walk), of which each half computes its own tile rows (gluon_split_walk.half_rows);
+    per box the mean of the halves' rows (the cost multiplies by the whole box's queries), and
+    of their rows inside the half's common range."""
+    group_len = axis.group_length(0)
+    half = q_tile // 2
+    visited = inside = 0.0
+    for start in range(0, group_len, q_tile):
+        last = min(start + q_tile, group_len) - 1
+        _, lo, common_hi = key_range(axis, pattern, start)
+        _, common_lo, hi = key_range(axis, pattern, last)
+        first = walk_start(lo, hi, common_lo, common_hi, kv_tile, anchor)
+        steps = -(-(hi - first) // kv_tile)
+        last0 = min(start + half, group_len) - 1
+        _, common_lo0, hi0 = key_range(axis, pattern, last0)
+        end0 = min(-(-(hi0 - first) // kv_tile), steps)
+        inside += tiles_inside(first, end0, kv_tile, common_lo0, key_range(axis, pattern, start)[2]) / 2
+        if start + half < group_len:
+            _, lo1, common_hi1 = key_range(axis, pattern, start + half)
+            begin1 = (lo1 - first) // kv_tile
+            inside += tiles_inside(first + begin1 * kv_tile, steps - begin1, kv_tile, common_lo, common_hi1) / 2
+        else:
+            begin1 = steps
+        visited += (end0 + steps - begin1) / 2
+    return visited, inside
+
+
+def gluon_forward_cost(problem: Problem, q: Sequence[int], kv: Sequence[int], split: int, split_walk: bool,
+                       speed: float) -> float:
+    """``forward_cost`` of the Gluon forward on these boxes, cut along axis ``split``: with the
+    split walk, that axis' steps are each half's own (_axis_split_steps)."""
+    per_axis = _axis_walks(problem, q, kv)
+    if split_walk:
+        per_axis[split] = _axis_split_steps(problem.axes[split], problem.pattern, q[split], kv[split], ANCHOR_TILES)
+    return _walk_cost(per_axis, q, kv, speed)
+
+
+def _gluon_cuts(q: Sequence[int], split_walk: bool) -> List[int]:
+    """Axes a query box may be cut along into the consumers' halves: any of at least two queries
+    with the split walk (the halves are boxes of their own), else the slowest such axis (where the
+    cut does not change the work)."""
+    cuts = [axis for axis, extent in enumerate(q) if extent >= 2]
+    return cuts if split_walk else cuts[:1]
+
+
 @lru_cache(maxsize=256)
-def gluon_forward_boxes(problem: Problem):
-    """(cost, query box, key box) of the Gluon forward: the cheapest boxes of exactly
-    GLUON_FORWARD_TOKENS queries and keys by forward_cost, and their cost with the programs'
-    GLUON_PROGRAM_STEPS, or None where the grid has no such boxes (fewer tokens along its axes)."""
-    cost, q, kv = _cheapest_boxes(problem, GLUON_FORWARD_TOKENS, GLUON_FORWARD_TOKENS, GLUON_FORWARD_SPEED)
-    if math.prod(q) != GLUON_FORWARD_TOKENS or math.prod(kv) != GLUON_FORWARD_TOKENS:
+def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
+    """The Gluon forward's tiling: the boxes of GLUON_FORWARD_TOKENS queries and of each
+    GLUON_FORWARD_SPEEDS key-tile size, and the cut, of least gluon_forward_cost at that size's
+    speed; its cost adds the programs' GLUON_PROGRAM_STEPS. None where the cheapest boxes hold
+    fewer tokens than that (the grid's axes are too short for them)."""
+    ext = group_extents(problem)
+    best = None
+    for keys, speed in GLUON_FORWARD_SPEEDS.items():
+        for q in _shapes(problem.rank, GLUON_FORWARD_TOKENS, ext):
+            for kv in _shapes(problem.rank, keys, ext):
+                for split in _gluon_cuts(q, GLUON_SPLIT_WALK):
+                    cost = gluon_forward_cost(problem, q, kv, split, GLUON_SPLIT_WALK, speed)
+                    if best is None or cost < best.cost:
+                        best = GluonBoxes(cost, q, kv, split, GLUON_SPLIT_WALK)
+    if best is None or math.prod(best.q) != GLUON_FORWARD_TOKENS or math.prod(best.kv) not in GLUON_FORWARD_SPEEDS:
         return None
-    programs = math.prod(-(-a.length // t) for a, t in zip(problem.axes, q))
-    return cost + programs * GLUON_PROGRAM_STEPS * GLUON_FORWARD_TOKENS ** 2 / GLUON_FORWARD_SPEED, q, kv
+    programs = math.prod(-(-a.length // t) for a, t in zip(problem.axes, best.q))
+    overhead = programs * GLUON_PROGRAM_STEPS * GLUON_FORWARD_TOKENS * 128 / GLUON_FORWARD_SPEED
+    return best._replace(cost=best.cost + overhead)
+
+
+def set_gluon_forward_tiling(split_walk: bool, speeds: Dict[int, float]) -> None:
+    """Make the Gluon forward take (or not) the split walk, weighing key tiles of ``speeds``' sizes
+    at those speeds (benchmarks and tests that compare tilings; callers restore the old values).
+    The cached tilings and defaults are dropped; launch plans made before keep theirs
+    (fast_launch.clear_plans drops them)."""
+    global GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS
+    GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS = split_walk, dict(speeds)
+    gluon_forward_boxes.cache_clear()
+    getattr(default_config, "cache_clear", lambda: None)()  # (tests may have swapped it for a wrapper)
 
 
 def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
@@ -265,7 +351,7 @@ def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
     gluon = gluon_forward_boxes(problem)
     block = (math.prod(fwd["q"]), math.prod(fwd["kv"]))
     triton_speed = FORWARD_BLOCKS[bool(fwd["tma"])].get(block, (None, None, 1.0))[2]
-    return gluon is not None and gluon[0] < forward_cost(problem, fwd["q"], fwd["kv"], triton_speed)
+    return gluon is not None and gluon.cost < forward_cost(problem, fwd["q"], fwd["kv"], triton_speed)
 
 
 # The Gluon dK/dV pass (gluon_dkdv_kernel.py): the forward's producer warp and two consumer

@@ -1,0 +1,113 @@
+"""The Gluon forward's tilings side by side: both consumers on the box's whole walk, and the split
+walk (each consumer computes only its own half's key tiles; gluon_split_walk.py) on 128- and
+64-key tiles, against the Triton forward of the backend's default config.
+
+Per problem and tiling: the forward's median time (``do_bench``), its speed-up over the Triton
+forward and over the whole walk, the cost model's prediction of that ratio at the tiling's speed
+(tiles.gluon_forward_cost with the program steps, over forward_cost of the Triton forward: what
+GLUON_FORWARD_SPEEDS is fitted to) at speed 1.40, the pairs the tiling computes per attended pair,
+and the output's relative error against the reference backend in float32 on the GPU.
+
+    python benchmarks/bench_gluon_split_walk.py [--only 0,2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_neighborhood import attended_pairs  # noqa: E402
+from bench_wide_forward_tiles import bf16_problem, time_forward  # noqa: E402
+
+from haloattn.backends.triton import fast_launch, tiles  # noqa: E402
+
+# (name, spatial, window, options, heads, kv_heads, head_dim, batch): the issue's 128-channel
+# undilated rows first, then shapes no issue lists
+PROBLEMS = [
+    ("1-D 32768, window 2047", (32768,), 2047, {}, 16, 16, 128, 1),
+    ("2-D 128x128, 31x31", (128, 128), 31, {}, 16, 16, 128, 1),
+    ("2-D 128x128, 63x63", (128, 128), 63, {}, 16, 16, 128, 1),
+    ("2-D 128x128, 31x31 causal axis 0", (128, 128), 31, {"causal": (True, False)}, 16, 16, 128, 1),
+    ("3-D 16x48x48, 7x15x15", (16, 48, 48), (7, 15, 15), {}, 16, 16, 128, 1),
+    ("3-D 16x48x48, 7x15x15 causal time", (16, 48, 48), (7, 15, 15), {"causal": (True, False, False)}, 16, 16,
+     128, 1),
+    ("2-D 128x128, 32x32 stride 16", (128, 128), 32, {"stride": 16}, 16, 16, 128, 1),
+    ("2-D 128x128, 16x16 stride 16", (128, 128), 16, {"stride": 16}, 16, 16, 128, 1),
+    ("2-D 96x80, 21x13, GQA 16/4, B=2", (96, 80), (21, 13), {}, 16, 4, 128, 2),
+    ("3-D 8x32x32, 5x9x9, B=2", (8, 32, 32), (5, 9, 9), {}, 8, 8, 128, 2),
+    ("2-D 64x64, windows 16x16 shifted 8, B=4", (64, 64), 16, {"pattern": "window", "shift": 8}, 8, 8, 128, 4),
+    ("1-D 8192, causal window 1024, B=2", (8192,), 1024, {"causal": True}, 16, 16, 128, 2),
+]
+
+# name -> (split walk, key-tile sizes weighed; their speed 1.40 here: one size at a time)
+TILINGS = {"whole": (False, (128, )), "split128": (True, (128, )), "split64": (True, (64, ))}
+
+
+def computed_pairs(problem, tiling) -> float:
+    """Pairs the Gluon forward computes on this tiling (gluon_forward_cost at speed 1 counts
+    computed pairs plus the masked-axis surcharge; the surcharge is left out here)."""
+    per_axis = tiles._axis_walks(problem, tiling.q, tiling.kv)
+    if tiling.split_walk:
+        per_axis[tiling.split] = tiles._axis_split_steps(problem.axes[tiling.split], problem.pattern,
+                                                         tiling.q[tiling.split], tiling.kv[tiling.split],
+                                                         tiles.ANCHOR_TILES)
+    steps = math.prod(visited for visited, _ in per_axis)
+    return steps * math.prod(tiling.q) * math.prod(tiling.kv) * problem.heads * problem.batch
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    only = range(len(PROBLEMS)) if args.only is None else [int(i) for i in args.only.split(",")]
+    saved = tiles.GLUON_SPLIT_WALK, tiles.GLUON_FORWARD_SPEEDS
+    rows = []
+    for index in only:
+        name, problem, inputs, ref = bf16_problem(PROBLEMS[index], index)
+        tiles.set_gluon_forward_tiling(*saved)
+        default = tiles.normalise(None, problem)
+        triton_config = dict(default, fwd=dict(default["fwd"], gluon=False))
+        triton_cost = tiles.forward_cost(problem, default["fwd"]["q"], default["fwd"]["kv"],
+                                         tiles.FORWARD_BLOCKS[bool(default["fwd"]["tma"])]
+                                         .get((math.prod(default["fwd"]["q"]), math.prod(default["fwd"]["kv"])),
+                                              (None, None, 1.0))[2])
+        fast_launch.clear_plans()
+        triton_ms, triton_err = time_forward(problem, inputs, triton_config, ref)
+        attended = attended_pairs(problem) * problem.heads
+        print(f"# {name}: triton {default['fwd']['q']}x{default['fwd']['kv']} {triton_ms:.3f} ms, "
+              f"rel error {triton_err:.1e} (default forward: {'gluon' if default['fwd']['gluon'] else 'triton'})",
+              flush=True)
+        row = dict(problem=name, triton_ms=triton_ms, triton_error=triton_err, default_gluon=default["fwd"]["gluon"],
+                   tilings={})
+        for label, (split_walk, sizes) in TILINGS.items():
+            tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes})
+            fast_launch.clear_plans()
+            tiling = tiles.gluon_forward_boxes(problem)
+            if tiling is None:
+                continue
+            config = dict(triton_config, fwd=dict(triton_config["fwd"], gluon=True))
+            ms, err = time_forward(problem, inputs, config, ref)
+            predicted = triton_cost / tiling.cost
+            ratio = computed_pairs(problem, tiling) / attended
+            row["tilings"][label] = dict(q=tiling.q, kv=tiling.kv, split=tiling.split, ms=ms, error=err,
+                                         speedup=triton_ms / ms, predicted=predicted, pairs_ratio=ratio)
+            whole = row["tilings"].get("whole", {}).get("ms", ms)
+            print(f"  {label} {list(tiling.q)} x {list(tiling.kv)} cut {tiling.split}: {ms:.3f} ms, "
+                  f"{triton_ms / ms:.2f}x triton (predicted {predicted:.2f}x at 1.40), {whole / ms:.2f}x whole, "
+                  f"{ratio:.2f} computed / attended pairs, rel error {err:.1e}", flush=True)
+        rows.append(row)
+    tiles.set_gluon_forward_tiling(*saved)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

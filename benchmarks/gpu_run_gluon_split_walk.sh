@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call for the Gluon forward's split walk: bench_gluon_split_walk.py's problems compiled
+# in processes of their own (Triton's disk cache then serves the timing run) while the Gluon
+# forward's GPU tests run (every tiling against the float64 oracle), then the timing in one quiet
+# process, then (ISSUE_ONLY) the issue benchmark's triton rows on the same machine.
+# Usage (GPU machine, repo root):
+#   [TESTS="tests/..."] [ONLY=0,1] [ISSUE_ONLY=1,2] bash benchmarks/gpu_run_gluon_split_walk.sh
+# Knobs: COMPILE_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, ISSUE_TIMEOUT (seconds).
+source benchmarks/gpu_preamble.sh
+count=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import bench_gluon_split_walk as b; print(len(b.PROBLEMS))")
+only=${ONLY:-$(seq -s, 0 $((count - 1)))}
+for i in ${only//,/ }; do
+  timeout ${COMPILE_TIMEOUT:-200} python3 benchmarks/bench_gluon_split_walk.py --only "$i" > "/tmp/compile_split_$i.log" 2>&1 &
+done
+TESTS=${TESTS-tests/test_gluon_forward_gpu.py}
+if [ -n "$TESTS" ]; then
+  # shellcheck disable=SC2086
+  timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf --tb=short $TESTS > "$OUT/tests.log" 2>&1
+  echo "tests: exit $? after $(( $(date +%s) - s )) s"; grep -E "passed|failed|error|FAILED" "$OUT/tests.log" | tail -30
+fi
+wait
+echo "compiled after $(( $(date +%s) - s )) s"; tail -n 3 /tmp/compile_split_*.log | grep -iE "error|Traceback" | head
+timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_gluon_split_walk.py --only "$only" --json "$OUT/split_walk.json" 2>&1 | tee "$OUT/split_walk.log"
+if [ -n "$ISSUE_ONLY" ]; then
+  timeout ${ISSUE_TIMEOUT:-200} python3 benchmarks/bench_neighborhood.py --no-flex --only "$ISSUE_ONLY" \
+    --json "$OUT/issue.json" --markdown "$OUT/issue.md" > "$OUT/issue.log" 2>&1
+  echo "issue benchmark: exit $? after $(( $(date +%s) - s )) s"; cut -d'|' -f2-8 "$OUT/issue.md" 2>/dev/null
+fi
