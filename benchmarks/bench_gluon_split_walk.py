@@ -26,6 +26,7 @@ from bench_neighborhood import attended_pairs  # noqa: E402
 from bench_wide_forward_tiles import bf16_problem, time_forward  # noqa: E402
 
 from haloattn.backends.triton import fast_launch, tiles  # noqa: E402
+from haloattn.backends.triton.gluon_regroup import regrouped  # noqa: E402
 
 # (name, spatial, window, options, heads, kv_heads, head_dim, batch): the issue's 128-channel
 # undilated rows first, then shapes no issue lists
@@ -34,6 +35,7 @@ PROBLEMS = [
     ("2-D 128x128, 31x31", (128, 128), 31, {}, 16, 16, 128, 1),
     ("2-D 128x128, 63x63", (128, 128), 63, {}, 16, 16, 128, 1),
     ("2-D 128x128, 31x31 causal axis 0", (128, 128), 31, {"causal": (True, False)}, 16, 16, 128, 1),
+    ("2-D 128x128, 31x31 dilation 2", (128, 128), 31, {"dilation": 2}, 16, 16, 128, 1),
     ("3-D 16x48x48, 7x15x15", (16, 48, 48), (7, 15, 15), {}, 16, 16, 128, 1),
     ("3-D 16x48x48, 7x15x15 causal time", (16, 48, 48), (7, 15, 15), {"causal": (True, False, False)}, 16, 16,
      128, 1),
@@ -51,7 +53,9 @@ TILINGS = {"whole": (False, (128, )), "split128": (True, (128, )), "split64": (T
 
 def computed_pairs(problem, tiling) -> float:
     """Pairs the Gluon forward computes on this tiling (gluon_forward_cost at speed 1 counts
-    computed pairs plus the masked-axis surcharge; the surcharge is left out here)."""
+    computed pairs plus the masked-axis surcharge; the surcharge is left out here), on the
+    problem's regrouping where it is dilated."""
+    problem = regrouped(problem).problem
     per_axis = tiles._axis_walks(problem, tiling.q, tiling.kv)
     if tiling.split_walk:
         per_axis[tiling.split] = tiles._axis_split_steps(problem.axes[tiling.split], problem.pattern,

@@ -19,6 +19,7 @@ from haloattn.problem import Problem
 from . import tiles
 from .descriptor_scratch import ensure_allocator
 from .gluon_descriptors import grid_descriptor, tensors_fit
+from .gluon_regroup import regrouped
 from .host_descriptors import rebased
 from .launch import _pad3
 
@@ -45,6 +46,8 @@ class GluonForward:
 
     def __init__(self, problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor):
+        """``problem`` undilated (a dilated one's regrouping, with views of the tensors: later calls
+        pass the original tensors, whose data the descriptors are rebased onto)."""
         tiling = tiles.gluon_forward_boxes(problem)
         rank = problem.rank
         q_box, kv_box = _pad3(tiling.q, 1), _pad3(tiling.kv, 1)
@@ -80,8 +83,12 @@ class GluonForward:
 def plan(problem: Problem, fwd: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
          lse: torch.Tensor) -> Optional[GluonForward]:
     """The Gluon launch for this forward config and call, or None where the config names the
-    Triton forward or the tensors do not suit the Gluon kernel."""
-    if not (fwd.get("gluon") and tiles.gluon_forward_problem(problem) and tiles.gluon_forward_boxes(problem)
-            and inputs_fit(q, k, v)):
+    Triton forward or the tensors do not suit the Gluon kernel. A dilated problem runs as its
+    undilated regrouping over views of the tensors (gluon_regroup.py)."""
+    if not (fwd.get("gluon") and tiles.gluon_forward_problem(problem) and tiles.gluon_forward_boxes(problem)):
         return None
-    return GluonForward(problem, q, k, v, out, lse)
+    regrouping = regrouped(problem)
+    views = [regrouping.view(t) for t in (q, k, v, out)] + [regrouping.view_rows(lse)]
+    if any(t is None for t in views) or not inputs_fit(*views[:3]):
+        return None
+    return GluonForward(regrouping.problem, *views)

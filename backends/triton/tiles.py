@@ -32,6 +32,7 @@ from haloattn.geometry import Axis, key_range, query_range, window_query_range
 from haloattn.problem import Problem
 
 from . import host_descriptors
+from .gluon_regroup import dilation_groups, regrouped
 from .device_limits import (HOPPER_TILE_BUDGET, hopper_for_gluon, multiprocessors, tile_shared_budget,
                             tiles_for_copy_engine)
 
@@ -260,8 +261,10 @@ def _gluon_features(problem: Problem, head_dims: Sequence[int]) -> bool:
 
 
 def gluon_forward_problem(problem: Problem) -> bool:
-    """Whether the Gluon forward computes this problem (heads of GLUON_FORWARD_HEAD_DIM channels)."""
-    return GLUON_FORWARD and _gluon_features(problem, (GLUON_FORWARD_HEAD_DIM, ))
+    """Whether the Gluon forward computes this problem (heads of GLUON_FORWARD_HEAD_DIM channels),
+    dilated ones as their undilated regrouping (gluon_regroup.py)."""
+    regrouping = regrouped(problem)
+    return GLUON_FORWARD and regrouping is not None and _gluon_features(regrouping.problem, (GLUON_FORWARD_HEAD_DIM, ))
 
 
 def _axis_split_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool) -> Tuple[float, float]:
@@ -315,7 +318,12 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
     """The Gluon forward's tiling: the boxes of GLUON_FORWARD_TOKENS queries and of each
     GLUON_FORWARD_SPEEDS key-tile size, and the cut, of least gluon_forward_cost at that size's
     speed; its cost adds the programs' GLUON_PROGRAM_STEPS. None where the cheapest boxes hold
-    fewer tokens than that (the grid's axes are too short for them)."""
+    fewer tokens than that (the grid's axes are too short for them). A dilated problem's tiling is
+    its regrouping's (gluon_regroup.py; None where it has none)."""
+    regrouping = regrouped(problem)
+    if regrouping is None:
+        return None
+    problem = regrouping.problem
     ext = group_extents(problem)
     best = None
     for keys, speed in GLUON_FORWARD_SPEEDS.items():
@@ -349,9 +357,14 @@ def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
     if not gluon_forward_problem(problem):
         return False
     gluon = gluon_forward_boxes(problem)
+    if gluon is None:
+        return False
     block = (math.prod(fwd["q"]), math.prod(fwd["kv"]))
     triton_speed = FORWARD_BLOCKS[bool(fwd["tma"])].get(block, (None, None, 1.0))[2]
-    return gluon is not None and gluon.cost < forward_cost(problem, fwd["q"], fwd["kv"], triton_speed)
+    # per head of the problem: forward_cost counts dilation group 0's walks, the regrouping's
+    # cost every group but those of the last axis, which became heads
+    triton_cost = forward_cost(problem, fwd["q"], fwd["kv"], triton_speed) * dilation_groups(problem)
+    return gluon.cost * regrouped(problem).heads_factor < triton_cost
 
 
 # The Gluon dK/dV pass (gluon_dkdv_kernel.py): the forward's producer warp and two consumer
