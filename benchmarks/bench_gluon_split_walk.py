@@ -47,8 +47,10 @@ PROBLEMS = [
     ("1-D 8192, causal window 1024, B=2", (8192,), 1024, {"causal": True}, 16, 16, 128, 2),
 ]
 
-# name -> (split walk, key-tile sizes weighed; their speed 1.40 here: one size at a time)
-TILINGS = {"whole": (False, (128, )), "split128": (True, (128, )), "split64": (True, (64, ))}
+# name -> (split walk, key-tile sizes weighed (their speed 1.40 here: one size at a time), ring
+# slots of 128-key tiles)
+TILINGS = {"whole": (False, (128, ), 2), "whole3": (False, (128, ), 3), "split128": (True, (128, ), 2),
+           "split128x3": (True, (128, ), 3), "split64": (True, (64, ), 2)}
 
 
 def computed_pairs(problem, tiling) -> float:
@@ -71,7 +73,7 @@ def main():
     parser.add_argument("--json")
     args = parser.parse_args()
     only = range(len(PROBLEMS)) if args.only is None else [int(i) for i in args.only.split(",")]
-    saved = tiles.GLUON_SPLIT_WALK, tiles.GLUON_FORWARD_SPEEDS
+    saved = tiles.gluon_forward_tiling()
     rows = []
     for index in only:
         name, problem, inputs, ref = bf16_problem(PROBLEMS[index], index)
@@ -90,8 +92,9 @@ def main():
               flush=True)
         row = dict(problem=name, triton_ms=triton_ms, triton_error=triton_err, default_gluon=default["fwd"]["gluon"],
                    tilings={})
-        for label, (split_walk, sizes) in TILINGS.items():
-            tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes})
+        for label, (split_walk, sizes, slots) in TILINGS.items():
+            tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
+                                           {128: slots, 64: 4})
             fast_launch.clear_plans()
             tiling = tiles.gluon_forward_boxes(problem)
             if tiling is None:
@@ -100,7 +103,7 @@ def main():
             ms, err = time_forward(problem, inputs, config, ref)
             predicted = triton_cost / tiling.cost
             ratio = computed_pairs(problem, tiling) / attended
-            row["tilings"][label] = dict(q=tiling.q, kv=tiling.kv, split=tiling.split, ms=ms, error=err,
+            row["tilings"][label] = dict(q=tiling.q, kv=tiling.kv, split=tiling.split, slots=slots, ms=ms, error=err,
                                          speedup=triton_ms / ms, predicted=predicted, pairs_ratio=ratio)
             whole = row["tilings"].get("whole", {}).get("ms", ms)
             print(f"  {label} {list(tiling.q)} x {list(tiling.kv)} cut {tiling.split}: {ms:.3f} ms, "

@@ -4,11 +4,11 @@ shared memory and the instruction mix (HGMMA = wgmma, UTMALDG = TMA loads). Gluo
 interpreter; tests/test_gluon_probes.py runs this in CI so that a kernel change that no longer
 builds, spills or loses its structure fails there, not on the GPU.
 
-    python benchmarks/compile_report_gluon_forward.py [--tiling whole|split128|split64]
+    python benchmarks/compile_report_gluon_forward.py [--tiling whole|whole3|split128|split128x3|split64]
 
 ``--tiling`` builds the launches of one of the kernel's tilings (gluon_split_walk.py) instead of
 the cost model's default: both consumers on the whole walk, or the split walk on 128- or 64-key
-tiles.
+tiles (whole3, split128x3: three slots of 128-key tiles instead of two).
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ def build(spec):
     return label, build_sm90(gluon_forward_kernel, (*plan.descriptors, lse, *plan.scalars), plan.meta)
 
 
-# name -> (split walk, key-tile sizes weighed)
-TILINGS = {"whole": (False, (128, )), "split128": (True, (128, )), "split64": (True, (64, ))}
+# name -> (split walk, key-tile sizes weighed, ring slots of 128-key tiles)
+TILINGS = {"whole": (False, (128, ), 2), "whole3": (False, (128, ), 3), "split128": (True, (128, ), 2),
+           "split128x3": (True, (128, ), 3), "split64": (True, (64, ), 2)}
 
 
 def main():
@@ -67,8 +68,9 @@ def main():
     parser.add_argument("--tiling", choices=sorted(TILINGS))
     args = parser.parse_args()
     if args.tiling:
-        split_walk, sizes = TILINGS[args.tiling]
-        tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes})
+        split_walk, sizes, slots = TILINGS[args.tiling]
+        tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
+                                       {128: slots, 64: 4})
     for spec in PROBLEMS:
         report(*build(spec))
 

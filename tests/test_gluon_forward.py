@@ -78,7 +78,7 @@ def test_stored_configs_keep_their_choice_and_older_ones_take_the_default():
 
 @pytest.mark.parametrize("split_walk,sizes", [(False, (128, )), (True, (128, )), (True, (64, )), (True, (64, 128))])
 def test_gluon_boxes_hold_128_queries_and_a_key_tile_of_a_weighed_size(split_walk, sizes):
-    saved = tiles.GLUON_SPLIT_WALK, tiles.GLUON_FORWARD_SPEEDS
+    saved = tiles.gluon_forward_tiling()
     tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes})
     try:
         for problem in (_problem((128, 128), 31), _problem((16, 48, 48), (7, 15, 15)), _problem((300,), 65)):

@@ -41,16 +41,19 @@ def gluon_calls(monkeypatch):
     fast_launch.clear_plans()
 
 
-# (split walk, key-tile sizes) of the Gluon forward's tilings (gluon_split_walk.py)
-TILINGS = {"whole": (False, (128, )), "split128": (True, (128, )), "split64": (True, (64, ))}
+# (split walk, key-tile sizes, slots of 128-key tiles) of the Gluon forward's tilings
+# (gluon_split_walk.py)
+TILINGS = {"whole": (False, (128, ), 2), "split128": (True, (128, ), 2), "split128x3": (True, (128, ), 3),
+           "split64": (True, (64, ), 2)}
 
 
 @pytest.fixture(params=sorted(TILINGS))
 def tiling(request):
     """Each tiling of the Gluon forward in turn (its choice of boxes and cut by the cost model)."""
-    saved = tiles.GLUON_SPLIT_WALK, tiles.GLUON_FORWARD_SPEEDS
-    split_walk, sizes = TILINGS[request.param]
-    tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes})
+    saved = tiles.gluon_forward_tiling()
+    split_walk, sizes, slots = TILINGS[request.param]
+    tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
+                                   {128: slots, 64: 4})
     fast_launch.clear_plans()
     yield request.param
     tiles.set_gluon_forward_tiling(*saved)

@@ -236,7 +236,9 @@ GLUON_FORWARD_SPEEDS = {128: GLUON_FORWARD_SPEED}
 GLUON_SPLIT_WALK = False
 GLUON_PROGRAM_STEPS = 0.8
 GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
-GLUON_RING_SLOTS = {128: 2, 64: 4}  # K/V slots per key-tile size: 128 KiB of tiles at 128 channels
+# K/V slots per key-tile size: 128 KiB of tiles at 128 channels. Three 128-key slots build too
+# (229,880 B of the 232,448 an H100 block may take; benchmarks/compile_report_gluon_forward.py).
+GLUON_RING_SLOTS = {128: 2, 64: 4}
 
 
 class GluonBoxes(NamedTuple):
@@ -340,15 +342,22 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
     return best._replace(cost=best.cost + overhead)
 
 
-def set_gluon_forward_tiling(split_walk: bool, speeds: Dict[int, float]) -> None:
+def set_gluon_forward_tiling(split_walk: bool, speeds: Dict[int, float], slots: Optional[Dict[int, int]] = None) -> None:
     """Make the Gluon forward take (or not) the split walk, weighing key tiles of ``speeds``' sizes
-    at those speeds (benchmarks and tests that compare tilings; callers restore the old values).
+    at those speeds, with ``slots`` ring slots per size where given (benchmarks and tests that
+    compare tilings; callers restore the old values: ``gluon_forward_tiling()`` returns them).
     The cached tilings and defaults are dropped; launch plans made before keep theirs
     (fast_launch.clear_plans drops them)."""
-    global GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS
+    global GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS, GLUON_RING_SLOTS
     GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS = split_walk, dict(speeds)
+    GLUON_RING_SLOTS = dict(slots or GLUON_RING_SLOTS)
     gluon_forward_boxes.cache_clear()
     getattr(default_config, "cache_clear", lambda: None)()  # (tests may have swapped it for a wrapper)
+
+
+def gluon_forward_tiling() -> Tuple[bool, Dict[int, float], Dict[int, int]]:
+    """The settings ``set_gluon_forward_tiling`` takes, as they are now."""
+    return GLUON_SPLIT_WALK, dict(GLUON_FORWARD_SPEEDS), dict(GLUON_RING_SLOTS)
 
 
 def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
