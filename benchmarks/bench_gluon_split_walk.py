@@ -94,7 +94,7 @@ def main():
                    tilings={})
         for label, (split_walk, sizes, slots) in TILINGS.items():
             tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
-                                           {128: slots, 64: 4})
+                                           {128: slots, 64: 4}, regroup_dilated=True)
             fast_launch.clear_plans()
             tiling = tiles.gluon_forward_boxes(problem)
             if tiling is None:

@@ -25,6 +25,7 @@ from gluon_compile import build_sm90, report  # noqa: E402
 from haloattn.backends.triton import tiles  # noqa: E402
 from haloattn.backends.triton.gluon_forward_kernel import gluon_forward_kernel  # noqa: E402
 from haloattn.backends.triton.gluon_forward_launch import GluonForward  # noqa: E402
+from haloattn.backends.triton.gluon_regroup import regrouped  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 # (name, spatial, window, options, heads, kv heads, dtype): every rank, causal and strided axes,
@@ -41,6 +42,8 @@ PROBLEMS = [
     ("3-D 12x40x36, 5x17x15 causal time, stride 1x2x1", (12, 40, 36), (5, 17, 15),
      {"causal": (True, False, False), "stride": (1, 2, 1)}, 8, 8, torch.bfloat16),
 ]
+# built with --tiling (which lets the Gluon forward take dilated problems: gluon_regroup.py)
+DILATED_PROBLEMS = [("2-D 128x128, 31x31 dilation 2", (128, 128), 31, {"dilation": 2}, 16, 16, torch.bfloat16)]
 
 
 def build(spec):
@@ -51,7 +54,9 @@ def build(spec):
     k = torch.empty(1, *spatial, kv_heads, tiles.GLUON_FORWARD_HEAD_DIM, device="meta", dtype=dtype)
     lse = torch.empty(1, *spatial, heads, device="meta", dtype=torch.float32)
     problem = build_problem(q, k, k, window, **options)
-    plan = GluonForward(problem, q, k, k, out, lse)
+    regrouping = regrouped(problem)
+    views = [regrouping.view(t) for t in (q, k, k, out)] + [regrouping.view_rows(lse)]
+    plan = GluonForward(regrouping.problem, *views)
     tiling = tiles.gluon_forward_boxes(problem)
     label = (f"{name} | boxes {list(tiling.q)} x {list(tiling.kv)}, cut on axis {tiling.split}"
              f"{', split walk' if tiling.split_walk else ''}")
@@ -70,8 +75,8 @@ def main():
     if args.tiling:
         split_walk, sizes, slots = TILINGS[args.tiling]
         tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
-                                       {128: slots, 64: 4})
-    for spec in PROBLEMS:
+                                       {128: slots, 64: 4}, regroup_dilated=True)
+    for spec in PROBLEMS + (DILATED_PROBLEMS if args.tiling else []):
         report(*build(spec))
 
 

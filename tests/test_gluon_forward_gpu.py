@@ -53,7 +53,7 @@ def tiling(request):
     saved = tiles.gluon_forward_tiling()
     split_walk, sizes, slots = TILINGS[request.param]
     tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
-                                   {128: slots, 64: 4})
+                                   {128: slots, 64: 4}, regroup_dilated=True)
     fast_launch.clear_plans()
     yield request.param
     tiles.set_gluon_forward_tiling(*saved)

@@ -234,6 +234,9 @@ GLUON_FORWARD_HEAD_DIM = 128
 GLUON_FORWARD_SPEED = 1.40  # of 128-key tiles (also what the programs' steps are weighed at)
 GLUON_FORWARD_SPEEDS = {128: GLUON_FORWARD_SPEED}
 GLUON_SPLIT_WALK = False
+# Dilated problems on the Gluon forward as their undilated regrouping (gluon_regroup.py): off
+# until the GPU has run them.
+GLUON_REGROUP_DILATED = False
 GLUON_PROGRAM_STEPS = 0.8
 GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
 # K/V slots per key-tile size: 128 KiB of tiles at 128 channels. Three 128-key slots build too
@@ -262,10 +265,18 @@ def _gluon_features(problem: Problem, head_dims: Sequence[int]) -> bool:
             and hopper_for_gluon(problem.device))
 
 
+def _gluon_regrouping(problem: Problem):
+    """``regrouped(problem)`` where the Gluon forward may take it (GLUON_REGROUP_DILATED for dilated
+    problems), else None."""
+    if not GLUON_REGROUP_DILATED and any(a.dilation > 1 for a in problem.axes):
+        return None
+    return regrouped(problem)
+
+
 def gluon_forward_problem(problem: Problem) -> bool:
     """Whether the Gluon forward computes this problem (heads of GLUON_FORWARD_HEAD_DIM channels),
     dilated ones as their undilated regrouping (gluon_regroup.py)."""
-    regrouping = regrouped(problem)
+    regrouping = _gluon_regrouping(problem)
     return GLUON_FORWARD and regrouping is not None and _gluon_features(regrouping.problem, (GLUON_FORWARD_HEAD_DIM, ))
 
 
@@ -322,7 +333,7 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
     speed; its cost adds the programs' GLUON_PROGRAM_STEPS. None where the cheapest boxes hold
     fewer tokens than that (the grid's axes are too short for them). A dilated problem's tiling is
     its regrouping's (gluon_regroup.py; None where it has none)."""
-    regrouping = regrouped(problem)
+    regrouping = _gluon_regrouping(problem)
     if regrouping is None:
         return None
     problem = regrouping.problem
@@ -342,22 +353,25 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
     return best._replace(cost=best.cost + overhead)
 
 
-def set_gluon_forward_tiling(split_walk: bool, speeds: Dict[int, float], slots: Optional[Dict[int, int]] = None) -> None:
+def set_gluon_forward_tiling(split_walk: bool, speeds: Dict[int, float], slots: Optional[Dict[int, int]] = None,
+                             regroup_dilated: Optional[bool] = None) -> None:
     """Make the Gluon forward take (or not) the split walk, weighing key tiles of ``speeds``' sizes
-    at those speeds, with ``slots`` ring slots per size where given (benchmarks and tests that
-    compare tilings; callers restore the old values: ``gluon_forward_tiling()`` returns them).
-    The cached tilings and defaults are dropped; launch plans made before keep theirs
-    (fast_launch.clear_plans drops them)."""
-    global GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS, GLUON_RING_SLOTS
+    at those speeds, with ``slots`` ring slots per size and GLUON_REGROUP_DILATED where given
+    (benchmarks and tests that compare tilings; callers restore the old values:
+    ``gluon_forward_tiling()`` returns them). The cached tilings and defaults are dropped; launch
+    plans made before keep theirs (fast_launch.clear_plans drops them)."""
+    global GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS, GLUON_RING_SLOTS, GLUON_REGROUP_DILATED
     GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS = split_walk, dict(speeds)
     GLUON_RING_SLOTS = dict(slots or GLUON_RING_SLOTS)
+    if regroup_dilated is not None:
+        GLUON_REGROUP_DILATED = regroup_dilated
     gluon_forward_boxes.cache_clear()
     getattr(default_config, "cache_clear", lambda: None)()  # (tests may have swapped it for a wrapper)
 
 
-def gluon_forward_tiling() -> Tuple[bool, Dict[int, float], Dict[int, int]]:
+def gluon_forward_tiling() -> Tuple[bool, Dict[int, float], Dict[int, int], bool]:
     """The settings ``set_gluon_forward_tiling`` takes, as they are now."""
-    return GLUON_SPLIT_WALK, dict(GLUON_FORWARD_SPEEDS), dict(GLUON_RING_SLOTS)
+    return GLUON_SPLIT_WALK, dict(GLUON_FORWARD_SPEEDS), dict(GLUON_RING_SLOTS), GLUON_REGROUP_DILATED
 
 
 def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
@@ -373,7 +387,7 @@ def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
     # per head of the problem: forward_cost counts dilation group 0's walks, the regrouping's
     # cost every group but those of the last axis, which became heads
     triton_cost = forward_cost(problem, fwd["q"], fwd["kv"], triton_speed) * dilation_groups(problem)
-    return gluon.cost * regrouped(problem).heads_factor < triton_cost
+    return gluon.cost * _gluon_regrouping(problem).heads_factor < triton_cost
 
 
 # The Gluon dK/dV pass (gluon_dkdv_kernel.py): the forward's producer warp and two consumer
