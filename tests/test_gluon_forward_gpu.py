@@ -114,11 +114,6 @@ def test_each_tiling_against_the_oracle(seed, tiling, gluon_calls):
 
 
 @pytest.mark.parametrize("spatial,window,options", [
-    ((16, 16), 8, dict(pattern="window", shift=0)),  # halves in different windows: no shared tile
-    ((150,), 16, dict(pattern="window", causal=True)),  # the last box's second half past the grid's end
-    ((9, 30), (3, 29), dict(causal=(True, False), stride=(3, 1))),
-])
-@pytest.mark.parametrize("spatial,window,options", [
     ((16, 24), (5, 7), dict(dilation=2)),  # 3-D regrouped: (8, 2, 12), heads x 2
     ((384,), 33, dict(dilation=3, causal=True, heads=4, kv_heads=2)),
     ((4, 8, 12), (3, 3, 5), dict(dilation=(1, 1, 2), stride=(1, 2, 1))),
@@ -130,6 +125,11 @@ def test_dilated_problems_regrouped_against_the_oracle(spatial, window, options,
     assert gluon_calls, "the Gluon forward did not run"
 
 
+@pytest.mark.parametrize("spatial,window,options", [
+    ((16, 16), 8, dict(pattern="window", shift=0)),  # halves in different windows: no shared tile
+    ((150,), 16, dict(pattern="window", causal=True)),  # the last box's second half past the grid's end
+    ((9, 30), (3, 29), dict(causal=(True, False), stride=(3, 1))),
+])
 def test_split_walk_edges_against_the_oracle(spatial, window, options, tiling, gluon_calls):
     check_against_oracle(spatial, window, dtype=torch.bfloat16, device="cuda", head_dim=D, **options)
     assert gluon_calls, "the Gluon forward did not run"
