@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gluon_compile import build_sm90, report  # noqa: E402
 
 from haloattn.backends.triton import tiles  # noqa: E402
-from haloattn.backends.triton.gluon_forward_kernel import gluon_forward_kernel  # noqa: E402
 from haloattn.backends.triton.gluon_forward_launch import GluonForward  # noqa: E402
 from haloattn.backends.triton.gluon_regroup import regrouped  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
@@ -60,7 +59,7 @@ def build(spec):
     tiling = tiles.gluon_forward_boxes(problem)
     label = (f"{name} | boxes {list(tiling.q)} x {list(tiling.kv)}, cut on axis {tiling.split}"
              f"{', split walk' if tiling.split_walk else ''}")
-    return label, build_sm90(gluon_forward_kernel, (*plan.descriptors, lse, *plan.scalars), plan.meta)
+    return label, build_sm90(plan.kernel, (*plan.descriptors, lse, *plan.scalars), plan.meta)
 
 
 # name -> (split walk, key-tile sizes weighed, ring slots of 128-key tiles)

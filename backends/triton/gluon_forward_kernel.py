@@ -30,7 +30,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
-from .gluon_split_walk import exclusive_coords, exclusive_tile, pick3, split_stream, stream_coords, with3
 from .index_math import crosses, key_range, key_walk, next3, split3
 from .scores import LN2, mask_pairs
 
@@ -56,8 +55,7 @@ def _half_origin(xs0, xs1, xs2, HALF: gl.constexpr, SPLIT: gl.constexpr, E0: gl.
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
-              b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, exclusive0, exclusive1, own0, shared_lo,
-              shared, own1_lo, own1, STAGES: gl.constexpr, SPLIT: gl.constexpr):
+              b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES: gl.constexpr, SPLIT: gl.constexpr):
     TK0: gl.constexpr = k_desc.block_type.shape[1]
     TK1: gl.constexpr = k_desc.block_type.shape[2]
     TK2: gl.constexpr = k_desc.block_type.shape[3]
@@ -66,10 +64,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, 
                                      q_desc.block_type.shape[2], q_desc.block_type.shape[3])
         mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, hx0, hx1, hx2, q_col], q_ready.index(half), q_smem.index(half))
-    r0, r1, r2 = with3(n0, n1, n2, SPLIT, 1)
-    for i in range(exclusive0 + exclusive1 + shared * r0 * r1 * r2):
-        j0, j1, j2 = stream_coords(i, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1, n0, n1, n2,
-                                   SPLIT)
+    j0 = gl.to_tensor(0)
+    j1 = gl.to_tensor(0)
+    j2 = gl.to_tensor(0)
+    for i in range(n0 * n1 * n2):
         slot = i % STAGES
         # mbarriers start with phase 1 complete: the first pass over the ring does not wait
         empty_phase = ((i // STAGES) & 1) ^ 1
@@ -80,6 +78,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, 
         mbarrier.wait(v_empty.index(slot), empty_phase)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(slot), v_bufs.index(slot))
+        j0, j1, j2 = next3(j0, j1, j2, n1, n2)
 
 
 @gluon.jit
@@ -109,105 +108,11 @@ def _softmax_step(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
-def _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, rlo0, rhi0, rlo1, rhi1,
-                     rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2, n0, n1, n2, exclusive0, exclusive1,
-                     own0, own1_lo, own1, qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr,
-                     TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr, SPLIT: gl.constexpr,
-                     s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
-    """The split walk's first phase (gluon_split_walk.py): this consumer computes its own tiles
-    at once, without the software pipeline, and releases the other half's as they land."""
-    BN: gl.constexpr = TK0 * TK1 * TK2
-    BM: gl.constexpr = q.shape[0]
-    D: gl.constexpr = q.shape[1]
-    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-    for t in range(exclusive0 + exclusive1):
-        owner, index = exclusive_tile(t, exclusive0, exclusive1)
-        slot = t % STAGES
-        phase = (t // STAGES) & 1
-        mbarrier.wait(k_ready.index(slot), phase)
-        if owner == HALF:
-            j0, j1, j2 = exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, SPLIT)
-            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s, ))
-            mbarrier.arrive(k_empty.index(slot), count=1)
-            s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
-                        lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-            p16 = gl.convert_layout(p.to(q.dtype), p_layout)
-            mbarrier.wait(v_ready.index(slot), phase)
-            acc = warpgroup_mma(p16, v_bufs.index(slot).reshape([BN, D]), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
-        else:
-            mbarrier.arrive(k_empty.index(slot), count=1)
-            mbarrier.wait(v_ready.index(slot), phase)
-        mbarrier.arrive(v_empty.index(slot), count=1)
-    return acc, m_i, l_i
-
-
-@gluon.jit
-def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, rlo0, rhi0, rlo1, rhi1,
-                  rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2, n0, n1, n2, first, shared_lo, shared,
-                  qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
-                  TK2: gl.constexpr, SPLIT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                  o_rows: gl.constexpr):
-    """The tiles both halves compute (stream positions from ``first``; at least one), pipelined:
-    the first tile's scores and softmax before the loop; each step then issues tile i's S, tile
-    i-1's O += P V, and runs tile i's softmax while the latter is on the tensor cores."""
-    BN: gl.constexpr = TK0 * TK1 * TK2
-    BM: gl.constexpr = q.shape[0]
-    D: gl.constexpr = q.shape[1]
-    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-    # the shared rows' box of the walk (the cut axis' shared rows times the other axes' steps),
-    # walked row-major by a cursor from its origin
-    e0, e1, e2 = with3(n0, n1, n2, SPLIT, shared)
-    o0, o1, o2 = with3(st0, st1, st2, SPLIT, pick3(st0, st1, st2, SPLIT) + shared_lo * pick3(TK0, TK1, TK2, SPLIT))
-    count = e0 * e1 * e2
-    slot = first % STAGES
-    mbarrier.wait(k_ready.index(slot), (first // STAGES) & 1)
-    s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s, ))
-    mbarrier.arrive(k_empty.index(slot), count=1)
-    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, o0, o1, o2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
-                RANK, s_layout)
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-    p16 = gl.convert_layout(p.to(q.dtype), p_layout)
-    j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), e1, e2)
-    for i in range(first + 1, first + count):
-        slot = i % STAGES
-        prev = (i - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
-        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s, ))
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, o0 + j0 * TK0, o1 + j1 * TK1, o2 + j2 * TK2,
-                    lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-        mbarrier.arrive(v_empty.index(prev), count=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-        p16 = gl.convert_layout(p.to(q.dtype), p_layout)
-        j0, j1, j2 = next3(j0, j1, j2, e1, e2)
-    last = (first + count - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((first + count - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p16, v_bufs.index(last).reshape([BN, D]), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
-    mbarrier.arrive(v_empty.index(last), count=1)
-    return acc, m_i, l_i
-
-
-@gluon.jit
 def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
               slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2, st0, st1, st2,
-              n0, n1, n2, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1, qk_scale,
-              C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr,
-              STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr,
-              SPLIT: gl.constexpr):
+              n0, n1, n2, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
+              RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
+              HALF: gl.constexpr, SPLIT: gl.constexpr):
     TQ0: gl.constexpr = o_desc.block_type.shape[1]
     TQ1: gl.constexpr = o_desc.block_type.shape[2]
     TQ2: gl.constexpr = o_desc.block_type.shape[3]
@@ -237,20 +142,47 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
     m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([BM], gl.float32, layout=s_rows)
     acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    n_tiles = n0 * n1 * n2
     mbarrier.wait(q_ready.index(HALF), 0)
 
-    acc, m_i, l_i = _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
-                                     rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2,
-                                     n0, n1, n2, exclusive0, exclusive1, own0, own1_lo, own1, qk_scale, RANK, STAGES,
-                                     TK0, TK1, TK2, HALF, SPLIT, s_layout, p_layout, o_rows)
-    if shared > 0:
-        acc, m_i, l_i = _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
-                                      rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2,
-                                      n0, n1, n2, exclusive0 + exclusive1, shared_lo, shared, qk_scale, RANK, STAGES,
-                                      TK0, TK1, TK2, SPLIT, s_layout, p_layout, o_rows)
+    # tile 0's scores and softmax before the loop; each step then issues tile i's S, tile i-1's
+    # O += P V, and runs tile i's softmax while the latter is on the tensor cores
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q, k_bufs.index(0).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
+                RANK, s_layout)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+    p16 = gl.convert_layout(p.to(dtype), p_layout)
+    j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), n1, n2)
+    for i in range(1, n_tiles):
+        slot = i % STAGES
+        prev = (i - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
+        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
+                    lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        j0, j1, j2 = next3(j0, j1, j2, n1, n2)
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p16, v_bufs.index(last).reshape([BN, D]), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
+    mbarrier.arrive(v_empty.index(last), count=1)
 
-    # rows that saw no key (a half past the grid's end; never NaN) get zeros and an LSE of -inf,
-    # as forward_kernel.store_rows writes them
+    # rows that saw no key (none in the patterns this kernel takes, but never NaN) get zeros and
+    # an LSE of -inf, as forward_kernel.store_rows writes them
     empty = l_i == 0.0
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
     inside = (x0 < L0) & (x1 < L1) & (x2 < L2)
@@ -268,13 +200,10 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
 def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2,
                          S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr,
                          C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
-                         SPLIT: gl.constexpr, SPLIT_CAUSAL: gl.constexpr, SPLIT_WALK: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """One program: one query box of one (batch, head), cut into two parts of 64 queries (one
-    consumer warpgroup each) along axis SPLIT (causal: SPLIT_CAUSAL); one producer warp. With
-    SPLIT_WALK each part computes only the key tiles its queries see (gluon_split_walk.py),
-    otherwise both compute the box's whole walk. Per axis: lengths L, windows K, strides S,
-    shifts F; NT1, NT2 query boxes along axes 1, 2."""
+    consumer warpgroup each, sharing the box's key walk) along axis SPLIT; one producer warp.
+    Per axis: lengths L, windows K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2."""
     TQ0: gl.constexpr = q_desc.block_type.shape[1] * (2 if SPLIT == 0 else 1)
     TQ1: gl.constexpr = q_desc.block_type.shape[2] * (2 if SPLIT == 1 else 1)
     TQ2: gl.constexpr = q_desc.block_type.shape[3] * (2 if SPLIT == 2 else 1)
@@ -291,10 +220,6 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2
     st0, n0, _, _ = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
     st1, n1, _, _ = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
     st2, n2, _, _ = key_walk(xs2, L2, K2, S2, F2, C2, WINDOW, TQ2, TK2, True)
-    exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1 = split_stream(
-        xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, st0, st1, st2, n0, n1, n2,
-        pick3(q_desc.block_type.shape[1], q_desc.block_type.shape[2], q_desc.block_type.shape[3], SPLIT),
-        pick3(TK0, TK1, TK2, SPLIT), SPLIT_CAUSAL, WINDOW, SPLIT, SPLIT_WALK)
 
     q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
         q_desc, k_desc, v_desc, 2, STAGES)
@@ -303,13 +228,10 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2
     gl.warp_specialize([
         (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
                      slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2,
-                     st0, st1, st2, n0, n1, n2, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1,
-                     qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
+                     st0, st1, st2, n0, n1, n2, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
         (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
                      slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2,
-                     st0, st1, st2, n0, n1, n2, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1,
-                     qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT)),
+                     st0, st1, st2, n0, n1, n2, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
-                     b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, exclusive0, exclusive1, own0,
-                     shared_lo, shared, own1_lo, own1, STAGES, SPLIT)),
+                     b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES, SPLIT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

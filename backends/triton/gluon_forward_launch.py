@@ -25,13 +25,14 @@ from .launch import _pad3
 
 try:  # Gluon is experimental: a Triton that moved it runs the Triton forward instead
     from .gluon_forward_kernel import CONSUMERS, gluon_forward_kernel
+    from .gluon_split_walk_kernel import gluon_split_walk_kernel
 except (ImportError, AttributeError):  # pragma: no cover - depends on the installed Triton
-    gluon_forward_kernel = None
+    gluon_forward_kernel = gluon_split_walk_kernel = None
 
 LOG2E = 1.4426950408889634  # (a float: scores.LOG2E is a tl.constexpr, which a launch would specialise on)
-# setmaxnreg: the producer warp keeps 32 registers a thread (the split walk's stream bookkeeping
-# spilled at 24), each consumer warpgroup takes 240.
-PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 240
+# setmaxnreg: the producer warp keeps 24 registers a thread (32 on the split walk, whose stream
+# bookkeeping spilled at 24), each consumer warpgroup takes 240.
+PRODUCER_REGISTERS, SPLIT_WALK_PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 32, 240
 WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 warps
 
 
@@ -70,14 +71,18 @@ class GluonForward:
         causal = _pad3([a.causal for a in axes], False)
         self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
                          STAGES=tiles.GLUON_RING_SLOTS[math.prod(kv_box)], SPLIT=self.split,
-                         SPLIT_CAUSAL=causal[self.split], SPLIT_WALK=tiling.split_walk,
                          PRODUCER_REGS=PRODUCER_REGISTERS, CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
+        # the split walk's kernel (each consumer computes only its half's key tiles), else the
+        # whole walk's
+        self.kernel = gluon_split_walk_kernel if tiling.split_walk else gluon_forward_kernel
+        if tiling.split_walk:
+            self.meta.update(SPLIT_CAUSAL=causal[self.split], PRODUCER_REGS=SPLIT_WALK_PRODUCER_REGISTERS)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor) -> None:
         descriptors = [rebased(template, t) for template, t in zip(self.descriptors, (q, k, v, out))]
         ensure_allocator()
-        gluon_forward_kernel[self.grid](*descriptors, lse, *self.scalars, **self.meta)
+        self.kernel[self.grid](*descriptors, lse, *self.scalars, **self.meta)
 
 
 def plan(problem: Problem, fwd: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
