@@ -67,6 +67,18 @@ def computed_pairs(problem, tiling) -> float:
     return steps * math.prod(tiling.q) * math.prod(tiling.kv) * problem.heads * problem.batch
 
 
+def print_fitted_speeds(rows) -> None:
+    """Per tiling, the speed at which the cost model would have predicted each measured ratio
+    (the prediction is at GLUON_FORWARD_SPEED and scales with the speed, but for the programs'
+    fixed steps): the value GLUON_FORWARD_SPEEDS wants for that tiling, its median and range."""
+    for label in TILINGS:
+        fits = sorted(tiles.GLUON_FORWARD_SPEED * t["speedup"] / t["predicted"]
+                      for row in rows for name, t in row["tilings"].items() if name == label)
+        if fits:
+            print(f"# fitted speed, {label}: median {fits[len(fits) // 2]:.2f} (range {fits[0]:.2f}-{fits[-1]:.2f}, "
+                  f"{len(fits)} problems)", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only")
@@ -111,6 +123,7 @@ def main():
                   f"{ratio:.2f} computed / attended pairs, rel error {err:.1e}", flush=True)
         rows.append(row)
     tiles.set_gluon_forward_tiling(*saved)
+    print_fitted_speeds(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)

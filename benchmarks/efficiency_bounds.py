@@ -21,11 +21,16 @@ share.
     python benchmarks/efficiency_bounds.py [--dense-tflops 630] [--bandwidth-tbs 3.0]
     python benchmarks/efficiency_bounds.py --measured runs/2026-11-29_h200_neighborhood_flex_0539.json
     python benchmarks/efficiency_bounds.py --forward-backward
+    python benchmarks/efficiency_bounds.py --gluon
 
 ``--forward-backward`` bounds the forward + backward efficiency of a Triton kernel on the
 backend's default tiles: each kernel's computed pairs (forward, dQ, dK/dV) at the best rate
 Triton reached on dense attention in bench_triton_ceiling.py (TRITON_CEILING), against cuDNN's
 dense forward + backward.
+
+``--gluon`` gives the pairs the Gluon forward computes per attended pair on each of its tilings
+(both consumers on the box's whole walk; the split walk on 128- and 64-key tiles), dilated rows
+on their regrouping (gluon_regroup.py).
 """
 
 from __future__ import annotations
@@ -180,6 +185,33 @@ def measured_rates(path: str) -> None:
               f"| {1 / waste:.2f} | {against} |")
 
 
+def gluon_tilings_table() -> None:
+    """Per problem of 128 channels: the Gluon forward's tiling (query box, key box, cut axis) and
+    its computed / attended pairs, on the whole walk and on the split walk with 128- and 64-key
+    tiles (bench_gluon_split_walk.py's TILINGS, as the cost model picks them)."""
+    from bench_gluon_split_walk import TILINGS, computed_pairs as gluon_pairs
+
+    saved = tiles.gluon_forward_tiling()
+    labels = [label for label in TILINGS if not label.endswith("3")]  # (ring depth: same pairs)
+    print("| problem | " + " | ".join(labels) + " |")
+    print("|---|" + "---|" * len(labels))
+    for name, spatial, window, options, D in PROBLEMS:
+        if D != tiles.GLUON_FORWARD_HEAD_DIM:
+            continue
+        q = torch.empty(BATCH, *spatial, HEADS, D, dtype=torch.bfloat16, device="meta")
+        problem = build_problem(q, q, q, window, **options)
+        cells = []
+        for label in labels:
+            split_walk, sizes, slots = TILINGS[label]
+            tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
+                                           {128: slots, 64: 4}, regroup_dilated=True)
+            tiling = tiles.gluon_forward_boxes(problem)
+            ratio = gluon_pairs(problem, tiling) / (attended_pairs(problem) * HEADS)
+            cells.append(f"{list(tiling.q)} / {list(tiling.kv)} cut {tiling.split}: {ratio:.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    tiles.set_gluon_forward_tiling(*saved)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dense-tflops", type=float, default=630.0, help="dense cuDNN forward rate (H100: 610-680)")
@@ -188,9 +220,14 @@ def main():
                                                            "the pairs it computes, per problem")
     parser.add_argument("--forward-backward", action="store_true",
                         help="the forward + backward bound of a Triton kernel on the default tiles")
+    parser.add_argument("--gluon", action="store_true",
+                        help="pairs the Gluon forward computes per attended pair on each of its tilings")
     args = parser.parse_args()
     if args.forward_backward:
         forward_backward_table()
+        return
+    if args.gluon:
+        gluon_tilings_table()
         return
     if args.measured:
         measured_rates(args.measured)
