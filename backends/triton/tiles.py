@@ -277,7 +277,8 @@ def gluon_forward_problem(problem: Problem) -> bool:
     """Whether the Gluon forward computes this problem (heads of GLUON_FORWARD_HEAD_DIM channels),
     dilated ones as their undilated regrouping (gluon_regroup.py)."""
     regrouping = _gluon_regrouping(problem)
-    return GLUON_FORWARD and regrouping is not None and _gluon_features(regrouping.problem, (GLUON_FORWARD_HEAD_DIM, ))
+    return (GLUON_FORWARD and regrouping is not None
+            and _gluon_features(regrouping.problem, (GLUON_FORWARD_HEAD_DIM, )))
 
 
 def _axis_split_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool) -> Tuple[float, float]:
@@ -297,7 +298,7 @@ def _axis_split_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, ancho
         last0 = min(start + half, group_len) - 1
         _, common_lo0, hi0 = key_range(axis, pattern, last0)
         end0 = min(-(-(hi0 - first) // kv_tile), steps)
-        inside += tiles_inside(first, end0, kv_tile, common_lo0, key_range(axis, pattern, start)[2]) / 2
+        inside += tiles_inside(first, end0, kv_tile, common_lo0, common_hi) / 2
         if start + half < group_len:
             _, lo1, common_hi1 = key_range(axis, pattern, start + half)
             begin1 = (lo1 - first) // kv_tile
