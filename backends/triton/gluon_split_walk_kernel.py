@@ -28,6 +28,8 @@ from .scores import LN2
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
               b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, exclusive0, exclusive1, own0, shared_lo,
               shared, own1_lo, own1, STAGES: gl.constexpr, SPLIT: gl.constexpr):
+    """The producer warp: both query halves, then the stream's K/V tiles (exclusive, then shared;
+    gluon_split_walk.stream_coords) into the ring, each slot once both consumers released it."""
     TK0: gl.constexpr = k_desc.block_type.shape[1]
     TK1: gl.constexpr = k_desc.block_type.shape[2]
     TK2: gl.constexpr = k_desc.block_type.shape[3]
@@ -152,6 +154,8 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
               C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr,
               STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr,
               SPLIT: gl.constexpr):
+    """Consumer warpgroup HALF: its 64 queries over its own exclusive tiles, then the shared ones;
+    the output and LSE of its rows."""
     TQ0: gl.constexpr = o_desc.block_type.shape[1]
     TQ1: gl.constexpr = o_desc.block_type.shape[2]
     TQ2: gl.constexpr = o_desc.block_type.shape[3]
