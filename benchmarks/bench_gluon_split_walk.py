@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_neighborhood import attended_pairs  # noqa: E402
 from bench_wide_forward_tiles import bf16_problem, time_forward  # noqa: E402
 
-from haloattn.backends.triton import fast_launch, tiles  # noqa: E402
-from haloattn.backends.triton.gluon_regroup import regrouped  # noqa: E402
+from haloattn.backends.triton import fast_launch, launch, tiles  # noqa: E402
+from haloattn.backends.triton.gluon_regroup import dilation_groups, regrouped  # noqa: E402
 
 # (name, spatial, window, options, heads, kv_heads, head_dim, batch): the issue's 128-channel
 # undilated rows first, then shapes no issue lists
@@ -113,7 +113,12 @@ def main():
                 continue
             config = dict(triton_config, fwd=dict(triton_config["fwd"], gluon=True))
             ms, err = time_forward(problem, inputs, config, ref)
-            predicted = triton_cost / tiling.cost
+            if all(plan is launch.TRITON_FORWARD for plan in launch._GLUON_PLANS.values()):
+                print(f"  {label}: the Gluon kernel did not run (the Triton forward took the call)", flush=True)
+                continue
+            # per head of the problem, as tiles.gluon_forward_chosen weighs them: forward_cost counts
+            # dilation group 0's walks, the regrouping's cost every group but the heads' ones
+            predicted = triton_cost * dilation_groups(problem) / (tiling.cost * regrouped(problem).heads_factor)
             ratio = computed_pairs(problem, tiling) / attended
             row["tilings"][label] = dict(q=tiling.q, kv=tiling.kv, split=tiling.split, slots=slots, ms=ms, error=err,
                                          speedup=triton_ms / ms, predicted=predicted, pairs_ratio=ratio)
