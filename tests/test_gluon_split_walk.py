@@ -27,11 +27,24 @@ from haloattn.backends.triton import interpreter_compat, tiles  # noqa: E402
 from haloattn.backends.triton.gluon_split_walk import (exclusive_coords, exclusive_tile, split_stream,  # noqa: E402
                                                        stream_coords)
 from haloattn.backends.triton.index_math import key_walk, split3  # noqa: E402
+from haloattn.backends.triton.launch import _pad3  # noqa: E402
 from haloattn.geometry import key_range  # noqa: E402
 from haloattn.problem import build_problem  # noqa: E402
 
 MAX_STREAM = 512
 OWNER_SHARED = 2
+
+
+@triton.jit
+def _store7(row, a, b, c, d, e, f, g):
+    """Seven values into consecutive slots of ``row``."""
+    tl.store(row, a)
+    tl.store(row + 1, b)
+    tl.store(row + 2, c)
+    tl.store(row + 3, d)
+    tl.store(row + 4, e)
+    tl.store(row + 5, f)
+    tl.store(row + 6, g)
 
 
 @triton.jit
@@ -55,14 +68,7 @@ def _stream_kernel(out, walks, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, N
         SPLIT_CAUSAL, WINDOW, SPLIT, SPLIT_WALK)
     across = n0 * n1 * n2 // (n0 if SPLIT == 0 else (n1 if SPLIT == 1 else n2))
     count = exclusive0 + exclusive1 + shared * across
-    w = walks + box * 7
-    tl.store(w, st0)
-    tl.store(w + 1, st1)
-    tl.store(w + 2, st2)
-    tl.store(w + 3, n0)
-    tl.store(w + 4, n1)
-    tl.store(w + 5, n2)
-    tl.store(w + 6, count)
+    _store7(walks + box * 7, st0, st1, st2, n0, n1, n2, count)
     for t in range(count):
         j0, j1, j2 = stream_coords(t, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1, n0, n1, n2,
                                    SPLIT)
@@ -71,18 +77,7 @@ def _stream_kernel(out, walks, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, N
         if t < exclusive0 + exclusive1:
             owner, index = exclusive_tile(t, exclusive0, exclusive1)
             c0, c1, c2 = exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, SPLIT)
-        o = out + (box * MAX + t) * 7
-        tl.store(o, j0)
-        tl.store(o + 1, j1)
-        tl.store(o + 2, j2)
-        tl.store(o + 3, owner)
-        tl.store(o + 4, c0)
-        tl.store(o + 5, c1)
-        tl.store(o + 6, c2)
-
-
-def _pad3(values, fill):
-    return [fill] * (3 - len(values)) + list(values)
+        _store7(out + (box * MAX + t) * 7, j0, j1, j2, owner, c0, c1, c2)
 
 
 def _random_case(rng: random.Random):

@@ -99,11 +99,9 @@ def exclusive_tile(t, tiles0, tiles1):
 
 
 @triton.jit
-def exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, AXIS: tl.constexpr):
-    """Walk coordinates (j0, j1, j2) of the owner's ``index``-th exclusive tile: its own rows on
+def rows_coords(index, rows, first, n0, n1, n2, AXIS: tl.constexpr):
+    """Walk coordinates (j0, j1, j2) of the ``index``-th tile of ``rows`` rows from ``first`` on
     the cut axis ``AXIS`` times the other axes' whole walk, row-major."""
-    rows = tl.where(owner == 0, own0, own1)
-    first = tl.where(owner == 0, 0, own1_lo)
     e0, e1, e2 = with3(n0, n1, n2, AXIS, rows)
     j0, j1, j2 = split3(index, e1, e2)
     a = pick3(j0, j1, j2, AXIS)
@@ -111,13 +109,9 @@ def exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, AXIS: tl.con
 
 
 @triton.jit
-def shared_coords(index, shared_lo, shared, n0, n1, n2, AXIS: tl.constexpr):
-    """Walk coordinates of the ``index``-th shared tile (shared rows on the cut axis times the
-    other axes' walk, row-major)."""
-    e0, e1, e2 = with3(n0, n1, n2, AXIS, shared)
-    j0, j1, j2 = split3(index, e1, e2)
-    a = pick3(j0, j1, j2, AXIS)
-    return with3(j0, j1, j2, AXIS, a + shared_lo)
+def exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, AXIS: tl.constexpr):
+    """Walk coordinates of the owner's ``index``-th exclusive tile (its own rows)."""
+    return rows_coords(index, tl.where(owner == 0, own0, own1), tl.where(owner == 0, 0, own1_lo), n0, n1, n2, AXIS)
 
 
 @triton.jit
@@ -130,7 +124,7 @@ def stream_coords(t, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, o
         owner, index = exclusive_tile(t, exclusive0, exclusive1)
         j0, j1, j2 = exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, AXIS)
     else:
-        j0, j1, j2 = shared_coords(t - exclusive, shared_lo, shared, n0, n1, n2, AXIS)
+        j0, j1, j2 = rows_coords(t - exclusive, shared, shared_lo, n0, n1, n2, AXIS)
     return j0, j1, j2
 
 
