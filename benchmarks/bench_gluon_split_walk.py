@@ -47,10 +47,8 @@ PROBLEMS = [
     ("1-D 8192, causal window 1024, B=2", (8192,), 1024, {"causal": True}, 16, 16, 128, 2),
 ]
 
-# name -> (split walk, key-tile sizes weighed (their speed 1.40 here: one size at a time), ring
-# slots of 128-key tiles)
-TILINGS = {"whole": (False, (128, ), 2), "whole3": (False, (128, ), 3), "split128": (True, (128, ), 2),
-           "split128x3": (True, (128, ), 3), "split64": (True, (64, ), 2)}
+# tiles.GLUON_TILINGS, one at a time (each at speed 1.40 here)
+TILINGS = list(tiles.GLUON_TILINGS)
 
 
 def computed_pairs(problem, tiling) -> float:
@@ -99,14 +97,15 @@ def main():
         fast_launch.clear_plans()
         triton_ms, triton_err = time_forward(problem, inputs, triton_config, ref)
         attended = attended_pairs(problem) * problem.heads
+        chosen = tiles.gluon_forward_boxes(problem) if default["fwd"]["gluon"] else None
+        walk = "" if chosen is None else f", {'split' if chosen.split_walk else 'whole'} walk"
         print(f"# {name}: triton {default['fwd']['q']}x{default['fwd']['kv']} {triton_ms:.3f} ms, "
-              f"rel error {triton_err:.1e} (default forward: {'gluon' if default['fwd']['gluon'] else 'triton'})",
-              flush=True)
+              f"rel error {triton_err:.1e} (default forward: {'gluon' if default['fwd']['gluon'] else 'triton'}"
+              f"{walk})", flush=True)
         row = dict(problem=name, triton_ms=triton_ms, triton_error=triton_err, default_gluon=default["fwd"]["gluon"],
                    tilings={})
-        for label, (split_walk, sizes, slots) in TILINGS.items():
-            tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
-                                           {128: slots, 64: 4}, regroup_dilated=True)
+        for label in TILINGS:
+            tiles.use_gluon_tiling(label)
             fast_launch.clear_plans()
             tiling = tiles.gluon_forward_boxes(problem)
             if tiling is None:
@@ -120,7 +119,7 @@ def main():
             # dilation group 0's walks, the regrouping's cost every group but the heads' ones
             predicted = triton_cost * dilation_groups(problem) / (tiling.cost * regrouped(problem).heads_factor)
             ratio = computed_pairs(problem, tiling) / attended
-            row["tilings"][label] = dict(q=tiling.q, kv=tiling.kv, split=tiling.split, slots=slots, ms=ms, error=err,
+            row["tilings"][label] = dict(q=tiling.q, kv=tiling.kv, split=tiling.split, slots=tiles.GLUON_TILINGS[label][1], ms=ms, error=err,
                                          speedup=triton_ms / ms, predicted=predicted, pairs_ratio=ratio)
             whole = row["tilings"].get("whole", {}).get("ms", ms)
             print(f"  {label} {list(tiling.q)} x {list(tiling.kv)} cut {tiling.split}: {ms:.3f} ms, "

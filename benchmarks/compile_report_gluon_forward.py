@@ -62,19 +62,12 @@ def build(spec):
     return label, build_sm90(plan.kernel, (*plan.descriptors, lse, *plan.scalars), plan.meta)
 
 
-# name -> (split walk, key-tile sizes weighed, ring slots of 128-key tiles)
-TILINGS = {"whole": (False, (128, ), 2), "whole3": (False, (128, ), 3), "split128": (True, (128, ), 2),
-           "split128x3": (True, (128, ), 3), "split64": (True, (64, ), 2)}
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiling", choices=sorted(TILINGS))
+    parser.add_argument("--tiling", choices=sorted(tiles.GLUON_TILINGS))
     args = parser.parse_args()
     if args.tiling:
-        split_walk, sizes, slots = TILINGS[args.tiling]
-        tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
-                                       {128: slots, 64: 4}, regroup_dilated=True)
+        tiles.use_gluon_tiling(args.tiling)
     for spec in PROBLEMS + (DILATED_PROBLEMS if args.tiling else []):
         report(*build(spec))
 

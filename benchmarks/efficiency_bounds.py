@@ -202,9 +202,7 @@ def gluon_tilings_table() -> None:
         problem = build_problem(q, q, q, window, **options)
         cells = []
         for label in labels:
-            split_walk, sizes, slots = TILINGS[label]
-            tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
-                                           {128: slots, 64: 4}, regroup_dilated=True)
+            tiles.use_gluon_tiling(label)
             tiling = tiles.gluon_forward_boxes(problem)
             ratio = gluon_pairs(problem, tiling) / (attended_pairs(problem) * HEADS)
             cells.append(f"{list(tiling.q)} / {list(tiling.kv)} cut {tiling.split}: {ratio:.2f}")

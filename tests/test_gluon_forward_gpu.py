@@ -41,19 +41,11 @@ def gluon_calls(monkeypatch):
     fast_launch.clear_plans()
 
 
-# (split walk, key-tile sizes, slots of 128-key tiles) of the Gluon forward's tilings
-# (gluon_split_walk.py)
-TILINGS = {"whole": (False, (128, ), 2), "split128": (True, (128, ), 2), "split128x3": (True, (128, ), 3),
-           "split64": (True, (64, ), 2)}
-
-
-@pytest.fixture(params=sorted(TILINGS))
+@pytest.fixture(params=["whole", "split128", "split128x3", "split64"])
 def tiling(request):
     """Each tiling of the Gluon forward in turn (its choice of boxes and cut by the cost model)."""
     saved = tiles.gluon_forward_tiling()
-    split_walk, sizes, slots = TILINGS[request.param]
-    tiles.set_gluon_forward_tiling(split_walk, {size: tiles.GLUON_FORWARD_SPEED for size in sizes},
-                                   {128: slots, 64: 4}, regroup_dilated=True)
+    tiles.use_gluon_tiling(request.param)
     fast_launch.clear_plans()
     yield request.param
     tiles.set_gluon_forward_tiling(*saved)

@@ -70,7 +70,7 @@ class GluonForward:
                         problem.scale * LOG2E]
         causal = _pad3([a.causal for a in axes], False)
         self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
-                         STAGES=tiles.GLUON_RING_SLOTS[math.prod(kv_box)], SPLIT=self.split,
+                         STAGES=tiles.GLUON_RING_SLOTS[tiling.split_walk, math.prod(kv_box)], SPLIT=self.split,
                          PRODUCER_REGS=PRODUCER_REGISTERS, CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
         # the split walk's kernel (each consumer computes only its half's key tiles), else the
         # whole walk's

@@ -7,7 +7,7 @@ the previous one), over a stream of the walk in two phases: the halves' exclusiv
 alternating, each computed by its owner at once while the other consumer only waits for it to
 land and releases it; then the shared tiles, pipelined. gluon_forward_kernel.py keeps the whole
 walk (both consumers on every tile), the measured default, until the GPU has timed this one
-(tiles.GLUON_SPLIT_WALK chooses; gluon_forward_launch.py launches either).
+(tiles.gluon_forward_boxes chooses; gluon_forward_launch.py launches either).
 """
 
 from __future__ import annotations

@@ -225,23 +225,36 @@ PACK_MIN_WAVES = 2
 # Only 128-channel 16-bit heads were measured faster: at 64 channels the probe ran 0.86-0.88x the
 # Triton forward.
 #
-# GLUON_SPLIT_WALK: each consumer computes only the key tiles its own half of the box sees
-# (gluon_split_walk.py; the cost counts each half's tile rows on the cut axis, _axis_split_steps),
-# and the box may be cut along any axis. Key tiles of 64 tokens (a ring of 4 slots) cut the
-# walks' rounding finer; they are weighed only where GLUON_FORWARD_SPEEDS holds their speed.
+# The split walk (gluon_split_walk_kernel.py): each consumer computes only the key tiles its own
+# half of the box sees (gluon_split_walk.py; the cost counts each half's tile rows on the cut axis,
+# _axis_split_steps), and the box may be cut along any axis. Its first tiles, those of one half
+# only, run unpipelined, so it computes pairs slower than the whole walk: on the H100 (2026-12-07
+# 06:51 UTC, RESULTS.md "The split walk and dilated problems on the Gluon forward") the fitted
+# speed of 128-key tiles with three ring slots was 1.10-1.46 over 13 problems (median 1.27), that
+# of 64-key tiles 0.97-1.27. 1.22 weighs it where it computes enough fewer pairs: the 3-D issue
+# rows (2.31 -> 1.88 pairs per attended pair, 1.11x the whole walk measured, 1.07x predicted).
+# 64-key tiles are not weighed: no problem ran faster on them than on the better of the others.
+#
+# (split walk, key-tile tokens) -> speed on computed pairs, of the tilings the forward weighs
 GLUON_FORWARD = True
 GLUON_FORWARD_HEAD_DIM = 128
-GLUON_FORWARD_SPEED = 1.40  # of 128-key tiles (also what the programs' steps are weighed at)
-GLUON_FORWARD_SPEEDS = {128: GLUON_FORWARD_SPEED}
-GLUON_SPLIT_WALK = False
-# Dilated problems on the Gluon forward as their undilated regrouping (gluon_regroup.py): off
-# until the GPU has run them.
+GLUON_FORWARD_SPEED = 1.40  # whole walk, 128-key tiles (also what the programs' steps are weighed at)
+GLUON_FORWARD_SPEEDS = {(False, 128): GLUON_FORWARD_SPEED, (True, 128): 1.22}
+# Dilated problems on the Gluon forward as their undilated regrouping (gluon_regroup.py): off, as
+# on the H100 (same run) the dilation-2 issue row ran 0.89x the Triton forward at best (split
+# walk, 64-key tiles; 0.71x on the whole walk).
 GLUON_REGROUP_DILATED = False
 GLUON_PROGRAM_STEPS = 0.8
 GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
-# K/V slots per key-tile size: 128 KiB of tiles at 128 channels. Three 128-key slots build too
-# (229,880 B of the 232,448 an H100 block may take; benchmarks/compile_report_gluon_forward.py).
-GLUON_RING_SLOTS = {128: 2, 64: 4}
+# K/V ring slots per (split walk, key-tile tokens): 128 KiB of tiles at 128 channels, and a third
+# 128-key slot for the split walk (229,880 B of the 232,448 an H100 block may take;
+# benchmarks/compile_report_gluon_forward.py), which lets a consumer's next tile come while the
+# other half's tile between them is computed; the whole walk measured no faster with it.
+GLUON_RING_SLOTS = {(False, 128): 2, (True, 128): 3, (False, 64): 4, (True, 64): 4}
+# One tiling at a time, for the benchmarks and tests that compare them (use_gluon_tiling):
+# name -> ((split walk, key-tile tokens), ring slots)
+GLUON_TILINGS = {"whole": ((False, 128), 2), "whole3": ((False, 128), 3), "split128": ((True, 128), 2),
+                 "split128x3": ((True, 128), 3), "split64": ((True, 64), 4)}
 
 
 class GluonBoxes(NamedTuple):
@@ -329,9 +342,9 @@ def _gluon_cuts(q: Sequence[int], split_walk: bool) -> List[int]:
 
 @lru_cache(maxsize=256)
 def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
-    """The Gluon forward's tiling: the boxes of GLUON_FORWARD_TOKENS queries and of each
-    GLUON_FORWARD_SPEEDS key-tile size, and the cut, of least gluon_forward_cost at that size's
-    speed; its cost adds the programs' GLUON_PROGRAM_STEPS. None where the cheapest boxes hold
+    """The Gluon forward's tiling: of GLUON_FORWARD_SPEEDS' walks and key-tile sizes, the boxes of
+    GLUON_FORWARD_TOKENS queries and of those keys, and the cut, of least gluon_forward_cost at
+    that tiling's speed; its cost adds the programs' GLUON_PROGRAM_STEPS. None where the cheapest boxes hold
     fewer tokens than that (the grid's axes are too short for them). A dilated problem's tiling is
     its regrouping's (gluon_regroup.py; None where it has none)."""
     regrouping = _gluon_regrouping(problem)
@@ -340,29 +353,30 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
     problem = regrouping.problem
     ext = group_extents(problem)
     best = None
-    for keys, speed in GLUON_FORWARD_SPEEDS.items():
+    for (split_walk, keys), speed in GLUON_FORWARD_SPEEDS.items():  # (ties go to the first listed)
         for q in _shapes(problem.rank, GLUON_FORWARD_TOKENS, ext):
             for kv in _shapes(problem.rank, keys, ext):
-                for split in _gluon_cuts(q, GLUON_SPLIT_WALK):
-                    cost = gluon_forward_cost(problem, q, kv, split, GLUON_SPLIT_WALK, speed)
+                for split in _gluon_cuts(q, split_walk):
+                    cost = gluon_forward_cost(problem, q, kv, split, split_walk, speed)
                     if best is None or cost < best.cost:
-                        best = GluonBoxes(cost, q, kv, split, GLUON_SPLIT_WALK)
-    if best is None or math.prod(best.q) != GLUON_FORWARD_TOKENS or math.prod(best.kv) not in GLUON_FORWARD_SPEEDS:
+                        best = GluonBoxes(cost, q, kv, split, split_walk)
+    if (best is None or math.prod(best.q) != GLUON_FORWARD_TOKENS
+            or (best.split_walk, math.prod(best.kv)) not in GLUON_FORWARD_SPEEDS):
         return None
     programs = math.prod(-(-a.length // t) for a, t in zip(problem.axes, best.q))
     overhead = programs * GLUON_PROGRAM_STEPS * GLUON_FORWARD_TOKENS * 128 / GLUON_FORWARD_SPEED
     return best._replace(cost=best.cost + overhead)
 
 
-def set_gluon_forward_tiling(split_walk: bool, speeds: Dict[int, float], slots: Optional[Dict[int, int]] = None,
+def set_gluon_forward_tiling(speeds: Dict[Tuple[bool, int], float], slots: Optional[Dict[Tuple[bool, int], int]] = None,
                              regroup_dilated: Optional[bool] = None) -> None:
-    """Make the Gluon forward take (or not) the split walk, weighing key tiles of ``speeds``' sizes
-    at those speeds, with ``slots`` ring slots per size and GLUON_REGROUP_DILATED where given
-    (benchmarks and tests that compare tilings; callers restore the old values:
-    ``gluon_forward_tiling()`` returns them). The cached tilings and defaults are dropped; launch
-    plans made before keep theirs (fast_launch.clear_plans drops them)."""
-    global GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS, GLUON_RING_SLOTS, GLUON_REGROUP_DILATED
-    GLUON_SPLIT_WALK, GLUON_FORWARD_SPEEDS = split_walk, dict(speeds)
+    """Make the Gluon forward weigh the tilings of ``speeds`` ((split walk, key-tile tokens) ->
+    speed), with ``slots`` ring slots per tiling and GLUON_REGROUP_DILATED where given (benchmarks
+    and tests that compare tilings; callers restore the old values: ``gluon_forward_tiling()``
+    returns them). The cached tilings and defaults are dropped; launch plans made before keep
+    theirs (fast_launch.clear_plans drops them)."""
+    global GLUON_FORWARD_SPEEDS, GLUON_RING_SLOTS, GLUON_REGROUP_DILATED
+    GLUON_FORWARD_SPEEDS = dict(speeds)
     GLUON_RING_SLOTS = dict(slots or GLUON_RING_SLOTS)
     if regroup_dilated is not None:
         GLUON_REGROUP_DILATED = regroup_dilated
@@ -370,9 +384,16 @@ def set_gluon_forward_tiling(split_walk: bool, speeds: Dict[int, float], slots: 
     getattr(default_config, "cache_clear", lambda: None)()  # (tests may have swapped it for a wrapper)
 
 
-def gluon_forward_tiling() -> Tuple[bool, Dict[int, float], Dict[int, int], bool]:
+def use_gluon_tiling(name: str) -> None:
+    """Make the Gluon forward take GLUON_TILINGS[name] only (at GLUON_FORWARD_SPEED, dilated
+    problems regrouped), for benchmarks and tests that compare tilings."""
+    kind, slots = GLUON_TILINGS[name]
+    set_gluon_forward_tiling({kind: GLUON_FORWARD_SPEED}, {**GLUON_RING_SLOTS, kind: slots}, regroup_dilated=True)
+
+
+def gluon_forward_tiling() -> Tuple[Dict[Tuple[bool, int], float], Dict[Tuple[bool, int], int], bool]:
     """The settings ``set_gluon_forward_tiling`` takes, as they are now."""
-    return GLUON_SPLIT_WALK, dict(GLUON_FORWARD_SPEEDS), dict(GLUON_RING_SLOTS), GLUON_REGROUP_DILATED
+    return dict(GLUON_FORWARD_SPEEDS), dict(GLUON_RING_SLOTS), GLUON_REGROUP_DILATED
 
 
 def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
