@@ -24,7 +24,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from haloattn.backends.triton import interpreter_compat, tiles  # noqa: E402
-from haloattn.backends.triton.gluon_split_walk import (exclusive_tile, own_position, split_stream,  # noqa: E402
+from haloattn.backends.triton.gluon_split_walk import (exclusive_coords, exclusive_tile, split_stream,  # noqa: E402
                                                        stream_coords)
 from haloattn.backends.triton.index_math import key_walk, split3  # noqa: E402
 from haloattn.backends.triton.launch import _pad3  # noqa: E402
@@ -36,22 +36,25 @@ OWNER_SHARED = 2
 
 
 @triton.jit
-def _store4(row, a, b, c, d):
-    """Four values into consecutive slots of ``row``."""
+def _store7(row, a, b, c, d, e, f, g):
+    """Seven values into consecutive slots of ``row``."""
     tl.store(row, a)
     tl.store(row + 1, b)
     tl.store(row + 2, c)
     tl.store(row + 3, d)
+    tl.store(row + 4, e)
+    tl.store(row + 5, f)
+    tl.store(row + 6, g)
 
 
 @triton.jit
-def _stream_kernel(out, walks, positions, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, C0: tl.constexpr,
+def _stream_kernel(out, walks, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, C0: tl.constexpr,
                    C1: tl.constexpr, C2: tl.constexpr, WINDOW: tl.constexpr, TQ0: tl.constexpr, TQ1: tl.constexpr,
                    TQ2: tl.constexpr, TK0: tl.constexpr, TK1: tl.constexpr, TK2: tl.constexpr, SPLIT: tl.constexpr,
                    SPLIT_CAUSAL: tl.constexpr, SPLIT_WALK: tl.constexpr, MAX: tl.constexpr):
-    """Per query box (program): its walk (start, steps per axis) and stream length into ``walks``,
-    its stream into ``out`` (per position the producer's (j0, j1, j2) and the owner: 0, 1, or 2
-    for shared), and each consumer's own tiles' positions (own_position) into ``positions``."""
+    """Per query box (program): its walk (start, steps per axis) into ``walks``, and its stream
+    into ``out``: per position the producer's (j0, j1, j2), the owner (0, 1; 2 for shared) and,
+    for exclusive tiles, the owner consumer's own (j0, j1, j2) from its exclusive index."""
     box = tl.program_id(0)
     t0, t1, t2 = split3(box, NT1, NT2)
     xs0, xs1, xs2 = t0 * TQ0, t1 * TQ1, t2 * TQ2
@@ -65,18 +68,16 @@ def _stream_kernel(out, walks, positions, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0
         SPLIT_CAUSAL, WINDOW, SPLIT, SPLIT_WALK)
     across = n0 * n1 * n2 // (n0 if SPLIT == 0 else (n1 if SPLIT == 1 else n2))
     count = exclusive0 + exclusive1 + shared * across
-    _store4(walks + box * 8, st0, st1, st2, n0)
-    _store4(walks + box * 8 + 4, n1, n2, count, 0)
+    _store7(walks + box * 7, st0, st1, st2, n0, n1, n2, count)
     for t in range(count):
         j0, j1, j2 = stream_coords(t, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1, n0, n1, n2,
                                    SPLIT)
         owner = 2
+        c0, c1, c2 = j0, j1, j2
         if t < exclusive0 + exclusive1:
-            owner, _ = exclusive_tile(t, exclusive0, exclusive1)
-        _store4(out + (box * MAX + t) * 4, j0, j1, j2, owner)
-    for half in range(2):
-        for k in range(tl.where(half == 0, exclusive0, exclusive1) + shared * across):
-            tl.store(positions + (box * 2 + half) * MAX + k, own_position(k, half, exclusive0, exclusive1))
+            owner, index = exclusive_tile(t, exclusive0, exclusive1)
+            c0, c1, c2 = exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, SPLIT)
+        _store7(out + (box * MAX + t) * 7, j0, j1, j2, owner, c0, c1, c2)
 
 
 def _random_case(rng: random.Random):
@@ -110,12 +111,11 @@ def _stream(problem, q_box, kv_box, split, split_walk=True):
     cut = split + 3 - rank
     nt = [-(-n // t) for n, t in zip(lengths, tq)]
     programs = math.prod(nt)
-    out = torch.full((programs, MAX_STREAM, 4), -1, dtype=torch.int32)
-    walks = torch.zeros((programs, 8), dtype=torch.int32)
-    positions = torch.full((programs, 2, MAX_STREAM), -1, dtype=torch.int32)
+    out = torch.full((programs, MAX_STREAM, 7), -1, dtype=torch.int32)
+    walks = torch.zeros((programs, 7), dtype=torch.int32)
     causal = _pad3([a.causal for a in axes], False)
     interpreter_compat.kernel(_stream_kernel)[(programs, )](
-        out, walks, positions, *lengths, *_pad3([a.window for a in axes], 1), *_pad3([a.stride for a in axes], 1),
+        out, walks, *lengths, *_pad3([a.window for a in axes], 1), *_pad3([a.stride for a in axes], 1),
         *_pad3([a.shift for a in axes], 0), nt[1], nt[2], C0=causal[0], C1=causal[1], C2=causal[2],
         WINDOW=problem.pattern == "window", TQ0=tq[0], TQ1=tq[1], TQ2=tq[2], TK0=tk[0], TK1=tk[1], TK2=tk[2],
         SPLIT=cut, SPLIT_CAUSAL=causal[cut], SPLIT_WALK=split_walk, MAX=MAX_STREAM)
@@ -124,8 +124,7 @@ def _stream(problem, q_box, kv_box, split, split_walk=True):
         origin = [t * e for t, e in zip(split3_host(box, nt[1], nt[2]), tq)]
         st, n, count = walks[box, :3].tolist(), walks[box, 3:6].tolist(), int(walks[box, 6])
         assert count <= MAX_STREAM
-        own = [[t for t in row if t >= 0] for row in positions[box].tolist()]
-        result.append((origin, st, n, out[box, :count].tolist(), own))
+        result.append((origin, st, n, out[box, :count].tolist()))
     return result, tq, tk, cut, lengths
 
 
@@ -153,17 +152,20 @@ def _half_key_union(problem, origin, tq, cut, half, lengths):
     return spans
 
 
-def _check_box(problem, origin, st, n, rows, own, tq, tk, cut, lengths):
+def _check_box(problem, origin, st, n, rows, tq, tk, cut, lengths):
     streamed = [tuple(r[:3]) for r in rows]
     assert len(set(streamed)) == len(streamed), "a tile streamed twice"
     for j in streamed:
         assert all(0 <= j[a] < n[a] for a in range(3)), (j, n)
-    # each consumer computes the tiles at its own positions: its exclusive ones and the shared ones
     computed = {0: set(), 1: set()}
-    for half in (0, 1):
-        assert own[half] == [t for t, r in enumerate(rows) if r[3] in (half, OWNER_SHARED)], \
-            "a consumer's own positions and the stream disagree"
-        computed[half] = {tuple(rows[t][:3]) for t in own[half]}
+    for r in rows:
+        j, owner, own = tuple(r[:3]), r[3], tuple(r[4:7])
+        if owner == OWNER_SHARED:
+            computed[0].add(j)
+            computed[1].add(j)
+        else:
+            assert own == j, "the owner's own count and the producer disagree on a tile"
+            computed[owner].add(j)
     for half in (0, 1):
         spans = _half_key_union(problem, origin, tq, cut, half, lengths)
         if spans is None:
@@ -185,14 +187,14 @@ def _check_box(problem, origin, st, n, rows, own, tq, tk, cut, lengths):
 def test_every_needed_tile_is_computed_by_its_half_once(seed):
     problem, q_box, kv_box, split = _random_case(random.Random(900 + seed))
     boxes, tq, tk, cut, lengths = _stream(problem, q_box, kv_box, split)
-    for origin, st, n, rows, own in boxes:
-        _check_box(problem, origin, st, n, rows, own, tq, tk, cut, lengths)
+    for origin, st, n, rows in boxes:
+        _check_box(problem, origin, st, n, rows, tq, tk, cut, lengths)
 
 
 def test_without_the_split_the_stream_is_the_whole_walk_in_order():
     problem, q_box, kv_box, split = _random_case(random.Random(77))
     boxes, *_ = _stream(problem, q_box, kv_box, split, split_walk=False)
-    for _, _, n, rows, _ in boxes:
+    for _, _, n, rows in boxes:
         assert [tuple(r[:3]) for r in rows] == list(itertools.product(*[range(k) for k in n]))
         assert {r[3] for r in rows} == {OWNER_SHARED}
 
@@ -208,7 +210,7 @@ def test_the_cost_model_counts_the_kernels_rows(seed):
             break
     boxes, *_ = _stream(problem, q_box, kv_box, split)
     kernel = 0.0
-    for _, _, _, rows, _ in boxes:
+    for _, _, _, rows in boxes:
         kernel += sum(2 if r[3] == OWNER_SHARED else 1 for r in rows) / 2
     host, _ = tiles._axis_split_steps(problem.axes[0], problem.pattern, q_box[0], kv_box[0], tiles.ANCHOR_TILES)
     assert kernel == pytest.approx(host)
@@ -219,14 +221,13 @@ def test_a_wrong_half_range_is_caught():
     problem, q_box, kv_box, split = _random_case(random.Random(901))
     boxes, tq, tk, cut, lengths = _stream(problem, q_box, kv_box, split)
     failures = 0
-    for origin, st, n, rows, _ in boxes:
+    for origin, st, n, rows in boxes:
         shared = [r for r in rows if r[3] == OWNER_SHARED]
         if not shared:
             continue
         broken = [r for r in rows if r is not shared[-1]]
-        own = [[t for t, r in enumerate(broken) if r[3] in (half, OWNER_SHARED)] for half in (0, 1)]
         try:
-            _check_box(problem, origin, st, n, broken, own, tq, tk, cut, lengths)
+            _check_box(problem, origin, st, n, broken, tq, tk, cut, lengths)
         except AssertionError:
             failures += 1
     assert failures > 0

@@ -11,12 +11,10 @@ So the producer streams the walk in two phases, and both consumers follow the sa
 * the exclusive tiles first: each half's own tile rows (every tile of the other axes' walk in
   them), the halves' tiles alternating one by one while both have some, so both warpgroups work
   from the first tile on (each on its own tile: their products and softmaxes interleave on the
-  tensor cores as FlashAttention-3's ping-pong schedule does);
-* then the shared tile rows (both halves see some key of them).
-
-Each consumer runs one software-pipelined loop over its own tiles (``own_position``: the owner's
-exclusive tiles, then the shared ones); the other half's tiles between two of them it waits for
-and releases unread, so it passes every barrier phase in order (gluon_split_walk_kernel.py).
+  tensor cores as FlashAttention-3's ping-pong schedule does). The owner computes a tile at once,
+  without the software pipeline; the other consumer waits for the tile to land and releases it,
+  so every consumer passes every barrier phase in order and never holds a slot while it waits;
+* then the shared tile rows (both halves see some key of them), in the pipelined loop.
 
 Tile rows that neither half sees (a gap between the halves' windows, as Swin windows can leave)
 are not streamed. Without the split, the whole walk is shared and the stream is the walk itself.
@@ -111,25 +109,20 @@ def rows_coords(index, rows, first, n0, n1, n2, AXIS: tl.constexpr):
 
 
 @triton.jit
-def own_position(k, half, tiles0, tiles1):
-    """Stream position of consumer ``half``'s ``k``-th tile: its exclusive tiles where
-    ``exclusive_tile`` puts them, then the shared tiles, after both halves' exclusive ones."""
-    mine = tl.where(half == 0, tiles0, tiles1)
-    both = tl.minimum(tiles0, tiles1)
-    exclusive = tl.where(k < both, 2 * k + half, both + k)
-    return tl.where(k < mine, exclusive, tiles0 + tiles1 + k - mine)
+def exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, AXIS: tl.constexpr):
+    """Walk coordinates of the owner's ``index``-th exclusive tile (its own rows)."""
+    return rows_coords(index, tl.where(owner == 0, own0, own1), tl.where(owner == 0, 0, own1_lo), n0, n1, n2, AXIS)
 
 
 @triton.jit
 def stream_coords(t, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1, n0, n1, n2,
                   AXIS: tl.constexpr):
     """Walk coordinates of stream position ``t``: the exclusive phase's ``exclusive0 +
-    exclusive1`` tiles (each half's own rows), then the shared ones."""
+    exclusive1`` tiles, then the shared ones."""
     exclusive = exclusive0 + exclusive1
     if t < exclusive:
         owner, index = exclusive_tile(t, exclusive0, exclusive1)
-        j0, j1, j2 = rows_coords(index, tl.where(owner == 0, own0, own1), tl.where(owner == 0, 0, own1_lo), n0, n1,
-                                 n2, AXIS)
+        j0, j1, j2 = exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, AXIS)
     else:
         j0, j1, j2 = rows_coords(t - exclusive, shared, shared_lo, n0, n1, n2, AXIS)
     return j0, j1, j2

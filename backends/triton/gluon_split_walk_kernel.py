@@ -4,12 +4,10 @@ only the key tiles its own half of the query box sees.
 The structure is gluon_forward_kernel.py's (a producer warp feeding a ring of K/V slots by TMA,
 two consumer warpgroups of 64 queries, the softmax of one tile under the tensor cores' work on
 the previous one), over a stream of the walk in two phases: the halves' exclusive tiles first,
-alternating, then the shared tiles. Each consumer pipelines its own exclusive tiles, passing the
-other half's tile between two of them unread, and carries the pending product into the shared
-tiles' loop (the whole walk's, unchanged), finishing it first where the other half's leftover
-exclusive tiles would need its slot. gluon_forward_kernel.py keeps the whole walk (both
-consumers on every tile), faster where the split computes no fewer pairs
-(tiles.gluon_forward_boxes weighs both; gluon_forward_launch.py launches either).
+alternating, each computed by its owner at once while the other consumer only waits for it to
+land and releases it; then the shared tiles, pipelined. gluon_forward_kernel.py keeps the whole
+walk (both consumers on every tile), the measured default, until the GPU has timed this one
+(tiles.gluon_forward_boxes chooses; gluon_forward_launch.py launches either).
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .gluon_forward_kernel import _half_origin, _masked, _softmax_step
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
-from .gluon_split_walk import own_position, pick3, rows_coords, split_stream, stream_coords, with3
+from .gluon_split_walk import exclusive_coords, exclusive_tile, pick3, split_stream, stream_coords, with3
 from .index_math import key_range, key_walk, next3, split3
 from .scores import LN2
 
@@ -57,156 +55,96 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, 
 
 
 @gluon.jit
-def _pass_tiles(k_ready, k_empty, v_ready, v_empty, lo, hi, STAGES: gl.constexpr):
-    """The other half's exclusive tiles at stream positions [lo, hi): waited for and released
-    unread, so this consumer passes every phase of every slot's barriers in order (a parity
-    wait cannot tell a phase from the one a whole turn later) and the producer refills no slot
-    it has not passed."""
-    for t in range(lo, hi):
+def _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, rlo0, rhi0, rlo1, rhi1,
+                     rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2, n0, n1, n2, exclusive0, exclusive1,
+                     own0, own1_lo, own1, qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr,
+                     TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr, SPLIT: gl.constexpr,
+                     s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
+    """The split walk's first phase (gluon_split_walk.py): this consumer computes its own tiles
+    at once, without the software pipeline, and releases the other half's as they land."""
+    BN: gl.constexpr = TK0 * TK1 * TK2
+    BM: gl.constexpr = q.shape[0]
+    D: gl.constexpr = q.shape[1]
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    for t in range(exclusive0 + exclusive1):
+        owner, index = exclusive_tile(t, exclusive0, exclusive1)
         slot = t % STAGES
         phase = (t // STAGES) & 1
         mbarrier.wait(k_ready.index(slot), phase)
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        mbarrier.wait(v_ready.index(slot), phase)
+        if owner == HALF:
+            j0, j1, j2 = exclusive_coords(owner, index, own0, own1_lo, own1, n0, n1, n2, SPLIT)
+            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
+                        lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+            p16 = gl.convert_layout(p.to(q.dtype), p_layout)
+            mbarrier.wait(v_ready.index(slot), phase)
+            acc = warpgroup_mma(p16, v_bufs.index(slot).reshape([BN, D]), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
+        else:
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            mbarrier.wait(v_ready.index(slot), phase)
         mbarrier.arrive(v_empty.index(slot), count=1)
+    return acc, m_i, l_i
 
 
 @gluon.jit
-def _scores(q, k_bufs, k_ready, k_empty, acc, m_i, l_i, t, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
-            lo2, hi2, ys0, ys1, ys2, qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr,
-            TK1: gl.constexpr, TK2: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-            o_rows: gl.constexpr):
-    """Stream position ``t``'s scores and softmax step with no product in flight (the first tile,
-    or one after a flush): (P as the next product's operand, acc rescaled, maxima, sums)."""
-    BN: gl.constexpr = TK0 * TK1 * TK2
-    BM: gl.constexpr = q.shape[0]
-    D: gl.constexpr = q.shape[1]
-    slot = t % STAGES
-    mbarrier.wait(k_ready.index(slot), (t // STAGES) & 1)
-    s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)),
-                      gl.zeros([BM, BN], gl.float32, layout=s_layout), use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s, ))
-    mbarrier.arrive(k_empty.index(slot), count=1)
-    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
-                RANK, s_layout)
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-    return gl.convert_layout(p.to(q.dtype), p_layout), acc, m_i, l_i
-
-
-@gluon.jit
-def _values(p16, v_bufs, v_ready, v_empty, acc, t, STAGES: gl.constexpr):
-    """O += P V of stream position ``t``, waited for, and its V slot released."""
-    BN: gl.constexpr = p16.shape[1]
-    D: gl.constexpr = acc.shape[1]
-    slot = t % STAGES
-    mbarrier.wait(v_ready.index(slot), (t // STAGES) & 1)
-    acc = warpgroup_mma(p16, v_bufs.index(slot).reshape([BN, D]), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
-    mbarrier.arrive(v_empty.index(slot), count=1)
-    return acc
-
-
-@gluon.jit
-def _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i, l_i, t, prev, rlo0, rhi0,
-                    rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, ys0, ys1, ys2, qk_scale,
-                    RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
-                    TK2: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
-    """One step of the software pipeline: stream position ``t``'s S issued, then position
-    ``prev``'s O += P V (``p16``), and ``t``'s softmax while the latter is on the tensor cores;
-    ``prev``'s V slot released once its product is done. Returns (P of ``t``, acc, maxima, sums)."""
-    BN: gl.constexpr = TK0 * TK1 * TK2
-    BM: gl.constexpr = q.shape[0]
-    D: gl.constexpr = q.shape[1]
-    slot = t % STAGES
-    held = prev % STAGES
-    mbarrier.wait(k_ready.index(slot), (t // STAGES) & 1)
-    s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)),
-                      gl.zeros([BM, BN], gl.float32, layout=s_layout), use_acc=False, is_async=True)
-    mbarrier.wait(v_ready.index(held), (prev // STAGES) & 1)
-    acc = warpgroup_mma(p16, v_bufs.index(held).reshape([BN, D]), acc, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s, ))
-    mbarrier.arrive(k_empty.index(slot), count=1)
-    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
-                RANK, s_layout)
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-    acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-    mbarrier.arrive(v_empty.index(held), count=1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-    return gl.convert_layout(p.to(q.dtype), p_layout), acc, m_i, l_i
-
-
-@gluon.jit
-def _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i, l_i, rlo0, rhi0, rlo1,
-                     rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2, n0, n1, n2, exclusive0,
-                     exclusive1, own0, own1_lo, own1, qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr,
-                     TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr,
-                     SPLIT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
-    """The split walk's first phase (gluon_split_walk.py): this consumer's own exclusive tiles
-    (own_position), software-pipelined, passing the other half's tile between two of them (the
-    halves alternate, so at most one lies between: fewer than the ring's slots, and the held V
-    slot never blocks it). Returns (acc, P, maxima, sums, the stream position whose O += P V is
-    still to run: -1 where none)."""
-    mine = exclusive0 if HALF == 0 else exclusive1
-    rows = own0 if HALF == 0 else own1
-    first_row = 0 if HALF == 0 else own1_lo
-    prev = -1
-    if mine > 0:
-        prev = own_position(0, HALF, exclusive0, exclusive1)
-        _pass_tiles(k_ready, k_empty, v_ready, v_empty, 0, prev, STAGES)
-        j0, j1, j2 = rows_coords(0, rows, first_row, n0, n1, n2, SPLIT)
-        p16, acc, m_i, l_i = _scores(q, k_bufs, k_ready, k_empty, acc, m_i, l_i, prev, rlo0, rhi0, rlo1, rhi1, rlo2,
-                                     rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0 + j0 * TK0, st1 + j1 * TK1,
-                                     st2 + j2 * TK2, qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
-        for k in range(1, mine):
-            t = own_position(k, HALF, exclusive0, exclusive1)
-            _pass_tiles(k_ready, k_empty, v_ready, v_empty, prev + 1, t, STAGES)
-            j0, j1, j2 = rows_coords(k, rows, first_row, n0, n1, n2, SPLIT)
-            p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16,
-                                                 m_i, l_i, t, prev, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0,
-                                                 lo1, hi1, lo2, hi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
-                                                 qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
-            prev = t
-    return acc, p16, m_i, l_i, prev
-
-
-@gluon.jit
-def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i, l_i, pending, rlo0, rhi0,
-                  rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2, n0, n1, n2, first, shared_lo,
-                  shared, qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
+def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, rlo0, rhi0, rlo1, rhi1,
+                  rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2, n0, n1, n2, first, shared_lo, shared,
+                  qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
                   TK2: gl.constexpr, SPLIT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                   o_rows: gl.constexpr):
-    """The tiles both halves compute (stream positions from ``first``; at least one), pipelined,
-    after the first phase left position ``pending``'s O += P V to run (-1: none). Where more than
-    STAGES positions lie between (the other half's last exclusive tiles) that product is finished
-    first: the producer needs its V slot back before the first shared tile can come."""
+    """The tiles both halves compute (stream positions from ``first``; at least one), pipelined:
+    the first tile's scores and softmax before the loop; each step then issues tile i's S, tile
+    i-1's O += P V, and runs tile i's softmax while the latter is on the tensor cores."""
+    BN: gl.constexpr = TK0 * TK1 * TK2
+    BM: gl.constexpr = q.shape[0]
+    D: gl.constexpr = q.shape[1]
+    s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    # the shared rows' box of the walk (the cut axis' shared rows times the other axes' steps),
+    # walked row-major by a cursor from its origin
     e0, e1, e2 = with3(n0, n1, n2, SPLIT, shared)
     o0, o1, o2 = with3(st0, st1, st2, SPLIT, pick3(st0, st1, st2, SPLIT) + shared_lo * pick3(TK0, TK1, TK2, SPLIT))
     count = e0 * e1 * e2
-    passed = pending + 1
-    if pending >= 0 and first - pending > STAGES:
-        acc = _values(p16, v_bufs, v_ready, v_empty, acc, pending, STAGES)
-        pending = -1
-    _pass_tiles(k_ready, k_empty, v_ready, v_empty, passed, first, STAGES)
-    if pending < 0:
-        p16, acc, m_i, l_i = _scores(q, k_bufs, k_ready, k_empty, acc, m_i, l_i, first, rlo0, rhi0, rlo1, rhi1,
-                                     rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, o0, o1, o2, qk_scale, RANK, STAGES,
-                                     TK0, TK1, TK2, s_layout, p_layout, o_rows)
-    else:
-        p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i,
-                                             l_i, first, pending, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1,
-                                             hi1, lo2, hi2, o0, o1, o2, qk_scale, RANK, STAGES, TK0, TK1, TK2,
-                                             s_layout, p_layout, o_rows)
-    # the shared rows' box of the walk (the cut axis' shared rows times the other axes' steps),
-    # walked row-major by a cursor from its origin
+    slot = first % STAGES
+    mbarrier.wait(k_ready.index(slot), (first // STAGES) & 1)
+    s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, o0, o1, o2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
+                RANK, s_layout)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+    p16 = gl.convert_layout(p.to(q.dtype), p_layout)
     j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), e1, e2)
     for i in range(first + 1, first + count):
-        p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i,
-                                             l_i, i, i - 1, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
-                                             lo2, hi2, o0 + j0 * TK0, o1 + j1 * TK1, o2 + j2 * TK2, qk_scale, RANK,
-                                             STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
+        slot = i % STAGES
+        prev = (i - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
+        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, o0 + j0 * TK0, o1 + j1 * TK1, o2 + j2 * TK2,
+                    lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+        p16 = gl.convert_layout(p.to(q.dtype), p_layout)
         j0, j1, j2 = next3(j0, j1, j2, e1, e2)
-    return _values(p16, v_bufs, v_ready, v_empty, acc, first + count - 1, STAGES), m_i, l_i
+    last = (first + count - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((first + count - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p16, v_bufs.index(last).reshape([BN, D]), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
+    mbarrier.arrive(v_empty.index(last), count=1)
+    return acc, m_i, l_i
 
 
 @gluon.jit
@@ -249,23 +187,15 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
     acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
     mbarrier.wait(q_ready.index(HALF), 0)
 
-    p16 = gl.zeros([BM, BN], dtype, layout=p_layout)  # (no product pending yet)
-    acc, p16, m_i, l_i, pending = _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16,
-                                                   m_i, l_i, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
-                                                   lo2, hi2, st0, st1, st2, n0, n1, n2, exclusive0, exclusive1, own0,
-                                                   own1_lo, own1, qk_scale, RANK, STAGES, TK0, TK1, TK2, HALF, SPLIT,
-                                                   s_layout, p_layout, o_rows)
+    acc, m_i, l_i = _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
+                                     rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2,
+                                     n0, n1, n2, exclusive0, exclusive1, own0, own1_lo, own1, qk_scale, RANK, STAGES,
+                                     TK0, TK1, TK2, HALF, SPLIT, s_layout, p_layout, o_rows)
     if shared > 0:
-        acc, m_i, l_i = _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i, l_i,
-                                      pending, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0,
-                                      st1, st2, n0, n1, n2, exclusive0 + exclusive1, shared_lo, shared, qk_scale,
-                                      RANK, STAGES, TK0, TK1, TK2, SPLIT, s_layout, p_layout, o_rows)
-    else:
-        if pending >= 0:
-            acc = _values(p16, v_bufs, v_ready, v_empty, acc, pending, STAGES)
-        # the other half's tiles after this half's last one: the producer refills their slots
-        # only once both consumers have released them
-        _pass_tiles(k_ready, k_empty, v_ready, v_empty, pending + 1, exclusive0 + exclusive1, STAGES)
+        acc, m_i, l_i = _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
+                                      rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2,
+                                      n0, n1, n2, exclusive0 + exclusive1, shared_lo, shared, qk_scale, RANK, STAGES,
+                                      TK0, TK1, TK2, SPLIT, s_layout, p_layout, o_rows)
 
     # rows that saw no key (a half past the grid's end; never NaN) get zeros and an LSE of -inf,
     # as forward_kernel.store_rows writes them
