@@ -6,8 +6,10 @@ two consumer warpgroups of 64 queries, the softmax of one tile under the tensor 
 the previous one), over a stream of the walk in two phases: the halves' exclusive tiles first,
 alternating, each computed by its owner at once while the other consumer only waits for it to
 land and releases it; then the shared tiles, pipelined. gluon_forward_kernel.py keeps the whole
-walk (both consumers on every tile), the measured default, until the GPU has timed this one
-(tiles.gluon_forward_boxes chooses; gluon_forward_launch.py launches either).
+walk (both consumers on every tile), faster where the split computes no fewer pairs
+(tiles.gluon_forward_boxes weighs both; gluon_forward_launch.py launches either). Pipelining the
+exclusive tiles too was measured on the H100 and gained nothing (RESULTS.md, "The split walk and
+dilated problems on the Gluon forward"): they are too few per walk.
 """
 
 from __future__ import annotations
