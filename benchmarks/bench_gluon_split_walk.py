@@ -119,8 +119,8 @@ def main():
             # dilation group 0's walks, the regrouping's cost every group but the heads' ones
             predicted = triton_cost * dilation_groups(problem) / (tiling.cost * regrouped(problem).heads_factor)
             ratio = computed_pairs(problem, tiling) / attended
-            row["tilings"][label] = dict(q=tiling.q, kv=tiling.kv, split=tiling.split, slots=tiles.GLUON_TILINGS[label][1], ms=ms, error=err,
-                                         speedup=triton_ms / ms, predicted=predicted, pairs_ratio=ratio)
+            row["tilings"][label] = dict(q=tiling.q, kv=tiling.kv, split=tiling.split, slots=tiles.GLUON_TILINGS[label][1],
+                                         ms=ms, error=err, speedup=triton_ms / ms, predicted=predicted, pairs_ratio=ratio)
             whole = row["tilings"].get("whole", {}).get("ms", ms)
             print(f"  {label} {list(tiling.q)} x {list(tiling.kv)} cut {tiling.split}: {ms:.3f} ms, "
                   f"{triton_ms / ms:.2f}x triton (predicted {predicted:.2f}x at 1.40), {whole / ms:.2f}x whole, "

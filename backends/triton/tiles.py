@@ -344,9 +344,9 @@ def _gluon_cuts(q: Sequence[int], split_walk: bool) -> List[int]:
 def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
     """The Gluon forward's tiling: of GLUON_FORWARD_SPEEDS' walks and key-tile sizes, the boxes of
     GLUON_FORWARD_TOKENS queries and of those keys, and the cut, of least gluon_forward_cost at
-    that tiling's speed; its cost adds the programs' GLUON_PROGRAM_STEPS. None where the cheapest boxes hold
-    fewer tokens than that (the grid's axes are too short for them). A dilated problem's tiling is
-    its regrouping's (gluon_regroup.py; None where it has none)."""
+    that tiling's speed; its cost adds the programs' GLUON_PROGRAM_STEPS. None where the cheapest
+    boxes hold fewer tokens than that (the grid's axes are too short for them). A dilated
+    problem's tiling is its regrouping's (gluon_regroup.py; None where it has none)."""
     regrouping = _gluon_regrouping(problem)
     if regrouping is None:
         return None
