@@ -108,6 +108,45 @@ def _softmax_step(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
+def _rows_and_keys(xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0: gl.constexpr,
+                   C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, TQ0: gl.constexpr, TQ1: gl.constexpr,
+                   TQ2: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
+                   s_rows: gl.constexpr):
+    """A consumer's query rows from its first coordinates ``xs``: (x0, x1, x2), each row's keys per
+    axis (rlo, rhi: the masks of the partial tiles compare against them), and per axis the keys
+    every row sees (lo, hi: the tiles inside them skip the mask)."""
+    _, _, lo0, hi0 = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
+    _, _, lo1, hi1 = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
+    _, _, lo2, hi2 = key_walk(xs2, L2, K2, S2, F2, C2, WINDOW, TQ2, TK2, True)
+    m0, m1, m2 = split3(gl.arange(0, TQ0 * TQ1 * TQ2, layout=s_rows), TQ1, TQ2)
+    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
+    rlo0, rhi0 = key_range(x0, L0, K0, S0, F0, C0, WINDOW)
+    rlo1, rhi1 = key_range(x1, L1, K1, S1, F1, C1, WINDOW)
+    rlo2, rhi2 = key_range(x2, L2, K2, S2, F2, C2, WINDOW)
+    return x0, x1, x2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2
+
+
+@gluon.jit
+def _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, xs1, xs2, b, h, q_col, slb, sl0, sl1,
+                sl2, slh, o_rows: gl.constexpr):
+    """A consumer's LSE (natural log, as forward_kernel.store_rows writes it) and normalised
+    output, the latter through its query slot, free once every product has completed (the copy
+    engine drops the box's rows outside the grid). Rows that saw no key (never NaN) get zeros and
+    an LSE of -inf."""
+    BM: gl.constexpr = o_desc.block_type.shape[1] * o_desc.block_type.shape[2] * o_desc.block_type.shape[3]
+    D: gl.constexpr = o_desc.block_type.shape[4]
+    empty = l_i == 0.0
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
+    inside = (x0 < L0) & (x1 < L1) & (x2 < L2)
+    gl.store(LSE + b * slb + x0 * sl0 + x1 * sl1 + x2 * sl2 + h * slh, lse, mask=inside)
+    out = acc / gl.expand_dims(gl.convert_layout(gl.where(empty, 1.0, l_i), o_rows), 1)
+    q_box.reshape([BM, D]).store(out.to(o_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, xs0, xs1, xs2, q_col], q_box)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
               slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2, st0, st1, st2,
               n0, n1, n2, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
@@ -127,18 +166,11 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
     dtype: gl.constexpr = o_desc.dtype
 
     xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
-    # the keys every query of this consumer sees (its tiles inside them skip the mask)
-    _, _, lo0, hi0 = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
-    _, _, lo1, hi1 = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
-    _, _, lo2, hi2 = key_walk(xs2, L2, K2, S2, F2, C2, WINDOW, TQ2, TK2, True)
+    x0, x1, x2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2 = _rows_and_keys(
+        xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0, C1, C2, WINDOW, TQ0, TQ1, TQ2, TK0, TK1,
+        TK2, s_rows)
     q_box = q_smem.index(HALF)
     q = q_box.reshape([BM, D])
-    m0, m1, m2 = split3(gl.arange(0, BM, layout=s_rows), TQ1, TQ2)
-    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
-    # each row's keys per axis, once: the masks of the partial tiles compare against them
-    rlo0, rhi0 = key_range(x0, L0, K0, S0, F0, C0, WINDOW)
-    rlo1, rhi1 = key_range(x1, L1, K1, S1, F1, C1, WINDOW)
-    rlo2, rhi2 = key_range(x2, L2, K2, S2, F2, C2, WINDOW)
     m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([BM], gl.float32, layout=s_rows)
     acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
@@ -181,19 +213,8 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
     acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
     mbarrier.arrive(v_empty.index(last), count=1)
 
-    # rows that saw no key (none in the patterns this kernel takes, but never NaN) get zeros and
-    # an LSE of -inf, as forward_kernel.store_rows writes them
-    empty = l_i == 0.0
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-    inside = (x0 < L0) & (x1 < L1) & (x2 < L2)
-    gl.store(LSE + b * slb + x0 * sl0 + x1 * sl1 + x2 * sl2 + h * slh, lse, mask=inside)
-    out = acc / gl.expand_dims(gl.convert_layout(gl.where(empty, 1.0, l_i), o_rows), 1)
-    # Q's slot is free once every product has completed: the output goes out through it (the
-    # copy engine drops the box's rows outside the grid)
-    q.store(out.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, xs0, xs1, xs2, q_col], q_box)
-    tma.store_wait(0)
+    _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, xs1, xs2, b, h, q_col, slb, sl0, sl1,
+                sl2, slh, o_rows)
 
 
 @gluon.jit

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_forward_kernel import _half_origin, _masked, _softmax_step
+from .gluon_forward_kernel import _half_origin, _masked, _rows_and_keys, _softmax_step, _store_rows
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 from .gluon_split_walk import exclusive_coords, exclusive_tile, pick3, split_stream, stream_coords, with3
-from .index_math import key_range, key_walk, next3, split3
-from .scores import LN2
+from .index_math import key_walk, next3, split3
 
 
 @gluon.jit
@@ -169,21 +167,13 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
     p_layout: gl.constexpr = probabilities_layout(o_layout)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    dtype: gl.constexpr = o_desc.dtype
 
     xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
-    # the keys every query of this consumer sees (its tiles inside them skip the mask)
-    _, _, lo0, hi0 = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
-    _, _, lo1, hi1 = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
-    _, _, lo2, hi2 = key_walk(xs2, L2, K2, S2, F2, C2, WINDOW, TQ2, TK2, True)
+    x0, x1, x2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2 = _rows_and_keys(
+        xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0, C1, C2, WINDOW, TQ0, TQ1, TQ2, TK0, TK1,
+        TK2, s_rows)
     q_box = q_smem.index(HALF)
     q = q_box.reshape([BM, D])
-    m0, m1, m2 = split3(gl.arange(0, BM, layout=s_rows), TQ1, TQ2)
-    x0, x1, x2 = xs0 + m0, xs1 + m1, xs2 + m2
-    # each row's keys per axis, once: the masks of the partial tiles compare against them
-    rlo0, rhi0 = key_range(x0, L0, K0, S0, F0, C0, WINDOW)
-    rlo1, rhi1 = key_range(x1, L1, K1, S1, F1, C1, WINDOW)
-    rlo2, rhi2 = key_range(x2, L2, K2, S2, F2, C2, WINDOW)
     m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
     l_i = gl.zeros([BM], gl.float32, layout=s_rows)
     acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
@@ -199,19 +189,9 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
                                       n0, n1, n2, exclusive0 + exclusive1, shared_lo, shared, qk_scale, RANK, STAGES,
                                       TK0, TK1, TK2, SPLIT, s_layout, p_layout, o_rows)
 
-    # rows that saw no key (a half past the grid's end; never NaN) get zeros and an LSE of -inf,
-    # as forward_kernel.store_rows writes them
-    empty = l_i == 0.0
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * LN2)
-    inside = (x0 < L0) & (x1 < L1) & (x2 < L2)
-    gl.store(LSE + b * slb + x0 * sl0 + x1 * sl1 + x2 * sl2 + h * slh, lse, mask=inside)
-    out = acc / gl.expand_dims(gl.convert_layout(gl.where(empty, 1.0, l_i), o_rows), 1)
-    # Q's slot is free once every product has completed: the output goes out through it (the
-    # copy engine drops the box's rows outside the grid)
-    q.store(out.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, xs0, xs1, xs2, q_col], q_box)
-    tma.store_wait(0)
+    # (a half past the grid's end sees no key: zeros and an LSE of -inf)
+    _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, xs1, xs2, b, h, q_col, slb, sl0, sl1,
+                sl2, slh, o_rows)
 
 
 @gluon.jit
