@@ -108,6 +108,46 @@ def _softmax_step(s, m_i, l_i, qk_scale):
 
 
 @gluon.jit
+def _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i, l_i, i, s_zero, rlo0, rhi0,
+                    rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, ys0, ys1, ys2, qk_scale,
+                    RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
+                    TK2: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
+    """Step ``i`` of the ring (the key tile at ``ys``): its S issued, then tile i-1's O += P V
+    (``p16``), and tile i's softmax while the latter is on the tensor cores; each slot released as
+    soon as its product is done. Returns (P of tile i, acc, maxima, sums)."""
+    BN: gl.constexpr = TK0 * TK1 * TK2
+    D: gl.constexpr = q.shape[1]
+    slot = i % STAGES
+    prev = (i - 1) % STAGES
+    mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
+    s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s, ))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
+                RANK, s_layout)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+    acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+    mbarrier.arrive(v_empty.index(prev), count=1)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+    return gl.convert_layout(p.to(q.dtype), p_layout), acc, m_i, l_i
+
+
+@gluon.jit
+def _last_product(p16, v_bufs, v_ready, v_empty, acc, i, STAGES: gl.constexpr):
+    """O += P V of step ``i``, the walk's last, waited for; its V slot released."""
+    BN: gl.constexpr = p16.shape[1]
+    D: gl.constexpr = acc.shape[1]
+    last = i % STAGES
+    mbarrier.wait(v_ready.index(last), (i // STAGES) & 1)
+    acc = warpgroup_mma(p16, v_bufs.index(last).reshape([BN, D]), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
+    mbarrier.arrive(v_empty.index(last), count=1)
+    return acc
+
+
+@gluon.jit
 def _rows_and_keys(xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0: gl.constexpr,
                    C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, TQ0: gl.constexpr, TQ1: gl.constexpr,
                    TQ2: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
@@ -190,28 +230,12 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
     p16 = gl.convert_layout(p.to(dtype), p_layout)
     j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), n1, n2)
     for i in range(1, n_tiles):
-        slot = i % STAGES
-        prev = (i - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
-        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s, ))
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
-                    lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-        mbarrier.arrive(v_empty.index(prev), count=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i,
+                                             l_i, i, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
+                                             lo2, hi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, qk_scale,
+                                             RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
         j0, j1, j2 = next3(j0, j1, j2, n1, n2)
-    last = (n_tiles - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p16, v_bufs.index(last).reshape([BN, D]), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
-    mbarrier.arrive(v_empty.index(last), count=1)
+    acc = _last_product(p16, v_bufs, v_ready, v_empty, acc, n_tiles - 1, STAGES)
 
     _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, xs1, xs2, b, h, q_col, slb, sl0, sl1,
                 sl2, slh, o_rows)

@@ -18,7 +18,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_forward_kernel import _half_origin, _masked, _rows_and_keys, _softmax_step, _store_rows
+from .gluon_forward_kernel import (_half_origin, _last_product, _masked, _pipelined_step, _rows_and_keys,
+                                   _softmax_step, _store_rows)
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 from .gluon_split_walk import exclusive_coords, exclusive_tile, pick3, split_stream, stream_coords, with3
 from .index_math import key_walk, next3, split3
@@ -122,29 +123,12 @@ def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_
     p16 = gl.convert_layout(p.to(q.dtype), p_layout)
     j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), e1, e2)
     for i in range(first + 1, first + count):
-        slot = i % STAGES
-        prev = (i - 1) % STAGES
-        mbarrier.wait(k_ready.index(slot), (i // STAGES) & 1)
-        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-        mbarrier.wait(v_ready.index(prev), ((i - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s, ))
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, o0 + j0 * TK0, o1 + j1 * TK1, o2 + j2 * TK2,
-                    lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-        acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
-        mbarrier.arrive(v_empty.index(prev), count=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-        p16 = gl.convert_layout(p.to(q.dtype), p_layout)
+        p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i,
+                                             l_i, i, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
+                                             lo2, hi2, o0 + j0 * TK0, o1 + j1 * TK1, o2 + j2 * TK2, qk_scale, RANK,
+                                             STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
         j0, j1, j2 = next3(j0, j1, j2, e1, e2)
-    last = (first + count - 1) % STAGES
-    mbarrier.wait(v_ready.index(last), ((first + count - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p16, v_bufs.index(last).reshape([BN, D]), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, p16))[0]
-    mbarrier.arrive(v_empty.index(last), count=1)
-    return acc, m_i, l_i
+    return _last_product(p16, v_bufs, v_ready, v_empty, acc, first + count - 1, STAGES), m_i, l_i
 
 
 @gluon.jit
