@@ -242,13 +242,11 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
 
 
 @gluon.jit
-def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2,
-                         S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr,
-                         C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
-                         SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """One program: one query box of one (batch, head), cut into two parts of 64 queries (one
-    consumer warpgroup each, sharing the box's key walk) along axis SPLIT; one producer warp.
-    Per axis: lengths L, windows K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2."""
+def _program_walk(q_desc, k_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0: gl.constexpr,
+                  C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, SPLIT: gl.constexpr):
+    """This program's batch and head, the query and key heads' first columns, its query box's
+    first coordinates (the box: both consumers' halves, cut along axis SPLIT) and the box's key
+    walk per axis (first key, tile steps)."""
     TQ0: gl.constexpr = q_desc.block_type.shape[1] * (2 if SPLIT == 0 else 1)
     TQ1: gl.constexpr = q_desc.block_type.shape[2] * (2 if SPLIT == 1 else 1)
     TQ2: gl.constexpr = q_desc.block_type.shape[3] * (2 if SPLIT == 2 else 1)
@@ -265,6 +263,22 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2
     st0, n0, _, _ = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
     st1, n1, _, _ = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
     st2, n2, _, _ = key_walk(xs2, L2, K2, S2, F2, C2, WINDOW, TQ2, TK2, True)
+    return b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2
+
+
+@gluon.jit
+def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2,
+                         S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr,
+                         C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
+                         SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """One program: one query box of one (batch, head), cut into two parts of 64 queries (one
+    consumer warpgroup each, sharing the box's key walk) along axis SPLIT; one producer warp.
+    Per axis: lengths L, windows K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2."""
+    b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
+        q_desc, k_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, SPLIT)
+    TK0: gl.constexpr = k_desc.block_type.shape[1]
+    TK1: gl.constexpr = k_desc.block_type.shape[2]
+    TK2: gl.constexpr = k_desc.block_type.shape[3]
 
     q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
         q_desc, k_desc, v_desc, 2, STAGES)

@@ -18,11 +18,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_forward_kernel import (_half_origin, _last_product, _masked, _pipelined_step, _rows_and_keys,
-                                   _softmax_step, _store_rows)
+from .gluon_forward_kernel import (_half_origin, _last_product, _masked, _pipelined_step, _program_walk,
+                                   _rows_and_keys, _softmax_step, _store_rows)
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 from .gluon_split_walk import exclusive_coords, exclusive_tile, pick3, split_stream, stream_coords, with3
-from .index_math import key_walk, next3, split3
+from .index_math import next3
 
 
 @gluon.jit
@@ -188,22 +188,11 @@ def gluon_split_walk_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, 
     consumer warpgroup each) along axis SPLIT (causal: SPLIT_CAUSAL), each computing only the key
     tiles its queries see (gluon_split_walk.py); one producer warp. Per axis: lengths L, windows
     K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2."""
-    TQ0: gl.constexpr = q_desc.block_type.shape[1] * (2 if SPLIT == 0 else 1)
-    TQ1: gl.constexpr = q_desc.block_type.shape[2] * (2 if SPLIT == 1 else 1)
-    TQ2: gl.constexpr = q_desc.block_type.shape[3] * (2 if SPLIT == 2 else 1)
-    D: gl.constexpr = q_desc.block_type.shape[4]
+    b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
+        q_desc, k_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, SPLIT)
     TK0: gl.constexpr = k_desc.block_type.shape[1]
     TK1: gl.constexpr = k_desc.block_type.shape[2]
     TK2: gl.constexpr = k_desc.block_type.shape[3]
-    h = gl.program_id(1)
-    b = gl.program_id(2)
-    q_col = h * D
-    kv_col = (h // GROUP) * D
-    t0, t1, t2 = split3(gl.program_id(0), NT1, NT2)
-    xs0, xs1, xs2 = t0 * TQ0, t1 * TQ1, t2 * TQ2
-    st0, n0, _, _ = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
-    st1, n1, _, _ = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
-    st2, n2, _, _ = key_walk(xs2, L2, K2, S2, F2, C2, WINDOW, TQ2, TK2, True)
     exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1 = split_stream(
         xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, st0, st1, st2, n0, n1, n2,
         pick3(q_desc.block_type.shape[1], q_desc.block_type.shape[2], q_desc.block_type.shape[3], SPLIT),
