@@ -1,6 +1,7 @@
-"""The Gluon forward's tilings side by side: both consumers on the box's whole walk, and the split
-walk (each consumer computes only its own half's key tiles; gluon_split_walk.py) on 128- and
-64-key tiles, against the Triton forward of the backend's default config.
+"""The Gluon forward's tilings side by side: both consumers on the box's whole walk (on a persistent
+grid, and on a program a box), and the split walk (each consumer computes only its own half's key
+tiles; gluon_split_walk.py) on 128- and 64-key tiles, against the Triton forward of the backend's
+default config.
 
 Per problem and tiling: the forward's median time (``do_bench``), its speed-up over the Triton
 forward and over the whole walk, the cost model's prediction of that ratio at the tiling's speed
@@ -8,7 +9,7 @@ forward and over the whole walk, the cost model's prediction of that ratio at th
 GLUON_FORWARD_SPEEDS is fitted to) at speed 1.40, the pairs the tiling computes per attended pair,
 and the output's relative error against the reference backend in float32 on the GPU.
 
-    python benchmarks/bench_gluon_split_walk.py [--only 0,2] [--json FILE]
+    python benchmarks/bench_gluon_split_walk.py [--only 0,2] [--tilings whole,whole-per-box] [--json FILE]
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only")
     parser.add_argument("--json")
+    parser.add_argument("--tilings", help="comma-separated names of tiles.GLUON_TILINGS (default: all)")
     args = parser.parse_args()
+    tilings = TILINGS if args.tilings is None else args.tilings.split(",")
     only = range(len(PROBLEMS)) if args.only is None else [int(i) for i in args.only.split(",")]
     saved = tiles.gluon_forward_tiling()
     rows = []
@@ -104,7 +107,7 @@ def main():
               f"{walk})", flush=True)
         row = dict(problem=name, triton_ms=triton_ms, triton_error=triton_err, default_gluon=default["fwd"]["gluon"],
                    tilings={})
-        for label in TILINGS:
+        for label in tilings:
             tiles.use_gluon_tiling(label)
             fast_launch.clear_plans()
             tiling = tiles.gluon_forward_boxes(problem)

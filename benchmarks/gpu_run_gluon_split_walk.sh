@@ -5,7 +5,8 @@
 # process, then (ISSUE_ONLY) the issue benchmark's rows on the same machine: triton and dense
 # cuDNN, and with ISSUE_FLEX=1 Flex too (its compile phase in the background from the start).
 # Usage (GPU machine, repo root):
-#   [TESTS="tests/..."] [ONLY=0,1] [ISSUE_ONLY=1,2 [ISSUE_FLEX=1]] bash benchmarks/gpu_run_gluon_split_walk.sh
+#   [TESTS="tests/..."] [ONLY=0,1] [TILINGS=whole,split128x3] [ISSUE_ONLY=1,2 [ISSUE_FLEX=1]] \
+#     bash benchmarks/gpu_run_gluon_split_walk.sh
 # Knobs: COMPILE_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, ISSUE_TIMEOUT, FLEX_COMPILE_TIMEOUT (seconds).
 source benchmarks/gpu_preamble.sh
 flex=--no-flex
@@ -17,8 +18,10 @@ if [ -n "$ISSUE_ONLY" ] && [ -n "$ISSUE_FLEX" ]; then
 fi
 count=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import bench_gluon_split_walk as b; print(len(b.PROBLEMS))")
 only=${ONLY:-$(seq -s, 0 $((count - 1)))}
+tilings=${TILINGS:+--tilings $TILINGS}
 for i in ${only//,/ }; do
-  timeout ${COMPILE_TIMEOUT:-200} python3 benchmarks/bench_gluon_split_walk.py --only "$i" > "/tmp/compile_split_$i.log" 2>&1 &
+  # shellcheck disable=SC2086
+  timeout ${COMPILE_TIMEOUT:-200} python3 benchmarks/bench_gluon_split_walk.py --only "$i" $tilings > "/tmp/compile_split_$i.log" 2>&1 &
 done
 TESTS=${TESTS-tests/test_gluon_forward_gpu.py}
 if [ -n "$TESTS" ]; then
@@ -28,7 +31,8 @@ if [ -n "$TESTS" ]; then
 fi
 wait
 echo "compiled after $(( $(date +%s) - s )) s"; tail -n 3 /tmp/compile_split_*.log | grep -iE "error|Traceback" | head
-timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_gluon_split_walk.py --only "$only" --json "$OUT/split_walk.json" 2>&1 | tee "$OUT/split_walk.log"
+# shellcheck disable=SC2086
+timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_gluon_split_walk.py --only "$only" $tilings --json "$OUT/split_walk.json" 2>&1 | tee "$OUT/split_walk.log"
 if [ -n "$ISSUE_ONLY" ]; then
   # shellcheck disable=SC2086
   timeout ${ISSUE_TIMEOUT:-200} python3 benchmarks/bench_neighborhood.py $flex --only "$ISSUE_ONLY" \

@@ -116,3 +116,41 @@ def test_interpreter_runs_the_triton_forward_a_gluon_config_names(monkeypatch):
     launch._GLUON_PLANS.clear()
     check_against_oracle((8, 16), (3, 5), dtype=torch.bfloat16, heads=1, head_dim=128, seed=3)
     assert set(launch._GLUON_PLANS.values()) == {launch.TRITON_FORWARD}
+
+
+def _plan(problem, heads=16):
+    """The Gluon launch plan of a problem on meta tensors (``_problem``'s shapes)."""
+    spatial = [a.length for a in problem.axes]
+    q, k, out = (torch.empty(1, *spatial, heads, 128, dtype=torch.bfloat16, device="meta") for _ in range(3))
+    lse = torch.empty(1, *spatial, heads, dtype=torch.float32, device="meta")
+    return gluon_forward_launch.GluonForward(problem, q, k, k, out, lse)
+
+
+@pytest.mark.parametrize("name,persistent", [("whole", True), ("whole-per-box", False), ("whole3", False),
+                                             ("split128x3", False)])
+def test_persistent_grid_where_a_second_box_fits(name, persistent):
+    """The whole walk on two ring slots runs a program a multiprocessor, each walking every 132nd
+    box with two query slots a consumer (the next box's queries load during this one); where the
+    ring leaves no room for them (three slots), or the tiling asks for it, a program a box."""
+    saved = tiles.gluon_forward_tiling()
+    tiles.use_gluon_tiling(name)
+    try:
+        problem = _problem((128, 128), 31)
+        plan = _plan(problem)
+        items = 16 * 16 * 16 // 2  # 128-query boxes of a 128 x 128 grid, times 16 heads
+        assert plan.grid == ((132, ) if persistent else (items, ))
+        assert plan.meta.get("QBUFS", 1) == (2 if persistent else 1)
+        assert plan.scalars[-3:] == [items, items // 16, 16]  # work items, boxes a head, heads
+    finally:
+        tiles.set_gluon_forward_tiling(*saved)
+
+
+def test_persistent_grid_never_exceeds_the_work(monkeypatch):
+    monkeypatch.setattr(tiles, "GLUON_PERSISTENT_PROGRAMS", 1000)
+    saved = tiles.gluon_forward_tiling()
+    tiles.use_gluon_tiling("whole")
+    try:
+        assert _plan(_problem((128, 128), 31)).grid == (1000, )
+        assert _plan(_problem((64, 64), 31, heads=2, kv_heads=2), heads=2).grid == (64, )  # 32 boxes, 2 heads
+    finally:
+        tiles.set_gluon_forward_tiling(*saved)

@@ -41,9 +41,10 @@ def gluon_calls(monkeypatch):
     fast_launch.clear_plans()
 
 
-@pytest.fixture(params=["whole", "split128", "split128x3", "split64"])
+@pytest.fixture(params=["whole", "whole-per-box", "split128", "split128x3", "split64"])
 def tiling(request):
-    """Each tiling of the Gluon forward in turn (its choice of boxes and cut by the cost model)."""
+    """Each tiling of the Gluon forward in turn (its choice of boxes and cut by the cost model; the
+    whole walk on its persistent grid and on a program a box)."""
     saved = tiles.gluon_forward_tiling()
     tiles.use_gluon_tiling(request.param)
     fast_launch.clear_plans()
@@ -103,6 +104,25 @@ def test_each_tiling_against_the_oracle(seed, tiling, gluon_calls):
     check_against_oracle(spatial, window, dtype=(torch.bfloat16, torch.float16)[seed % 2], device="cuda",
                          seed=seed, **options)
     assert gluon_calls, "the Gluon forward did not run"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_few_persistent_programs_walk_many_boxes(seed, gluon_calls, monkeypatch):
+    """Three programs on the whole walk's persistent grid, so each walks many boxes of one or
+    several heads and batches (walks of different lengths at the grid's edges and causal axes),
+    the ring's position running on across them and each query slot reused every other box."""
+    monkeypatch.setattr(tiles, "GLUON_PERSISTENT_PROGRAMS", 3)
+    saved = tiles.gluon_forward_tiling()
+    tiles.use_gluon_tiling("whole")
+    try:
+        options = random_gluon_problem(random.Random(9000 + seed))
+        spatial, window = options.pop("spatial"), options.pop("window")
+        options.update(heads=4, batch=2)
+        check_against_oracle(spatial, window, dtype=(torch.bfloat16, torch.float16)[seed % 2], device="cuda",
+                             seed=seed, **options)
+    finally:
+        tiles.set_gluon_forward_tiling(*saved)
+    assert gluon_calls and all(grid == (3, ) for grid in gluon_calls), gluon_calls
 
 
 @pytest.mark.parametrize("spatial,window,options", [

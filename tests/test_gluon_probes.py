@@ -32,6 +32,10 @@ def _compile(script: str, *args: str) -> list:
 # phase: ptxas spills one scalar of them on most walks (4 B at 240 registers a thread; giving the
 # consumers more starves the producer warp, which then spills its own bookkeeping).
 SPLIT_WALK_SPILL_LIMIT = 8
+# The whole walk's programs walk several boxes (a persistent grid): LLVM hoists the kernel's
+# box-invariant scalars (lengths less one, the grid's step) out of every loop, and ptxas spills a
+# few of them, reloaded once a box, outside the loop over its key tiles.
+WHOLE_WALK_SPILL_LIMIT = 64
 
 
 @pytest.mark.parametrize("script,args,count", [("gluon_forward_probe.py", ("--compile-only",), 12),
@@ -42,7 +46,9 @@ def test_gluon_kernels_build_for_sm90(script, args, count):
     rows = _compile(script, *args)
     assert len(rows) == count, [row["label"] for row in rows]
     for row in rows:
-        assert row["spill_bytes"] <= (SPLIT_WALK_SPILL_LIMIT if "split walk" in row["label"] else 0), row
+        limit = 0 if script == "gluon_forward_probe.py" else (
+            SPLIT_WALK_SPILL_LIMIT if "split walk" in row["label"] else WHOLE_WALK_SPILL_LIMIT)
+        assert row["spill_bytes"] <= limit, row
         assert row["shared"] <= SHARED_LIMIT, row
         assert row["ops"].get("HGMMA", 0) >= 16 and row["ops"].get("UTMALDG", 0) >= 3, row
         # one consumer: 128 a thread over 8 warps (two programs a multiprocessor); two: the rest

@@ -36,6 +36,7 @@ from .scores import LN2, mask_pairs
 # Query warpgroups a program (64 queries each: wgmma's M per warpgroup); the kernel below spells
 # the two out (its warp_specialize list, the producer's loop over the query halves).
 CONSUMERS = 2
+_CONSUMERS = gl.constexpr(CONSUMERS)  # (the kernels' copy: a jitted function reads constexpr globals only)
 
 
 @gluon.jit
@@ -54,31 +55,50 @@ def _half_origin(xs0, xs1, xs2, HALF: gl.constexpr, SPLIT: gl.constexpr, E0: gl.
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
-              b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES: gl.constexpr, SPLIT: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
+              C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, STAGES: gl.constexpr,
+              SPLIT: gl.constexpr, QBUFS: gl.constexpr):
+    """The producer warp, over this program's boxes: each box's query halves into its query slots
+    (once the consumers have stored the output of the box that used them before), then its walk's
+    K/V tiles into the ring, each slot once both consumers released it. The ring's position runs
+    on across boxes, so the next box's first tiles come while the consumers finish the last."""
     TK0: gl.constexpr = k_desc.block_type.shape[1]
     TK1: gl.constexpr = k_desc.block_type.shape[2]
     TK2: gl.constexpr = k_desc.block_type.shape[3]
-    for half in gl.static_range(2):
-        hx0, hx1, hx2 = _half_origin(xs0, xs1, xs2, half, SPLIT, q_desc.block_type.shape[1],
-                                     q_desc.block_type.shape[2], q_desc.block_type.shape[3])
-        mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, hx0, hx1, hx2, q_col], q_ready.index(half), q_smem.index(half))
-    j0 = gl.to_tensor(0)
-    j1 = gl.to_tensor(0)
-    j2 = gl.to_tensor(0)
-    for i in range(n0 * n1 * n2):
-        slot = i % STAGES
-        # mbarriers start with phase 1 complete: the first pass over the ring does not wait
-        empty_phase = ((i // STAGES) & 1) ^ 1
-        coord = [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col]
-        mbarrier.wait(k_empty.index(slot), empty_phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(slot), k_bufs.index(slot))
-        mbarrier.wait(v_empty.index(slot), empty_phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(slot), v_bufs.index(slot))
-        j0, j1, j2 = next3(j0, j1, j2, n1, n2)
+    position = gl.to_tensor(0)
+    boxes_done = gl.to_tensor(0)
+    for item in range(gl.program_id(0), ITEMS, gl.num_programs(0)):
+        b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
+            q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
+            C0, C1, C2, WINDOW, SPLIT)
+        first_slot = (boxes_done % QBUFS) * _CONSUMERS
+        # mbarriers start with phase 1 complete: a query slot's first use does not wait
+        free_phase = ((boxes_done // QBUFS) & 1) ^ 1
+        for half in gl.static_range(_CONSUMERS):
+            hx0, hx1, hx2 = _half_origin(xs0, xs1, xs2, half, SPLIT, q_desc.block_type.shape[1],
+                                         q_desc.block_type.shape[2], q_desc.block_type.shape[3])
+            mbarrier.wait(q_empty.index(first_slot + half), free_phase)
+            mbarrier.expect(q_ready.index(first_slot + half), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [b, hx0, hx1, hx2, q_col], q_ready.index(first_slot + half),
+                                            q_smem.index(first_slot + half))
+        j0 = gl.to_tensor(0)
+        j1 = gl.to_tensor(0)
+        j2 = gl.to_tensor(0)
+        n_tiles = n0 * n1 * n2
+        for i in range(position, position + n_tiles):
+            slot = i % STAGES
+            empty_phase = ((i // STAGES) & 1) ^ 1
+            coord = [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col]
+            mbarrier.wait(k_empty.index(slot), empty_phase)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(slot), k_bufs.index(slot))
+            mbarrier.wait(v_empty.index(slot), empty_phase)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(slot), v_bufs.index(slot))
+            j0, j1, j2 = next3(j0, j1, j2, n1, n2)
+        position += n_tiles
+        boxes_done += 1
 
 
 @gluon.jit
@@ -187,15 +207,21 @@ def _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, 
 
 
 @gluon.jit
-def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
-              slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2, st0, st1, st2,
-              n0, n1, n2, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
-              RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr,
-              HALF: gl.constexpr, SPLIT: gl.constexpr):
+def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, q_desc,
+              k_desc, slb, sl0, sl1, sl2, slh, ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2,
+              NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr,
+              WINDOW: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
+              SPLIT: gl.constexpr, QBUFS: gl.constexpr):
+    """Consumer warpgroup HALF over this program's boxes, in the producer's order: its 64 queries
+    over each box's walk, then their output and LSE; the query slot is handed back for a later
+    box once the output's store has read it."""
     TQ0: gl.constexpr = o_desc.block_type.shape[1]
     TQ1: gl.constexpr = o_desc.block_type.shape[2]
     TQ2: gl.constexpr = o_desc.block_type.shape[3]
     D: gl.constexpr = o_desc.block_type.shape[4]
+    TK0: gl.constexpr = k_desc.block_type.shape[1]
+    TK1: gl.constexpr = k_desc.block_type.shape[2]
+    TK2: gl.constexpr = k_desc.block_type.shape[3]
     BM: gl.constexpr = TQ0 * TQ1 * TQ2
     BN: gl.constexpr = TK0 * TK1 * TK2
     s_layout: gl.constexpr = accumulator_layout(BN)
@@ -204,47 +230,61 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = o_desc.dtype
-
-    xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
-    x0, x1, x2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2 = _rows_and_keys(
-        xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0, C1, C2, WINDOW, TQ0, TQ1, TQ2, TK0, TK1,
-        TK2, s_rows)
-    q_box = q_smem.index(HALF)
-    q = q_box.reshape([BM, D])
-    m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
-    l_i = gl.zeros([BM], gl.float32, layout=s_rows)
-    acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-    n_tiles = n0 * n1 * n2
-    mbarrier.wait(q_ready.index(HALF), 0)
 
-    # tile 0's scores and softmax before the loop; each step then issues tile i's S, tile i-1's
-    # O += P V, and runs tile i's softmax while the latter is on the tensor cores
-    mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q, k_bufs.index(0).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s, ))
-    mbarrier.arrive(k_empty.index(0), count=1)
-    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
-                RANK, s_layout)
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-    p16 = gl.convert_layout(p.to(dtype), p_layout)
-    j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), n1, n2)
-    for i in range(1, n_tiles):
-        p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i,
-                                             l_i, i, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
-                                             lo2, hi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, qk_scale,
-                                             RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
-        j0, j1, j2 = next3(j0, j1, j2, n1, n2)
-    acc = _last_product(p16, v_bufs, v_ready, v_empty, acc, n_tiles - 1, STAGES)
+    position = gl.to_tensor(0)
+    boxes_done = gl.to_tensor(0)
+    for item in range(gl.program_id(0), ITEMS, gl.num_programs(0)):
+        b, h, q_col, _, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
+            q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
+            C0, C1, C2, WINDOW, SPLIT)
+        xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
+        x0, x1, x2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2 = _rows_and_keys(
+            xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0, C1, C2, WINDOW, TQ0, TQ1, TQ2, TK0,
+            TK1, TK2, s_rows)
+        q_slot = (boxes_done % QBUFS) * _CONSUMERS + HALF
+        q_box = q_smem.index(q_slot)
+        q = q_box.reshape([BM, D])
+        m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
+        l_i = gl.zeros([BM], gl.float32, layout=s_rows)
+        acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
+        n_tiles = n0 * n1 * n2
+        mbarrier.wait(q_ready.index(q_slot), (boxes_done // QBUFS) & 1)
 
-    _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, xs1, xs2, b, h, q_col, slb, sl0, sl1,
-                sl2, slh, o_rows)
+        # the walk's first tile's scores and softmax before the loop; each step then issues tile
+        # i's S, tile i-1's O += P V, and runs tile i's softmax while the latter is on the tensor
+        # cores
+        slot = position % STAGES
+        mbarrier.wait(k_ready.index(slot), (position // STAGES) & 1)
+        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1,
+                    TK2, RANK, s_layout)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), n1, n2)
+        for i in range(position + 1, position + n_tiles):
+            p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16,
+                                                 m_i, l_i, i, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0,
+                                                 lo1, hi1, lo2, hi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
+                                                 qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
+            j0, j1, j2 = next3(j0, j1, j2, n1, n2)
+        acc = _last_product(p16, v_bufs, v_ready, v_empty, acc, position + n_tiles - 1, STAGES)
+
+        _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, xs1, xs2, b, h, q_col, slb, sl0,
+                    sl1, sl2, slh, o_rows)
+        mbarrier.arrive(q_empty.index(q_slot), count=1)
+        position += n_tiles
+        boxes_done += 1
 
 
 @gluon.jit
-def _program_walk(q_desc, k_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0: gl.constexpr,
-                  C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, SPLIT: gl.constexpr):
-    """This program's batch and head, the query and key heads' first columns, its query box's
+def _program_walk(q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
+                  C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, SPLIT: gl.constexpr):
+    """Work item ``item`` (query boxes fastest, then heads, then batches: ``BOXES`` boxes a head,
+    ``HEADS`` heads): its batch and head, the query and key heads' first columns, its query box's
     first coordinates (the box: both consumers' halves, cut along axis SPLIT) and the box's key
     walk per axis (first key, tile steps)."""
     TQ0: gl.constexpr = q_desc.block_type.shape[1] * (2 if SPLIT == 0 else 1)
@@ -254,11 +294,13 @@ def _program_walk(q_desc, k_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2
     TK0: gl.constexpr = k_desc.block_type.shape[1]
     TK1: gl.constexpr = k_desc.block_type.shape[2]
     TK2: gl.constexpr = k_desc.block_type.shape[3]
-    h = gl.program_id(1)
-    b = gl.program_id(2)
+    box = item % BOXES
+    head_of_batch = item // BOXES
+    h = head_of_batch % HEADS
+    b = head_of_batch // HEADS
     q_col = h * D
     kv_col = (h // GROUP) * D
-    t0, t1, t2 = split3(gl.program_id(0), NT1, NT2)
+    t0, t1, t2 = split3(box, NT1, NT2)
     xs0, xs1, xs2 = t0 * TQ0, t1 * TQ1, t2 * TQ2
     st0, n0, _, _ = key_walk(xs0, L0, K0, S0, F0, C0, WINDOW, TQ0, TK0, True)
     st1, n1, _, _ = key_walk(xs1, L1, K1, S1, F1, C1, WINDOW, TQ1, TK1, True)
@@ -268,29 +310,31 @@ def _program_walk(q_desc, k_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2
 
 @gluon.jit
 def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2,
-                         S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr,
-                         C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr,
-                         SPLIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """One program: one query box of one (batch, head), cut into two parts of 64 queries (one
-    consumer warpgroup each, sharing the box's key walk) along axis SPLIT; one producer warp.
-    Per axis: lengths L, windows K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2."""
-    b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
-        q_desc, k_desc, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, SPLIT)
-    TK0: gl.constexpr = k_desc.block_type.shape[1]
-    TK1: gl.constexpr = k_desc.block_type.shape[2]
-    TK2: gl.constexpr = k_desc.block_type.shape[3]
-
+                         S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, ITEMS, BOXES, HEADS,
+                         C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
+                         RANK: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, QBUFS: gl.constexpr,
+                         PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Programs walking work items (query boxes of one (batch, head); ``ITEMS`` of them, program p
+    taking items p, p + programs, ...: one each on a grid of ITEMS, several on a persistent grid).
+    A box is cut into two parts of 64 queries (one consumer warpgroup each, sharing the box's key
+    walk) along axis SPLIT; one producer warp. ``QBUFS`` query slots a consumer (two on a
+    persistent grid: the next box's queries load while this one's finish). Per axis: lengths L,
+    windows K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2 (``BOXES`` in all)."""
     q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
-        q_desc, k_desc, v_desc, 2, STAGES)
+        q_desc, k_desc, v_desc, _CONSUMERS * QBUFS, STAGES)
+    q_empty = gl.allocate_shared_memory(gl.int64, [_CONSUMERS * QBUFS, 1], mbarrier.MBarrierLayout())
+    for q_slot in gl.static_range(_CONSUMERS * QBUFS):
+        mbarrier.init(q_empty.index(q_slot), count=1)
 
     # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
     gl.warp_specialize([
-        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
-                     slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2,
-                     st0, st1, st2, n0, n1, n2, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
-        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
-                     slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2,
-                     st0, st1, st2, n0, n1, n2, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
-                     b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, STAGES, SPLIT)),
+        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                     q_desc, k_desc, slb, sl0, sl1, sl2, slh, ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1,
+                     S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, 0, SPLIT, QBUFS)),
+        (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                     q_desc, k_desc, slb, sl0, sl1, sl2, slh, ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1,
+                     S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, 1, SPLIT, QBUFS)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready,
+                     v_empty, ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
+                     C0, C1, C2, WINDOW, STAGES, SPLIT, QBUFS)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -18,6 +18,7 @@ from haloattn.problem import Problem
 
 from . import tiles
 from .descriptor_scratch import ensure_allocator
+from .device_limits import multiprocessors, tile_shared_budget
 from .gluon_descriptors import grid_descriptor, tensors_fit
 from .gluon_regroup import regrouped
 from .host_descriptors import rebased
@@ -30,10 +31,23 @@ except (ImportError, AttributeError):  # pragma: no cover - depends on the insta
     gluon_forward_kernel = gluon_split_walk_kernel = None
 
 LOG2E = 1.4426950408889634  # (a float: scores.LOG2E is a tl.constexpr, which a launch would specialise on)
-# setmaxnreg: the producer warp keeps 24 registers a thread (32 on the split walk, whose stream
-# bookkeeping spilled at 24), each consumer warpgroup takes 240.
-PRODUCER_REGISTERS, SPLIT_WALK_PRODUCER_REGISTERS, CONSUMER_REGISTERS = 24, 32, 240
+# setmaxnreg: the producer warp keeps 32 registers a thread (its walk bookkeeping spilled at 24:
+# the split walk's stream, the whole walk's boxes of a persistent program), each consumer
+# warpgroup takes 240 (the 64K of a multiprocessor: 2 x 128 x 240 + 128 x 32).
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 240
 WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 warps
+
+
+def persistent_query_slots(problem: Problem, q: torch.Tensor, ring_slots: int, key_tokens: int,
+                           split_walk: bool) -> int:
+    """Query slots a consumer of the whole walk's kernel takes: two where tiles.GLUON_PERSISTENT
+    asks for a persistent grid and a second box's queries fit beside the ring, else one (and a
+    program a box). The split walk's kernel is never persistent."""
+    if split_walk or not tiles.GLUON_PERSISTENT:
+        return 1
+    row = problem.head_dim * q.element_size()
+    ring = 2 * ring_slots * key_tokens * row
+    return 2 if ring + 2 * tiles.GLUON_FORWARD_TOKENS * row <= tile_shared_budget(q.device) else 1
 
 
 def inputs_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -60,23 +74,31 @@ class GluonForward:
         axes = problem.axes
         lengths = _pad3([a.length for a in axes], 1)
         boxes = [-(-n // t) for n, t in zip(lengths, q_box)]
-        self.grid = (boxes[0] * boxes[1] * boxes[2], problem.heads, problem.batch)
+        items = boxes[0] * boxes[1] * boxes[2] * problem.heads * problem.batch
+        slots = tiles.GLUON_RING_SLOTS[tiling.split_walk, math.prod(kv_box)]
+        query_slots = persistent_query_slots(problem, q, slots, math.prod(kv_box), tiling.split_walk)
+        # a persistent grid: a program a multiprocessor, each walking every programs-th work item
+        # (its next box's queries and first tiles load while it finishes a box); else one a box
+        programs = (tiles.GLUON_PERSISTENT_PROGRAMS or multiprocessors(q.device)) if query_slots == 2 else items
+        self.grid = (min(items, programs), )
         self.descriptors = [grid_descriptor(q, rank, half), grid_descriptor(k, rank, kv_box),
                             grid_descriptor(v, rank, kv_box), grid_descriptor(out, rank, half)]
         lse_strides = list(lse.stride())
         self.scalars = [lse_strides[0], *_pad3(lse_strides[1:1 + rank], 0), lse_strides[-1], *lengths,
                         *_pad3([a.window for a in axes], 1), *_pad3([a.stride for a in axes], 1),
                         *_pad3([a.shift for a in axes], 0), boxes[1], boxes[2], problem.heads // problem.kv_heads,
-                        problem.scale * LOG2E]
+                        problem.scale * LOG2E, items, boxes[0] * boxes[1] * boxes[2], problem.heads]
         causal = _pad3([a.causal for a in axes], False)
         self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
-                         STAGES=tiles.GLUON_RING_SLOTS[tiling.split_walk, math.prod(kv_box)], SPLIT=self.split,
-                         PRODUCER_REGS=PRODUCER_REGISTERS, CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
+                         STAGES=slots, SPLIT=self.split, PRODUCER_REGS=PRODUCER_REGISTERS,
+                         CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
         # the split walk's kernel (each consumer computes only its half's key tiles), else the
         # whole walk's
         self.kernel = gluon_split_walk_kernel if tiling.split_walk else gluon_forward_kernel
         if tiling.split_walk:
-            self.meta.update(SPLIT_CAUSAL=causal[self.split], PRODUCER_REGS=SPLIT_WALK_PRODUCER_REGISTERS)
+            self.meta.update(SPLIT_CAUSAL=causal[self.split])
+        else:
+            self.meta.update(QBUFS=query_slots)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor) -> None:

@@ -251,10 +251,18 @@ GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
 # benchmarks/compile_report_gluon_forward.py), which lets a consumer's next tile come while the
 # other half's tile between them is computed; the whole walk measured no faster with it.
 GLUON_RING_SLOTS = {(False, 128): 2, (True, 128): 3, (False, 64): 4, (True, 64): 4}
+# The whole walk's kernel on a persistent grid (gluon_forward_launch.persistent_query_slots): a
+# program a multiprocessor walks every programs-th query box, the producer loading the next box's
+# queries and first tiles while the consumers finish one, which hides the prologue and epilogue
+# GLUON_PROGRAM_STEPS charges a box on a grid of one program a box.
+GLUON_PERSISTENT = True
+GLUON_PERSISTENT_PROGRAMS = None  # programs of that grid: None for a multiprocessor each (tests set a few)
 # One tiling at a time, for the benchmarks and tests that compare them (use_gluon_tiling):
-# name -> ((split walk, key-tile tokens), ring slots)
-GLUON_TILINGS = {"whole": ((False, 128), 2), "whole3": ((False, 128), 3), "split128": ((True, 128), 2),
-                 "split128x3": ((True, 128), 3), "split64": ((True, 64), 4)}
+# name -> ((split walk, key-tile tokens), ring slots, persistent grid). Only the whole walk on two
+# slots has room for a persistent program's second query slots.
+GLUON_TILINGS = {"whole": ((False, 128), 2, True), "whole-per-box": ((False, 128), 2, False),
+                 "whole3": ((False, 128), 3, False), "split128": ((True, 128), 2, False),
+                 "split128x3": ((True, 128), 3, False), "split64": ((True, 64), 4, False)}
 
 
 class GluonBoxes(NamedTuple):
@@ -369,17 +377,19 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
 
 
 def set_gluon_forward_tiling(speeds: Dict[Tuple[bool, int], float], slots: Optional[Dict[Tuple[bool, int], int]] = None,
-                             regroup_dilated: Optional[bool] = None) -> None:
+                             regroup_dilated: Optional[bool] = None, persistent: Optional[bool] = None) -> None:
     """Make the Gluon forward weigh the tilings of ``speeds`` ((split walk, key-tile tokens) ->
-    speed), with ``slots`` ring slots per tiling and GLUON_REGROUP_DILATED where given (benchmarks
-    and tests that compare tilings; callers restore the old values: ``gluon_forward_tiling()``
-    returns them). The cached tilings and defaults are dropped; launch plans made before keep
-    theirs (fast_launch.clear_plans drops them)."""
-    global GLUON_FORWARD_SPEEDS, GLUON_RING_SLOTS, GLUON_REGROUP_DILATED
+    speed), with ``slots`` ring slots per tiling, GLUON_REGROUP_DILATED and GLUON_PERSISTENT where
+    given (benchmarks and tests that compare tilings; callers restore the old values:
+    ``gluon_forward_tiling()`` returns them). The cached tilings and defaults are dropped; launch
+    plans made before keep theirs (fast_launch.clear_plans drops them)."""
+    global GLUON_FORWARD_SPEEDS, GLUON_RING_SLOTS, GLUON_REGROUP_DILATED, GLUON_PERSISTENT
     GLUON_FORWARD_SPEEDS = dict(speeds)
     GLUON_RING_SLOTS = dict(slots or GLUON_RING_SLOTS)
     if regroup_dilated is not None:
         GLUON_REGROUP_DILATED = regroup_dilated
+    if persistent is not None:
+        GLUON_PERSISTENT = persistent
     gluon_forward_boxes.cache_clear()
     getattr(default_config, "cache_clear", lambda: None)()  # (tests may have swapped it for a wrapper)
 
@@ -387,13 +397,14 @@ def set_gluon_forward_tiling(speeds: Dict[Tuple[bool, int], float], slots: Optio
 def use_gluon_tiling(name: str) -> None:
     """Make the Gluon forward take GLUON_TILINGS[name] only (at GLUON_FORWARD_SPEED, dilated
     problems regrouped), for benchmarks and tests that compare tilings."""
-    kind, slots = GLUON_TILINGS[name]
-    set_gluon_forward_tiling({kind: GLUON_FORWARD_SPEED}, {**GLUON_RING_SLOTS, kind: slots}, regroup_dilated=True)
+    kind, slots, persistent = GLUON_TILINGS[name]
+    set_gluon_forward_tiling({kind: GLUON_FORWARD_SPEED}, {**GLUON_RING_SLOTS, kind: slots}, regroup_dilated=True,
+                             persistent=persistent)
 
 
-def gluon_forward_tiling() -> Tuple[Dict[Tuple[bool, int], float], Dict[Tuple[bool, int], int], bool]:
+def gluon_forward_tiling() -> Tuple[Dict[Tuple[bool, int], float], Dict[Tuple[bool, int], int], bool, bool]:
     """The settings ``set_gluon_forward_tiling`` takes, as they are now."""
-    return dict(GLUON_FORWARD_SPEEDS), dict(GLUON_RING_SLOTS), GLUON_REGROUP_DILATED
+    return dict(GLUON_FORWARD_SPEEDS), dict(GLUON_RING_SLOTS), GLUON_REGROUP_DILATED, GLUON_PERSISTENT
 
 
 def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
