@@ -86,7 +86,10 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
         j1 = gl.to_tensor(0)
         j2 = gl.to_tensor(0)
         n_tiles = n0 * n1 * n2
-        for i in range(position, position + n_tiles):
+        for t in range(n_tiles):
+            # (the ring's position as position + t: a loop over range(position, ...) here lost
+            # the carried position in Triton 3.6's front end, whose loop then started at 0)
+            i = position + t
             slot = i % STAGES
             empty_phase = ((i // STAGES) & 1) ^ 1
             coord = [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col]
