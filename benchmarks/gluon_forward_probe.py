@@ -214,7 +214,7 @@ def probe_forward(q_desc, k_desc, v_desc, o_desc, L, window, qk_scale, BN: gl.co
     n_tiles = end_tile - first_tile
 
     q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
-        q_desc, k_desc, v_desc, CONSUMERS, STAGES)
+        q_desc, k_desc, v_desc, CONSUMERS, STAGES, 1)
 
     # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
     if CONSUMERS == 2:

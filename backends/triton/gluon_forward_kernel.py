@@ -324,7 +324,7 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2
     persistent grid: the next box's queries load while this one's finish). Per axis: lengths L,
     windows K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2 (``BOXES`` in all)."""
     q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
-        q_desc, k_desc, v_desc, _CONSUMERS * QBUFS, STAGES)
+        q_desc, k_desc, v_desc, _CONSUMERS, STAGES, QBUFS)
     q_empty = gl.allocate_shared_memory(gl.int64, [_CONSUMERS * QBUFS, 1], mbarrier.MBarrierLayout())
     for q_slot in gl.static_range(_CONSUMERS * QBUFS):
         mbarrier.init(q_empty.index(q_slot), count=1)

@@ -10,18 +10,20 @@ from triton.runtime.jit import constexpr_function
 
 
 @gluon.jit
-def allocate_ring(q_desc, k_desc, v_desc, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
-    """(query tiles, K slots, V slots, q_ready, k_ready, k_empty, v_ready, v_empty), initialised."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+def allocate_ring(q_desc, k_desc, v_desc, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, QBUFS: gl.constexpr):
+    """(query tiles, K slots, V slots, q_ready, k_ready, k_empty, v_ready, v_empty), initialised:
+    ``QBUFS`` query tiles a consumer (slot ``box * CONSUMERS + consumer``), each with its own
+    q_ready barrier; a K/V slot's "empty" barriers wait for all CONSUMERS."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [QBUFS * CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [QBUFS * CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for half in gl.static_range(CONSUMERS):
-        mbarrier.init(q_ready.index(half), count=1)
+    for q_slot in gl.static_range(QBUFS * CONSUMERS):
+        mbarrier.init(q_ready.index(q_slot), count=1)
     for slot in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(slot), count=1)
         mbarrier.init(v_ready.index(slot), count=1)

@@ -202,7 +202,7 @@ def gluon_split_walk_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, 
         pick3(TK0, TK1, TK2, SPLIT), SPLIT_CAUSAL, WINDOW, SPLIT, True)
 
     q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
-        q_desc, k_desc, v_desc, 2, STAGES)
+        q_desc, k_desc, v_desc, 2, STAGES, 1)
 
     # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
     gl.warp_specialize([
