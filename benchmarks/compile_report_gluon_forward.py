@@ -59,7 +59,7 @@ def build(spec):
     tiling = tiles.gluon_forward_boxes(problem)
     label = (f"{name} | boxes {list(tiling.q)} x {list(tiling.kv)}, cut on axis {tiling.split}"
              f"{', split walk' if tiling.split_walk else ''}")
-    return label, build_sm90(plan.kernel, (*plan.descriptors, lse, *plan.scalars), plan.meta)
+    return label, build_sm90(plan.kernel, plan.arguments(plan.descriptors, lse), plan.meta)
 
 
 def main():

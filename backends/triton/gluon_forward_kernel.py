@@ -55,10 +55,31 @@ def _half_origin(xs0, xs1, xs2, HALF: gl.constexpr, SPLIT: gl.constexpr, E0: gl.
 
 
 @gluon.jit
+def _box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT: gl.constexpr):
+    """Boxes this program walks: its row's count in the persistent grid's table
+    (gluon_schedule.py), else one."""
+    if PERSISTENT:
+        count = gl.load(SCHEDULE + gl.program_id(0) * SCHEDULE_STRIDE)
+    else:
+        count = gl.to_tensor(1)
+    return count
+
+
+@gluon.jit
+def _box_item(SCHEDULE, SCHEDULE_STRIDE, k, PERSISTENT: gl.constexpr):
+    """The work item of this program's ``k``-th box: from its row of the table, else its id."""
+    if PERSISTENT:
+        item = gl.load(SCHEDULE + gl.program_id(0) * SCHEDULE_STRIDE + 1 + k)
+    else:
+        item = gl.program_id(0)
+    return item
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
+              SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
               C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, STAGES: gl.constexpr,
-              SPLIT: gl.constexpr, QBUFS: gl.constexpr):
+              SPLIT: gl.constexpr, QBUFS: gl.constexpr, PERSISTENT: gl.constexpr):
     """The producer warp, over this program's boxes: each box's query halves into its query slots
     (once the consumers have stored the output of the box that used them before), then its walk's
     K/V tiles into the ring, each slot once both consumers released it. The ring's position runs
@@ -67,8 +88,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
     TK1: gl.constexpr = k_desc.block_type.shape[2]
     TK2: gl.constexpr = k_desc.block_type.shape[3]
     position = gl.to_tensor(0)
-    boxes_done = gl.to_tensor(0)
-    for item in range(gl.program_id(0), ITEMS, gl.num_programs(0)):
+    for boxes_done in range(_box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT)):
+        item = _box_item(SCHEDULE, SCHEDULE_STRIDE, boxes_done, PERSISTENT)
         b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
             q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
             C0, C1, C2, WINDOW, SPLIT)
@@ -101,7 +122,6 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
             tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(slot), v_bufs.index(slot))
             j0, j1, j2 = next3(j0, j1, j2, n1, n2)
         position += n_tiles
-        boxes_done += 1
 
 
 @gluon.jit
@@ -211,10 +231,10 @@ def _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, 
 
 @gluon.jit
 def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, q_desc,
-              k_desc, slb, sl0, sl1, sl2, slh, ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2,
-              NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr,
+              k_desc, slb, sl0, sl1, sl2, slh, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0,
+              S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr,
               WINDOW: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
-              SPLIT: gl.constexpr, QBUFS: gl.constexpr):
+              SPLIT: gl.constexpr, QBUFS: gl.constexpr, PERSISTENT: gl.constexpr):
     """Consumer warpgroup HALF over this program's boxes, in the producer's order: its 64 queries
     over each box's walk, then their output and LSE; the query slot is handed back for a later
     box once the output's store has read it."""
@@ -236,8 +256,8 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
     s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
 
     position = gl.to_tensor(0)
-    boxes_done = gl.to_tensor(0)
-    for item in range(gl.program_id(0), ITEMS, gl.num_programs(0)):
+    for boxes_done in range(_box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT)):
+        item = _box_item(SCHEDULE, SCHEDULE_STRIDE, boxes_done, PERSISTENT)
         b, h, q_col, _, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
             q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
             C0, C1, C2, WINDOW, SPLIT)
@@ -280,7 +300,6 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
                     sl1, sl2, slh, o_rows)
         mbarrier.arrive(q_empty.index(q_slot), count=1)
         position += n_tiles
-        boxes_done += 1
 
 
 @gluon.jit
@@ -313,16 +332,17 @@ def _program_walk(q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0
 
 @gluon.jit
 def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2,
-                         S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, ITEMS, BOXES, HEADS,
+                         S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, BOXES, HEADS, SCHEDULE, SCHEDULE_STRIDE,
                          C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
                          RANK: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, QBUFS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Programs walking work items (query boxes of one (batch, head); ``ITEMS`` of them, program p
-    taking items p, p + programs, ...: one each on a grid of ITEMS, several on a persistent grid).
-    A box is cut into two parts of 64 queries (one consumer warpgroup each, sharing the box's key
-    walk) along axis SPLIT; one producer warp. ``QBUFS`` query slots a consumer (two on a
-    persistent grid: the next box's queries load while this one's finish). Per axis: lengths L,
-    windows K, strides S, shifts F; NT1, NT2 query boxes along axes 1, 2 (``BOXES`` in all)."""
+                         PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Programs walking work items (query boxes of one (batch, head)): one each (program i the
+    i-th), or on a PERSISTENT grid those of the program's row of the ``SCHEDULE`` table (rows of
+    SCHEDULE_STRIDE int32: a count, then items; gluon_schedule.py). A box is cut into two parts
+    of 64 queries (one consumer warpgroup each, sharing the box's key walk) along axis SPLIT; one
+    producer warp. ``QBUFS`` query slots a consumer (two on a persistent grid: the next box's
+    queries load while this one's finish). Per axis: lengths L, windows K, strides S, shifts F;
+    NT1, NT2 query boxes along axes 1, 2 (``BOXES`` in all, a head of ``HEADS``)."""
     q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty = allocate_ring(
         q_desc, k_desc, v_desc, _CONSUMERS, STAGES, QBUFS)
     q_empty = gl.allocate_shared_memory(gl.int64, [_CONSUMERS * QBUFS, 1], mbarrier.MBarrierLayout())
@@ -332,12 +352,14 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2
     # (tuples spelt out: adding tuples in a kernel drops the constexpr wrappers workers need)
     gl.warp_specialize([
         (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                     q_desc, k_desc, slb, sl0, sl1, sl2, slh, ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1,
-                     S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, 0, SPLIT, QBUFS)),
+                     q_desc, k_desc, slb, sl0, sl1, sl2, slh, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0,
+                     K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES,
+                     0, SPLIT, QBUFS, PERSISTENT)),
         (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-                     q_desc, k_desc, slb, sl0, sl1, sl2, slh, ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1,
-                     S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, 1, SPLIT, QBUFS)),
+                     q_desc, k_desc, slb, sl0, sl1, sl2, slh, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0,
+                     K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES,
+                     1, SPLIT, QBUFS, PERSISTENT)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready,
-                     v_empty, ITEMS, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
-                     C0, C1, C2, WINDOW, STAGES, SPLIT, QBUFS)),
+                     v_empty, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1,
+                     F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, STAGES, SPLIT, QBUFS, PERSISTENT)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -21,6 +21,7 @@ from .descriptor_scratch import ensure_allocator
 from .device_limits import multiprocessors, tile_shared_budget
 from .gluon_descriptors import grid_descriptor, tensors_fit
 from .gluon_regroup import regrouped
+from .gluon_schedule import persistent_schedule
 from .host_descriptors import rebased
 from .launch import _pad3
 
@@ -77,17 +78,24 @@ class GluonForward:
         items = boxes[0] * boxes[1] * boxes[2] * problem.heads * problem.batch
         slots = tiles.GLUON_RING_SLOTS[tiling.split_walk, math.prod(kv_box)]
         query_slots = persistent_query_slots(problem, q, slots, math.prod(kv_box), tiling.split_walk)
-        # a persistent grid: a program a multiprocessor, each walking every programs-th work item
-        # (its next box's queries and first tiles load while it finishes a box); else one a box
-        programs = (tiles.GLUON_PERSISTENT_PROGRAMS or multiprocessors(q.device)) if query_slots == 2 else items
-        self.grid = (min(items, programs), )
+        # a persistent grid: a program a multiprocessor, each walking its row of boxes of the
+        # schedule (its next box's queries and first tiles load while it finishes a box); else a
+        # program a box
+        persistent = query_slots == 2
+        programs = min(items, tiles.GLUON_PERSISTENT_PROGRAMS or multiprocessors(q.device)) if persistent else items
+        self.grid = (programs, )
+        if persistent:
+            table = persistent_schedule(problem, tiling.q, tiling.kv, programs, q.device)
+            self.schedule = [table, table.shape[1]]
+        else:
+            self.schedule = [torch.zeros(1, dtype=torch.int32, device=q.device), 0]
         self.descriptors = [grid_descriptor(q, rank, half), grid_descriptor(k, rank, kv_box),
                             grid_descriptor(v, rank, kv_box), grid_descriptor(out, rank, half)]
         lse_strides = list(lse.stride())
         self.scalars = [lse_strides[0], *_pad3(lse_strides[1:1 + rank], 0), lse_strides[-1], *lengths,
                         *_pad3([a.window for a in axes], 1), *_pad3([a.stride for a in axes], 1),
                         *_pad3([a.shift for a in axes], 0), boxes[1], boxes[2], problem.heads // problem.kv_heads,
-                        problem.scale * LOG2E, items, boxes[0] * boxes[1] * boxes[2], problem.heads]
+                        problem.scale * LOG2E, boxes[0] * boxes[1] * boxes[2], problem.heads]
         causal = _pad3([a.causal for a in axes], False)
         self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
                          STAGES=slots, SPLIT=self.split, PRODUCER_REGS=PRODUCER_REGISTERS,
@@ -98,13 +106,17 @@ class GluonForward:
         if tiling.split_walk:
             self.meta.update(SPLIT_CAUSAL=causal[self.split])
         else:
-            self.meta.update(QBUFS=query_slots)
+            self.meta.update(QBUFS=query_slots, PERSISTENT=persistent)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor) -> None:
         descriptors = [rebased(template, t) for template, t in zip(self.descriptors, (q, k, v, out))]
         ensure_allocator()
-        self.kernel[self.grid](*descriptors, lse, *self.scalars, **self.meta)
+        self.kernel[self.grid](*self.arguments(descriptors, lse), **self.meta)
+
+    def arguments(self, descriptors: list, lse: torch.Tensor) -> list:
+        """The kernel's arguments before its constexprs (the whole walk's end with its schedule)."""
+        return [*descriptors, lse, *self.scalars] + ([] if "SPLIT_CAUSAL" in self.meta else self.schedule)
 
 
 def plan(problem: Problem, fwd: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

@@ -180,12 +180,12 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
 
 @gluon.jit
 def gluon_split_walk_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2,
-                            S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, ITEMS, BOXES, HEADS,
+                            S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, BOXES, HEADS,
                             C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
                             RANK: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, SPLIT_CAUSAL: gl.constexpr,
                             PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """One program: work item ``program_id(0)`` (of ``ITEMS``, the whole walk's order: one query
-    box of one (batch, head)), cut into two parts of 64 queries (one consumer warpgroup each) along
+    """One program: work item ``program_id(0)`` (in the whole walk's order: one query box of one
+    (batch, head)), cut into two parts of 64 queries (one consumer warpgroup each) along
     axis SPLIT (causal: SPLIT_CAUSAL), each computing only the key tiles its queries see
     (gluon_split_walk.py); one producer warp. Per axis: lengths L, windows K, strides S, shifts F;
     NT1, NT2 query boxes along axes 1, 2 (``BOXES`` in all, a head of ``HEADS``). Not persistent:
