@@ -252,9 +252,12 @@ GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
 # other half's tile between them is computed; the whole walk measured no faster with it.
 GLUON_RING_SLOTS = {(False, 128): 2, (True, 128): 3, (False, 64): 4, (True, 64): 4}
 # The whole walk's kernel on a persistent grid (gluon_forward_launch.persistent_query_slots): a
-# program a multiprocessor walks every programs-th query box, the producer loading the next box's
-# queries and first tiles while the consumers finish one, which hides the prologue and epilogue
-# GLUON_PROGRAM_STEPS charges a box on a grid of one program a box.
+# program a multiprocessor walks a row of query boxes the host deals (gluon_schedule.py), the
+# producer loading the next box's queries and first tiles while the consumers finish one. On the
+# H100 (2026-12-07, RESULTS.md "The persistent Gluon forward") 0.98-1.08x a grid of one program a
+# box on the 2-D and 3-D rows, 1.07-1.29x on rows round-robin dealt as evenly (1-D,
+# strided, Swin windows, GQA). The cost model still charges GLUON_PROGRAM_STEPS a box: the rule's
+# choices were right on every row measured with it (16x16 stride 16 still a tie with Triton).
 GLUON_PERSISTENT = True
 GLUON_PERSISTENT_PROGRAMS = None  # programs of that grid: None for a multiprocessor each (tests set a few)
 # One tiling at a time, for the benchmarks and tests that compare them (use_gluon_tiling):
