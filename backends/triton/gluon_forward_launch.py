@@ -39,12 +39,20 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 32, 240
 WARPS = 4  # the default partition (the first consumer); the workers add 4 + 1 warps
 
 
+def _capturing(q: torch.Tensor) -> bool:
+    """Whether this plan is made inside a CUDA graph's capture (its first call of the problem, not
+    warmed up first): the persistent grid's schedule, copied from the host, cannot be made there,
+    so that plan keeps a program a box."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def persistent_query_slots(problem: Problem, q: torch.Tensor, ring_slots: int, key_tokens: int,
                            split_walk: bool) -> int:
     """Query slots a consumer of the whole walk's kernel takes: two where tiles.GLUON_PERSISTENT
-    asks for a persistent grid and a second box's queries fit beside the ring, else one (and a
-    program a box). The split walk's kernel is never persistent."""
-    if split_walk or not tiles.GLUON_PERSISTENT:
+    asks for a persistent grid and a second box's queries fit beside the ring (and the plan is not
+    made during a CUDA graph's capture), else one (and a program a box). The split walk's kernel
+    is never persistent."""
+    if split_walk or not tiles.GLUON_PERSISTENT or _capturing(q):
         return 1
     row = problem.head_dim * q.element_size()
     ring = 2 * ring_slots * key_tokens * row
