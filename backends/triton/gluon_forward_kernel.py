@@ -11,7 +11,10 @@ RESULTS.md, "Gluon probes"):
 * two consumer warpgroups of 64 queries each share the query box's key walk and every K/V tile;
   S = Q K^T of tile i is issued before O += P V of tile i - 1, so the softmax of tile i runs
   while the tensor cores work on the latter;
-* ``setmaxnreg`` hands the producer's registers to the consumers.
+* ``setmaxnreg`` hands the producer's registers to the consumers;
+* on a persistent grid a program walks a row of boxes (gluon_schedule.py deals them): the ring's
+  position runs on from box to box and each consumer has two query slots, so the next box's
+  queries and first tiles load while this box's last products, softmax and store run.
 
 The walk, the per-axis key ranges and the partial tiles' masks are the Triton kernels' device
 functions (index_math, scores.mask_pairs), which Gluon calls unchanged: both kernels compute the
@@ -66,13 +69,32 @@ def _box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT: gl.constexpr):
 
 
 @gluon.jit
-def _box_item(SCHEDULE, SCHEDULE_STRIDE, k, PERSISTENT: gl.constexpr):
-    """The work item of this program's ``k``-th box: from its row of the table, else its id."""
+def _box_walk(q_desc, k_desc, SCHEDULE, SCHEDULE_STRIDE, k, PERSISTENT: gl.constexpr, BOXES, HEADS, L0, L1, L2, K0,
+              K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr,
+              WINDOW: gl.constexpr, SPLIT: gl.constexpr):
+    """``_program_walk`` of this program's ``k``-th box: the work item from its row of the table,
+    else its id."""
     if PERSISTENT:
         item = gl.load(SCHEDULE + gl.program_id(0) * SCHEDULE_STRIDE + 1 + k)
     else:
         item = gl.program_id(0)
-    return item
+    return _program_walk(q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1,
+                         NT2, GROUP, C0, C1, C2, WINDOW, SPLIT)
+
+
+@gluon.jit
+def _load_tile(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, coord, STAGES: gl.constexpr):
+    """The producer's step ``i`` of the ring: the key tile at ``coord`` into slot i % STAGES, K
+    and V each once both consumers have released the slot's last tile."""
+    slot = i % STAGES
+    # mbarriers start with phase 1 complete: the first pass over the ring does not wait
+    empty_phase = ((i // STAGES) & 1) ^ 1
+    mbarrier.wait(k_empty.index(slot), empty_phase)
+    mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(slot), k_bufs.index(slot))
+    mbarrier.wait(v_empty.index(slot), empty_phase)
+    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(slot), v_bufs.index(slot))
 
 
 @gluon.jit
@@ -89,10 +111,9 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
     TK2: gl.constexpr = k_desc.block_type.shape[3]
     position = gl.to_tensor(0)
     for boxes_done in range(_box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT)):
-        item = _box_item(SCHEDULE, SCHEDULE_STRIDE, boxes_done, PERSISTENT)
-        b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
-            q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
-            C0, C1, C2, WINDOW, SPLIT)
+        b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _box_walk(
+            q_desc, k_desc, SCHEDULE, SCHEDULE_STRIDE, boxes_done, PERSISTENT, BOXES, HEADS, L0, L1, L2, K0, K1, K2,
+            S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, SPLIT)
         first_slot = (boxes_done % QBUFS) * _CONSUMERS
         # mbarriers start with phase 1 complete: a query slot's first use does not wait
         free_phase = ((boxes_done // QBUFS) & 1) ^ 1
@@ -110,16 +131,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
         for t in range(n_tiles):
             # (the ring's position as position + t: a loop over range(position, ...) here lost
             # the carried position in Triton 3.6's front end, whose loop then started at 0)
-            i = position + t
-            slot = i % STAGES
-            empty_phase = ((i // STAGES) & 1) ^ 1
-            coord = [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col]
-            mbarrier.wait(k_empty.index(slot), empty_phase)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(slot), k_bufs.index(slot))
-            mbarrier.wait(v_empty.index(slot), empty_phase)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(slot), v_bufs.index(slot))
+            _load_tile(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, position + t,
+                       [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col], STAGES)
             j0, j1, j2 = next3(j0, j1, j2, n1, n2)
         position += n_tiles
 
@@ -257,10 +270,9 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
 
     position = gl.to_tensor(0)
     for boxes_done in range(_box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT)):
-        item = _box_item(SCHEDULE, SCHEDULE_STRIDE, boxes_done, PERSISTENT)
-        b, h, q_col, _, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _program_walk(
-            q_desc, k_desc, item, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP,
-            C0, C1, C2, WINDOW, SPLIT)
+        b, h, q_col, _, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _box_walk(
+            q_desc, k_desc, SCHEDULE, SCHEDULE_STRIDE, boxes_done, PERSISTENT, BOXES, HEADS, L0, L1, L2, K0, K1, K2,
+            S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, SPLIT)
         xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
         x0, x1, x2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2 = _rows_and_keys(
             xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0, C1, C2, WINDOW, TQ0, TQ1, TQ2, TK0,

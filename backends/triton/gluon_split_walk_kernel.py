@@ -18,8 +18,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_forward_kernel import (_half_origin, _last_product, _masked, _pipelined_step, _program_walk,
-                                   _rows_and_keys, _softmax_step, _store_rows)
+from .gluon_forward_kernel import (_half_origin, _last_product, _load_tile, _masked, _pipelined_step,
+                                   _program_walk, _rows_and_keys, _softmax_step, _store_rows)
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 from .gluon_split_walk import exclusive_coords, exclusive_tile, pick3, split_stream, stream_coords, with3
 from .index_math import next3
@@ -43,16 +43,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, 
     for i in range(exclusive0 + exclusive1 + shared * r0 * r1 * r2):
         j0, j1, j2 = stream_coords(i, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1, n0, n1, n2,
                                    SPLIT)
-        slot = i % STAGES
-        # mbarriers start with phase 1 complete: the first pass over the ring does not wait
-        empty_phase = ((i // STAGES) & 1) ^ 1
-        coord = [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col]
-        mbarrier.wait(k_empty.index(slot), empty_phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, coord, k_ready.index(slot), k_bufs.index(slot))
-        mbarrier.wait(v_empty.index(slot), empty_phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, coord, v_ready.index(slot), v_bufs.index(slot))
+        _load_tile(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i,
+                   [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col], STAGES)
 
 
 @gluon.jit
