@@ -5,7 +5,8 @@
 # process, then (ISSUE_ONLY) the issue benchmark's rows on the same machine: triton and dense
 # cuDNN, and with ISSUE_FLEX=1 Flex too (its compile phase in the background from the start).
 # Usage (GPU machine, repo root):
-#   [TESTS="tests/..."] [ONLY=0,1] [TILINGS=whole,split128x3] [ISSUE_ONLY=1,2 [ISSUE_FLEX=1]] \
+#   [TESTS="tests/..." [TESTS_K="persistent or same_outputs"]] [ONLY=0,1] [TILINGS=whole,split128x3] \
+#     [ISSUE_ONLY=1,2 [ISSUE_FLEX=1]] \
 #     bash benchmarks/gpu_run_gluon_split_walk.sh
 # Knobs: COMPILE_TIMEOUT, TESTS_TIMEOUT, BENCH_TIMEOUT, ISSUE_TIMEOUT, FLEX_COMPILE_TIMEOUT (seconds).
 source benchmarks/gpu_preamble.sh
@@ -25,8 +26,10 @@ for i in ${only//,/ }; do
 done
 TESTS=${TESTS-tests/test_gluon_forward_gpu.py}
 if [ -n "$TESTS" ]; then
+  # (TESTS_K apart: a -k expression inside TESTS would be split at its spaces)
   # shellcheck disable=SC2086
-  timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf --tb=short $TESTS > "$OUT/tests.log" 2>&1
+  timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf --tb=short $TESTS \
+    ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
   echo "tests: exit $? after $(( $(date +%s) - s )) s"; grep -E "passed|failed|error|FAILED" "$OUT/tests.log" | tail -30
 fi
 wait
