@@ -28,7 +28,7 @@ TESTS=${TESTS-tests/test_gluon_forward_gpu.py}
 if [ -n "$TESTS" ]; then
   # (TESTS_K apart: a -k expression inside TESTS would be split at its spaces)
   # shellcheck disable=SC2086
-  timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf --tb=short $TESTS \
+  timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf --tb=short $TESTS \
     ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
   echo "tests: exit $? after $(( $(date +%s) - s )) s"; grep -E "passed|failed|error|FAILED" "$OUT/tests.log" | tail -30
 fi
