@@ -124,7 +124,7 @@ class GluonForward:
 
     def arguments(self, descriptors: list, lse: torch.Tensor) -> list:
         """The kernel's arguments before its constexprs (the whole walk's end with its schedule)."""
-        return [*descriptors, lse, *self.scalars] + ([] if "SPLIT_CAUSAL" in self.meta else self.schedule)
+        return [*descriptors, lse, *self.scalars] + ([] if self.kernel is gluon_split_walk_kernel else self.schedule)
 
 
 def plan(problem: Problem, fwd: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
