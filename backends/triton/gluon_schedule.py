@@ -24,10 +24,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from haloattn.geometry import key_range
 from haloattn.problem import Problem
 
-from .tiles import ANCHOR_TILES, walk_start
+from .tiles import ANCHOR_TILES, axis_tile_steps
 
 # A box's own work besides its key tiles, in key-tile steps: loading its queries, the last
 # product, the output's store (what tiles.GLUON_PROGRAM_STEPS charges a grid of a program a box).
@@ -38,17 +37,12 @@ BALANCED_ROUNDS = 4096
 
 
 def box_steps(problem: Problem, q_box: Sequence[int], kv_box: Sequence[int]) -> np.ndarray:
-    """Key tiles each query box of one (batch, head) walks (index_math.key_walk's steps, as
-    tiles._axis_steps counts them), in the kernel's box order (row-major over the grid's boxes)."""
+    """Key tiles each query box of one (batch, head) walks (index_math.key_walk's steps, as the
+    cost model counts them per axis: tiles.axis_tile_steps), in the kernel's box order
+    (row-major over the grid's boxes). ``problem`` is undilated, as the Gluon forward's are."""
     steps = np.ones(1, dtype=np.int64)
     for axis, q_tile, kv_tile in zip(problem.axes, q_box, kv_box):
-        per_box = []
-        for start in range(0, axis.length, q_tile):
-            last = min(start + q_tile, axis.length) - 1
-            _, lo, common_hi = key_range(axis, problem.pattern, start)
-            _, common_lo, hi = key_range(axis, problem.pattern, last)
-            first = walk_start(lo, hi, common_lo, common_hi, kv_tile, ANCHOR_TILES)
-            per_box.append(-(-(hi - first) // kv_tile))
+        per_box = [n for n, _ in axis_tile_steps(axis, problem.pattern, q_tile, kv_tile, ANCHOR_TILES)]
         steps = np.multiply.outer(steps, np.array(per_box, dtype=np.int64)).ravel()
     return steps
 

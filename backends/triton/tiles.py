@@ -567,21 +567,26 @@ def tiles_inside(first: int, steps: int, tile: int, common_lo: int, common_hi: i
 
 
 @lru_cache(maxsize=4096)
-def _axis_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool) -> Tuple[int, int]:
-    """Key-tile steps on one axis, summed over the query tiles of group 0 on that axis
-    (``key_range`` takes grid coordinates: group 0's coordinate ``x`` is token ``x * dilation``),
-    and how many of them lie inside the tile's common range (no mask on this axis)."""
+def axis_tile_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool) -> List[Tuple[int, int]]:
+    """Per query tile of group 0 on one axis (in order), its walk's key-tile steps on that axis
+    and how many of them lie inside the tile's common range (no mask on this axis).
+    (``key_range`` takes grid coordinates: group 0's coordinate ``x`` is token ``x * dilation``.)"""
     group_len = axis.group_length(0)
-    visited = inside = 0
+    out = []
     for start in range(0, group_len, q_tile):
         last = min(start + q_tile, group_len) - 1
         _, lo, common_hi = key_range(axis, pattern, start * axis.dilation)
         _, common_lo, hi = key_range(axis, pattern, last * axis.dilation)
         first = walk_start(lo, hi, common_lo, common_hi, kv_tile, anchor)
         steps = -(-(hi - first) // kv_tile)
-        visited += steps
-        inside += tiles_inside(first, steps, kv_tile, common_lo, common_hi)
-    return visited, inside
+        out.append((steps, tiles_inside(first, steps, kv_tile, common_lo, common_hi)))
+    return out
+
+
+def _axis_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool) -> Tuple[int, int]:
+    """``axis_tile_steps`` summed over the axis' query tiles: (steps visited, steps inside)."""
+    per_tile = axis_tile_steps(axis, pattern, q_tile, kv_tile, anchor)
+    return sum(steps for steps, _ in per_tile), sum(inside for _, inside in per_tile)
 
 
 def forward_cost(problem: Problem, q: Sequence[int], kv: Sequence[int], speed: float) -> float:
