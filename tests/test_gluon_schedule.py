@@ -2,6 +2,7 @@
 consecutive boxes, and a balance round-robin dealing does not reach on 2-D and 3-D neighbourhoods."""
 
 import math
+import random
 
 import numpy as np
 import pytest
@@ -67,3 +68,16 @@ def test_balanced_where_round_robin_is_not(spatial, window, options, q_box):
     table = np.concatenate([(round_robin < len(costs)).sum(axis=1, keepdims=True), round_robin], axis=1)
     assert gluon_schedule.busiest_over_mean(costs, table) > 1.08
     assert gluon_schedule.busiest_over_mean(costs, gluon_schedule.schedule(costs, 132)) < 1.05
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_box_steps_are_the_kernels_walks(seed):
+    """Per box, in the kernel's box order, the key tiles index_math.key_walk (the device function
+    the Gluon kernels call) walks, run in Triton's interpreter on random problems of every rank
+    and pattern: the weights the schedule deals are the kernel's own."""
+    from test_gluon_split_walk import _random_case, _stream
+
+    problem, q_box, kv_box, split = _random_case(random.Random(500 + seed))
+    boxes, *_ = _stream(problem, q_box, kv_box, split, split_walk=False)
+    kernel_steps = [math.prod(n) for _, _, n, _ in boxes]
+    assert gluon_schedule.box_steps(problem, q_box, kv_box).tolist() == kernel_steps
