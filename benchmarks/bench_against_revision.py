@@ -4,7 +4,7 @@ ratio is not moved by the clock drift between two processes or two machines.
 
     git archive <rev> backends/triton | tar -x -C /tmp/base       # the other revision's package
     python benchmarks/bench_against_revision.py --base /tmp/base/backends/triton \\
-        [--only 1,5] [--extra] [--rounds 3] [--no-forward] [--this-config JSON] [--json FILE]
+        [--only 1,5] [--extra] [--rounds 3] [--no-forward | --no-backward] [--this-config JSON] [--json FILE]
 
 The other package is imported as ``haloattn.backends.triton_base`` (its relative imports resolve
 inside it; both share the working tree's core). Each problem runs both packages' default configs
@@ -59,7 +59,7 @@ def merged(config: dict, overrides: dict) -> dict:
     return {part: dict(cfg, **overrides.get(part, {})) for part, cfg in config.items()}
 
 
-def compare(index, base_launch, rounds, forward=True, overrides=None):
+def compare(index, base_launch, rounds, forward=True, overrides=None, backward_too=True):
     q, k, v, problem = make_inputs(index)
     config = merged(this_launch.tiles.default_config(problem), overrides) if overrides else None
     inputs = AttentionInputs(q, k, v)
@@ -76,6 +76,8 @@ def compare(index, base_launch, rounds, forward=True, overrides=None):
         row["forward"] = dict(ms, base_over_this=ms["base"] / ms["this"],
                               rel_diff=relative_difference(outputs["this"], outputs["base"]),
                               efficiency=flops / ms["this"] / 1e9 / dense)
+    if not backward_too:
+        return row
     go = torch.randn_like(outputs["this"][0])
     out, lse = outputs["this"]
 
@@ -110,6 +112,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3,
                         help="0: run each kernel once, untimed (fills the Triton cache for a later run)")
     parser.add_argument("--no-forward", action="store_true", help="time the backward only")
+    parser.add_argument("--no-backward", action="store_true", help="time the forward only")
     parser.add_argument("--this-config", type=json.loads, default=None,
                         help='JSON merged into this tree\'s default config per kernel, e.g. \'{"dkdv": {"stages": 1}}\'')
     parser.add_argument("--json")
@@ -121,7 +124,8 @@ def main():
     print(f"# {torch.cuda.get_device_name()}: base {args.base} against this tree, {args.rounds} rounds", flush=True)
     results = []
     for index in indices:
-        results.append(compare(index, base_launch, args.rounds, not args.no_forward, args.this_config))
+        results.append(compare(index, base_launch, args.rounds, not args.no_forward, args.this_config,
+                               not args.no_backward))
         if args.rounds:
             report(results[-1])
         write_json(args.json, results)

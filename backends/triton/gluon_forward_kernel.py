@@ -167,10 +167,13 @@ def _softmax_step(s, m_i, l_i, qk_scale):
 def _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i, l_i, i, s_zero, rlo0, rhi0,
                     rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, ys0, ys1, ys2, qk_scale,
                     RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
-                    TK2: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
+                    TK2: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
+                    RESCALE: gl.constexpr):
     """Step ``i`` of the ring (the key tile at ``ys``): its S issued, then tile i-1's O += P V
     (``p16``), and tile i's softmax while the latter is on the tensor cores; each slot released as
-    soon as its product is done. Returns (P of tile i, acc, maxima, sums)."""
+    soon as its product is done. Returns (P of tile i, acc, maxima, sums). Without RESCALE, step i
+    is the first of another box (queries ``q``, fresh maxima and sums): tile i-1 was the last of
+    this box, whose accumulator comes back complete, not rescaled."""
     BN: gl.constexpr = TK0 * TK1 * TK2
     D: gl.constexpr = q.shape[1]
     slot = i % STAGES
@@ -186,7 +189,8 @@ def _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, 
     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
     acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
     mbarrier.arrive(v_empty.index(prev), count=1)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+    if RESCALE:
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
     return gl.convert_layout(p.to(q.dtype), p_layout), acc, m_i, l_i
 
 
@@ -243,6 +247,31 @@ def _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, 
 
 
 @gluon.jit
+def _consumer_box(q_desc, k_desc, SCHEDULE, SCHEDULE_STRIDE, k, PERSISTENT: gl.constexpr, BOXES, HEADS, L0, L1, L2,
+                  K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0: gl.constexpr, C1: gl.constexpr,
+                  C2: gl.constexpr, WINDOW: gl.constexpr, HALF: gl.constexpr, SPLIT: gl.constexpr,
+                  s_rows: gl.constexpr):
+    """Consumer HALF's part of this program's ``k``-th box: its batch, head and query column, its
+    queries' first coordinates, the box's key walk (first key, tile steps per axis) and its rows'
+    key ranges (``_rows_and_keys``: rlo/rhi per row, lo/hi shared, per axis)."""
+    TQ0: gl.constexpr = q_desc.block_type.shape[1]
+    TQ1: gl.constexpr = q_desc.block_type.shape[2]
+    TQ2: gl.constexpr = q_desc.block_type.shape[3]
+    TK0: gl.constexpr = k_desc.block_type.shape[1]
+    TK1: gl.constexpr = k_desc.block_type.shape[2]
+    TK2: gl.constexpr = k_desc.block_type.shape[3]
+    b, h, q_col, _, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _box_walk(
+        q_desc, k_desc, SCHEDULE, SCHEDULE_STRIDE, k, PERSISTENT, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2,
+        F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, SPLIT)
+    xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
+    _, _, _, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2 = _rows_and_keys(
+        xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0, C1, C2, WINDOW, TQ0, TQ1, TQ2, TK0, TK1,
+        TK2, s_rows)
+    return (b, h, q_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1,
+            hi1, lo2, hi2)
+
+
+@gluon.jit
 def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, q_desc,
               k_desc, slb, sl0, sl1, sl2, slh, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0,
               S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr,
@@ -250,7 +279,13 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
               SPLIT: gl.constexpr, QBUFS: gl.constexpr, PERSISTENT: gl.constexpr):
     """Consumer warpgroup HALF over this program's boxes, in the producer's order: its 64 queries
     over each box's walk, then their output and LSE; the query slot is handed back for a later
-    box once the output's store has read it."""
+    box once the output's store has read it.
+
+    The software pipeline runs on across boxes: a box's last O += P V goes to the tensor cores
+    behind the next box's first S, whose softmax runs under it, so a box's turn costs the tensor
+    cores no more than a step inside its walk. (Both consumers walk the same box at the same time:
+    a pipeline that drained at every box would leave the tensor cores idle at every turn, for the
+    first tile's scores and softmax and the last product; the issue's 2-D walks are 10-30 tiles.)"""
     TQ0: gl.constexpr = o_desc.block_type.shape[1]
     TQ1: gl.constexpr = o_desc.block_type.shape[2]
     TQ2: gl.constexpr = o_desc.block_type.shape[3]
@@ -267,51 +302,65 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     dtype: gl.constexpr = o_desc.dtype
     s_zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    no_max = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
+    no_sum = gl.zeros([BM], gl.float32, layout=s_rows)
+    m0, m1, m2 = split3(gl.arange(0, BM, layout=s_rows), TQ1, TQ2)
+    boxes = _box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT)
+
+    # the first box's first tile: its scores and softmax before any loop
+    (b, h, q_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
+     lo2, hi2) = _consumer_box(q_desc, k_desc, SCHEDULE, SCHEDULE_STRIDE, 0, PERSISTENT, BOXES, HEADS, L0, L1, L2,
+                               K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, HALF, SPLIT,
+                               s_rows)
+    mbarrier.wait(q_ready.index(HALF), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_smem.index(HALF).reshape([BM, D]), k_bufs.index(0).reshape([BN, D]).permute((1, 0)), s_zero,
+                      use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
+                RANK, s_layout)
+    p, m_i, l_i, _ = _softmax_step(s, no_max, no_sum, qk_scale)
+    p16 = gl.convert_layout(p.to(dtype), p_layout)
+    acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
 
     position = gl.to_tensor(0)
-    for boxes_done in range(_box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT)):
-        b, h, q_col, _, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _box_walk(
-            q_desc, k_desc, SCHEDULE, SCHEDULE_STRIDE, boxes_done, PERSISTENT, BOXES, HEADS, L0, L1, L2, K0, K1, K2,
-            S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, SPLIT)
-        xs0, xs1, xs2 = _half_origin(xs0, xs1, xs2, HALF, SPLIT, TQ0, TQ1, TQ2)
-        x0, x1, x2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2 = _rows_and_keys(
-            xs0, xs1, xs2, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, C0, C1, C2, WINDOW, TQ0, TQ1, TQ2, TK0,
-            TK1, TK2, s_rows)
+    for boxes_done in range(boxes):
+        # this box's walk after its first tile: step i issues tile i's S and tile i-1's O += P V
         q_slot = (boxes_done % QBUFS) * _CONSUMERS + HALF
-        q_box = q_smem.index(q_slot)
-        q = q_box.reshape([BM, D])
-        m_i = gl.full([BM], float("-inf"), gl.float32, layout=s_rows)
-        l_i = gl.zeros([BM], gl.float32, layout=s_rows)
-        acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
+        q = q_smem.index(q_slot).reshape([BM, D])
         n_tiles = n0 * n1 * n2
-        mbarrier.wait(q_ready.index(q_slot), (boxes_done // QBUFS) & 1)
-
-        # the walk's first tile's scores and softmax before the loop; each step then issues tile
-        # i's S, tile i-1's O += P V, and runs tile i's softmax while the latter is on the tensor
-        # cores
-        slot = position % STAGES
-        mbarrier.wait(k_ready.index(slot), (position // STAGES) & 1)
-        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))
-        mbarrier.arrive(k_empty.index(slot), count=1)
-        s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1,
-                    TK2, RANK, s_layout)
-        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
-        p16 = gl.convert_layout(p.to(dtype), p_layout)
         j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), n1, n2)
         for i in range(position + 1, position + n_tiles):
             p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16,
                                                  m_i, l_i, i, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0,
                                                  lo1, hi1, lo2, hi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
-                                                 qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
+                                                 qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows,
+                                                 True)
             j0, j1, j2 = next3(j0, j1, j2, n1, n2)
-        acc = _last_product(p16, v_bufs, v_ready, v_empty, acc, position + n_tiles - 1, STAGES)
-
-        _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, xs1, xs2, b, h, q_col, slb, sl0,
-                    sl1, sl2, slh, o_rows)
-        mbarrier.arrive(q_empty.index(q_slot), count=1)
         position += n_tiles
+        box_b, box_h, box_col, box0, box1, box2 = b, h, q_col, xs0, xs1, xs2
+
+        # the turn: the next box's first S, then this box's last O += P V under its softmax
+        if boxes_done + 1 < boxes:
+            (b, h, q_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0,
+             lo1, hi1, lo2, hi2) = _consumer_box(q_desc, k_desc, SCHEDULE, SCHEDULE_STRIDE, boxes_done + 1,
+                                                 PERSISTENT, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1,
+                                                 F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, HALF, SPLIT, s_rows)
+            next_slot = ((boxes_done + 1) % QBUFS) * _CONSUMERS + HALF
+            mbarrier.wait(q_ready.index(next_slot), ((boxes_done + 1) // QBUFS) & 1)
+            p_next, acc, m_next, l_next = _pipelined_step(
+                q_smem.index(next_slot).reshape([BM, D]), k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc,
+                p16, no_max, no_sum, position, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2,
+                hi2, st0, st1, st2, qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows, False)
+        else:
+            acc = _last_product(p16, v_bufs, v_ready, v_empty, acc, position - 1, STAGES)
+            p_next, m_next, l_next = p16, m_i, l_i
+        _store_rows(o_desc, LSE, q_smem.index(q_slot), acc, m_i, l_i, box0 + m0, box1 + m1, box2 + m2, L0, L1, L2,
+                    box0, box1, box2, box_b, box_h, box_col, slb, sl0, sl1, sl2, slh, o_rows)
+        mbarrier.arrive(q_empty.index(q_slot), count=1)
+        p16, m_i, l_i = p_next, m_next, l_next
+        acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
 
 
 @gluon.jit

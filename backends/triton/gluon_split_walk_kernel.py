@@ -118,7 +118,7 @@ def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_
         p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i,
                                              l_i, i, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
                                              lo2, hi2, o0 + j0 * TK0, o1 + j1 * TK1, o2 + j2 * TK2, qk_scale, RANK,
-                                             STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows)
+                                             STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows, True)
         j0, j1, j2 = next3(j0, j1, j2, e1, e2)
     return _last_product(p16, v_bufs, v_ready, v_empty, acc, first + count - 1, STAGES), m_i, l_i
 
