@@ -14,7 +14,8 @@ RESULTS.md, "Gluon probes"):
 * ``setmaxnreg`` hands the producer's registers to the consumers;
 * on a persistent grid a program walks a row of boxes (gluon_schedule.py deals them): the ring's
   position runs on from box to box and each consumer has two query slots, so the next box's
-  queries and first tiles load while this box's last products, softmax and store run.
+  queries and first tiles load while this box's last products, softmax and store run; the
+  consumers' pipeline runs on too (a box's last O += P V behind the next box's first S).
 
 The walk, the per-axis key ranges and the partial tiles' masks are the Triton kernels' device
 functions (index_math, scores.mask_pairs), which Gluon calls unchanged: both kernels compute the
