@@ -15,12 +15,12 @@ import random
 
 import pytest
 
-from test_gluon_ring_protocol import Barrier, _blocked
+from test_gluon_ring_protocol import Barrier, Interleaved
 
 CONSUMERS = 2
 
 
-class PersistentModel:
+class PersistentModel(Interleaved):
     """One persistent program: ``walks[b]`` key tiles in box b, ``stages`` ring slots,
     ``query_slots`` query slots a consumer."""
 
@@ -38,11 +38,6 @@ class PersistentModel:
         self.landing = []  # copies in flight: (slot key, content, ready barrier)
         self.computed = {half: [] for half in range(CONSUMERS)}  # (box, tile) per finished O += P V
         self.stored = {half: [] for half in range(CONSUMERS)}
-
-    def wait(self, barrier, parity):
-        while not barrier.passes(parity):
-            assert barrier.completed % 2 == parity, "a parity wait one turn away"
-            yield
 
     def read(self, who, key, content):
         assert self.slots[key] == content, f"consumer {who} read {key} holding {self.slots[key]}, not {content}"
@@ -124,30 +119,6 @@ class PersistentModel:
         """The next box's queries, then its first S and this box's last O += P V as one step."""
         yield from self._queries(who, box + 1)
         yield from self._step(who, position, box + 1, box)
-
-    def land(self):
-        key, content, ready = self.landing.pop(self.rng.randrange(len(self.landing)))
-        assert not self.readers[key], f"a copy overwrote {key} while {self.readers[key]} read it"
-        self.slots[key] = content
-        ready.arrive()
-
-    def run(self):
-        workers = {"producer": self.producer(), **{half: self.consumer(half) for half in range(CONSUMERS)}}
-        for _ in range(200000):
-            choices = list(workers) + (["land"] * 2 if self.landing else [])
-            if not choices:
-                break
-            pick = self.rng.choice(choices)
-            if pick == "land":
-                self.land()
-                continue
-            try:
-                next(workers[pick])
-            except StopIteration:
-                del workers[pick]
-            if workers and not self.landing and all(_blocked(self, w) for w in workers.values()):
-                raise AssertionError("deadlock")
-        assert not workers, "did not finish"
 
 
 ROWS = [[1], [5], [3, 1, 4], [1, 1, 1, 1, 1], [2, 7, 1, 3, 2, 6], [9, 9, 9], [4, 1, 8, 2, 2, 1, 5, 3]]

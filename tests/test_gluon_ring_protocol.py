@@ -38,7 +38,49 @@ def _exclusive_owner(t, tiles0, tiles1):
     return t % 2 if t < 2 * both else int(tiles1 > tiles0)
 
 
-class Model:
+class Interleaved:
+    """Runs a model's producer and two consumers (generators that yield at each step and park on
+    barrier waits) one step at a time in a random order, landing the copies in flight at random
+    moments, until all finish; a state where every worker waits on a barrier that cannot pass and
+    no copy is in flight is a deadlock. A model has ``rng``, ``landing`` (slot key, content, ready
+    barrier), ``slots`` and ``readers`` (slot key -> set of consumers reading it)."""
+
+    # the kernel's waits, as generator steps: yield (barrier, parity, the phase it must be)
+    def wait(self, barrier, parity):
+        while not barrier.passes(parity):
+            # the phase awaited is the barrier's next one, never one a whole turn later
+            assert barrier.completed % 2 == parity, "a parity wait one turn away"
+            yield
+        return
+
+    def land(self):
+        """One copy in flight lands (any of them: the copy engine keeps no order)."""
+        key, tile, ready = self.landing.pop(self.rng.randrange(len(self.landing)))
+        assert not self.readers[key], f"a copy overwrote {key} while {self.readers[key]} read it"
+        self.slots[key] = tile
+        ready.arrive()
+
+    def run(self):
+        workers = {"producer": self.producer(), 0: self.consumer(0), 1: self.consumer(1)}
+        for _ in range(200000):
+            choices = list(workers) + (["land"] * 2 if self.landing else [])
+            if not choices:
+                break
+            pick = self.rng.choice(choices)
+            if pick == "land":
+                self.land()
+                continue
+            # a worker blocked on a wait makes no progress this turn, others may
+            try:
+                next(workers[pick])
+            except StopIteration:
+                del workers[pick]
+            if workers and not self.landing and all(_blocked(self, w) for w in workers.values()):
+                raise AssertionError("deadlock")
+        assert not workers, "did not finish"
+
+
+class Model(Interleaved):
     def __init__(self, exclusive0, exclusive1, shared, stages, rng):
         self.rng, self.stages = rng, stages
         self.exclusive, self.shared = (exclusive0, exclusive1), shared
@@ -51,14 +93,6 @@ class Model:
         self.readers = {key: set() for key in self.slots}
         self.landing = []  # copies in flight: (slot key, tile, ready barrier)
         self.computed = {0: [], 1: []}
-
-    # the kernel's waits, as generator steps: yield (barrier, parity, the phase it must be)
-    def wait(self, barrier, parity):
-        while not barrier.passes(parity):
-            # the phase awaited is the barrier's next one, never one a whole turn later
-            assert barrier.completed % 2 == parity, "a parity wait one turn away"
-            yield
-        return
 
     def read(self, who, kind, slot, tile):
         assert self.slots[(kind, slot)] == tile, f"consumer {who} read {kind} of the wrong tile"
@@ -119,33 +153,6 @@ class Model:
         yield
         self.computed[half].append(self.total - 1)
         self.release(half, "v", last)
-
-    def land(self):
-        """One copy in flight lands (any of them: the copy engine keeps no order)."""
-        key, tile, ready = self.landing.pop(self.rng.randrange(len(self.landing)))
-        assert not self.readers[key], f"a copy overwrote {key} while {self.readers[key]} read it"
-        self.slots[key] = tile
-        ready.arrive()
-
-    def run(self):
-        workers = {"producer": self.producer(), 0: self.consumer(0), 1: self.consumer(1)}
-        for _ in range(100000):
-            choices = list(workers) + (["land"] * 2 if self.landing else [])
-            if not choices:
-                break
-            pick = self.rng.choice(choices)
-            if pick == "land":
-                self.land()
-                continue
-            # a worker blocked on a wait makes no progress this turn, others may
-            try:
-                next(workers[pick])
-            except StopIteration:
-                del workers[pick]
-            if workers and not self.landing and all(_blocked(self, w) for w in workers.values()):
-                raise AssertionError("deadlock")
-        assert not workers, "did not finish"
-
 
 def _blocked(model, worker):
     """Whether ``worker`` is parked on a wait that cannot pass (its frame's barrier and parity)."""
