@@ -49,16 +49,19 @@ PROBLEMS = [
 
 
 def gradients(problem, inputs, config):
-    """(dK, dV) of ``config``'s backward on fixed random output gradients."""
+    """(dQ, dK, dV) of ``config``'s backward on fixed random output gradients."""
     out, lse = launch.forward(problem, inputs, config)
     go = torch.randn(out.shape, device=out.device, generator=torch.Generator(device=out.device).manual_seed(3),
                      dtype=out.dtype)
     needs = (True, True, True, False, False, False, False)
-    return launch.backward(problem, inputs, out, lse, go, None, needs, config)[1:3]
+    return launch.backward(problem, inputs, out, lse, go, None, needs, config)[:3]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def compare_pass(part: str, suits, description: str):
+    """The command line of this bench and bench_gluon_dq.py: per problem the backward with the
+    default config's ``part`` ("dkdv" or "dq") named Gluon and named Triton (where ``suits(problem,
+    that part)``), their times, ratio and gradients' relative differences."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--only")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -67,23 +70,25 @@ def main():
     for index in only:
         name, problem, inputs, _ = bf16_problem(PROBLEMS[index], index)
         default = tiles.normalise(None, problem)
-        configs = {gluon: dict(default, dkdv=dict(default["dkdv"], gluon=gluon)) for gluon in (True, False)}
-        print(f"# {name}: dkdv {default['dkdv']}", flush=True)
-        if not tiles.gluon_dkdv_tiles(problem, default["dkdv"]):
-            print("  (the default's dK/dV tiles are not the Gluon kernel's)", flush=True)
+        configs = {gluon: dict(default, **{part: dict(default[part], gluon=gluon)}) for gluon in (True, False)}
+        print(f"# {name}: {part} {default[part]}", flush=True)
+        if not suits(problem, default[part]):
+            print(f"  (the Gluon {part} pass does not take this problem)", flush=True)
             continue
         ms = {gluon: time_backward(problem, inputs, cfg) for gluon, cfg in configs.items()}
         got, want = gradients(problem, inputs, configs[True]), gradients(problem, inputs, configs[False])
-        diff = [((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, want)]
-        row = dict(problem=name, dkdv=default["dkdv"], gluon_ms=ms[True], triton_ms=ms[False],
-                   speedup=ms[False] / ms[True], dk_diff=diff[0], dv_diff=diff[1])
+        diff = {grad: ((a.float() - b.float()).norm() / b.float().norm()).item()
+                for grad, a, b in zip(("dq", "dk", "dv"), got, want)}
+        row = dict(problem=name, config=default[part], gluon_ms=ms[True], triton_ms=ms[False],
+                   speedup=ms[False] / ms[True], **{f"{grad}_diff": d for grad, d in diff.items()})
         rows.append(row)
-        print(f"  backward: Gluon dK/dV {ms[True]:.3f} ms, Triton {ms[False]:.3f} ms: {row['speedup']:.2f}x; "
-              f"dK / dV relative difference {diff[0]:.1e} / {diff[1]:.1e}", flush=True)
+        print(f"  backward: Gluon {part} {ms[True]:.3f} ms, Triton {ms[False]:.3f} ms: {row['speedup']:.2f}x; "
+              f"dQ / dK / dV relative difference {diff['dq']:.1e} / {diff['dk']:.1e} / {diff['dv']:.1e}",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
-    main()
+    compare_pass("dkdv", tiles.gluon_dkdv_tiles, __doc__.splitlines()[0])

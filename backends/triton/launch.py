@@ -598,7 +598,14 @@ def _backward_launches(problem: Problem, config, flags, tensors, mods=None) -> l
     stats_strides = token_strides(tensors["stats"], r)
     launches = []
 
+    gluon_dq = None
     if dq_kernel_runs(flags):
+        from . import gluon_dq_launch  # (here: it takes this module's helpers)
+
+        gluon_dq = gluon_dq_launch.plan(problem, cfgs["dq"], tensors)
+    if gluon_dq is not None:
+        launches.append((gluon_dq, gluon_dq_launch.TENSORS))
+    elif dq_kernel_runs(flags):
         cfg = cfgs["dq"]
         live = live_steps(problem, mods, geo, cfg, False, wide_index, _tile_constexprs(cfg["q"], cfg["kv"], r), q.device)
         names = ("q", "k", "v", "do", "stats", "dq", "rpb", "ds", "ak", "av", "out", "lse", "dlse", *MOD_TENSOR_NAMES)

@@ -361,10 +361,14 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
     regrouping = _gluon_regrouping(problem)
     if regrouping is None:
         return None
-    problem = regrouping.problem
+    return _cheapest_gluon_boxes(regrouping.problem, GLUON_FORWARD_SPEEDS)
+
+
+def _cheapest_gluon_boxes(problem: Problem, speeds: Dict[Tuple[bool, int], float]) -> Optional[GluonBoxes]:
+    """``gluon_forward_boxes`` of an undilated problem over the tilings of ``speeds``."""
     ext = group_extents(problem)
     best = None
-    for (split_walk, keys), speed in GLUON_FORWARD_SPEEDS.items():  # (ties go to the first listed)
+    for (split_walk, keys), speed in speeds.items():  # (ties go to the first listed)
         for q in _shapes(problem.rank, GLUON_FORWARD_TOKENS, ext):
             for kv in _shapes(problem.rank, keys, ext):
                 for split in _gluon_cuts(q, split_walk):
@@ -372,7 +376,7 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
                     if best is None or cost < best.cost:
                         best = GluonBoxes(cost, q, kv, split, split_walk)
     if (best is None or math.prod(best.q) != GLUON_FORWARD_TOKENS
-            or (best.split_walk, math.prod(best.kv)) not in GLUON_FORWARD_SPEEDS):
+            or (best.split_walk, math.prod(best.kv)) not in speeds):
         return None
     programs = math.prod(-(-a.length // t) for a, t in zip(problem.axes, best.q))
     overhead = programs * GLUON_PROGRAM_STEPS * GLUON_FORWARD_TOKENS * 128 / GLUON_FORWARD_SPEED
@@ -460,6 +464,37 @@ def gluon_dkdv_chosen(problem: Problem, dkdv: Dict) -> bool:
     its tiles and its programs walk at least GLUON_DKDV_MIN_STEPS steps."""
     return (GLUON_DKDV and gluon_dkdv_tiles(problem, dkdv)
             and key_major_steps(problem, dkdv["kv"], dkdv["q"]) >= GLUON_DKDV_MIN_STEPS)
+
+
+# The Gluon dQ pass (gluon_dq_kernel.py): the Gluon forward's whole walk (boxes of 128 queries
+# cut into two consumers' halves that share 128-key tiles, a persistent grid of the host's
+# schedule) with the Triton dQ kernel's arithmetic; it writes the statistics rows, as that kernel
+# does. Ring slots by head dim: two at 128 channels (the query and dO halves, 64 KiB, and two
+# K/V slots, 128 KiB: 192 of a block's 227 KiB), four at 64.
+GLUON_DQ = True
+GLUON_DQ_HEAD_DIMS = (64, 128)
+GLUON_DQ_RING_SLOTS = {128: 2, 64: 4}
+GLUON_DQ_PERSISTENT = True
+
+
+@lru_cache(maxsize=256)
+def gluon_dq_boxes(problem: Problem) -> Optional[GluonBoxes]:
+    """The Gluon dQ pass's tiling: the whole walk's cheapest boxes (128-key tiles), as the Gluon
+    forward weighs them; None for dilated problems and grids too short for 128-query boxes."""
+    if any(a.dilation > 1 for a in problem.axes):
+        return None
+    return _cheapest_gluon_boxes(problem, {(False, 128): GLUON_FORWARD_SPEED})
+
+
+def gluon_dq_problem(problem: Problem) -> bool:
+    """Whether the Gluon dQ pass computes this problem (the Gluon kernels' features, heads of
+    GLUON_DQ_HEAD_DIMS channels, boxes that fit the grid)."""
+    return _gluon_features(problem, GLUON_DQ_HEAD_DIMS) and gluon_dq_boxes(problem) is not None
+
+
+def gluon_dq_chosen(problem: Problem) -> bool:
+    """Whether the default dQ pass is the Gluon kernel's."""
+    return GLUON_DQ and gluon_dq_problem(problem)
 
 
 # HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
@@ -931,6 +966,7 @@ def default_config(problem: Problem, exact_float32: bool = False) -> Dict:
     if host_descriptors_expected(problem):
         config = _on_host_descriptors(problem, config)
     return dict(config, fwd=dict(config["fwd"], gluon=gluon_forward_chosen(problem, config["fwd"])),
+                dq=dict(config["dq"], gluon=gluon_dq_chosen(problem)),
                 dkdv=dict(config["dkdv"], gluon=gluon_dkdv_chosen(problem, config["dkdv"])))
 
 
@@ -1002,7 +1038,7 @@ def _config_on_forward_boxes(problem: Problem) -> Dict:
                             and steps_per_tile(problem, resident, stream) > BACKWARD_SHORT_WALK_STEPS)
     knobs = {"warps": backward_warps, "stages": 2, "tma": backward_descriptors,
              "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
-    dq = {"q": resident, "kv": stream, **knobs, "wait_dq": waits_for_dq(problem)}
+    dq = {"q": resident, "kv": stream, **knobs, "wait_dq": waits_for_dq(problem), "gluon": False}
     dkdv = {"q": stream, "kv": resident, **knobs, "wait_dk": waits_for_dk(problem, knobs["tma"]), "gluon": False}
     if narrow_key_major(problem) and not narrow:
         dkdv["warps"] = NARROW_DKDV_WARPS
@@ -1140,7 +1176,7 @@ def _exact_float32_config(problem: Problem) -> Dict:
     knobs = {"stages": 2, "tma": False, "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
     resident, streamed, warps = per_kernel["dq"]
     dq = {"q": fit(fwd["q"], ext, resident), "kv": fit(fwd["kv"], ext, streamed), **knobs, "warps": warps,
-          "wait_dq": waits_for_dq(problem)}
+          "wait_dq": waits_for_dq(problem), "gluon": False}
     resident, streamed, warps = per_kernel["dkdv"]
     dkdv = {"q": fit(fwd["kv"], ext, streamed), "kv": fit(fwd["q"], ext, resident), **knobs, "warps": warps,
             "wait_dk": waits_for_dk(problem, False), "gluon": False}
@@ -1267,6 +1303,10 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         # Likewise the Triton dK/dV kernels above, and the default's own on its tiles.
         out = [c if c["dkdv"] is base["dkdv"] else dict(c, dkdv=dict(c["dkdv"], gluon=False)) for c in out]
         out.append(dict(base, dkdv=dict(base["dkdv"], gluon=False)))
+    if base["dq"]["gluon"]:
+        # Likewise the Triton dQ kernels above, and the default's own on its tiles.
+        out = [c if c["dq"] is base["dq"] else dict(c, dq=dict(c["dq"], gluon=False)) for c in out]
+        out.append(dict(base, dq=dict(base["dq"], gluon=False)))
     return _distinct_as_run(out, problem)
 
 

@@ -1,0 +1,121 @@
+"""The triton backend's Gluon dQ pass (gluon_dq_kernel.py) on a Hopper GPU, against the float64
+oracle: random problems of every rank, window, stride, causal axis, both patterns (with shifts),
+GQA, batches, odd lengths, both 16-bit dtypes and 64 or 128 channels, every gradient with an LSE
+gradient (the pass writes the statistics rows the dK/dV pass reads, so dK and dV check them too);
+persistent grids of a few programs walking many boxes, and a program a box; the Triton dQ kernel
+where the call's tensors do not suit the Gluon one; the same dQ as the Triton kernel on the
+issue's sizes. Run with ``pytest -m gpu``."""
+
+import random
+
+import pytest
+import torch
+
+import haloattn
+from test_gluon_forward_gpu import random_gluon_problem
+from test_triton_gpu import check_against_oracle
+
+from haloattn.backends.triton import fast_launch, gluon_dq_launch, tiles
+
+gpu = pytest.mark.gpu
+needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                  reason="needs an sm_90 GPU (Hopper)")
+pytestmark = [gpu, needs_hopper]
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """The default names the Gluon dQ pass wherever its problem suits it; yields the list of the
+    Gluon dQ launches' grids."""
+    monkeypatch.setattr(tiles, "GLUON_DQ", True)
+    tiles.default_config.cache_clear()
+    calls = []
+    run = gluon_dq_launch.GluonDQ.__call__
+
+    def counted(self, *tensors):
+        calls.append(self.grid)
+        return run(self, *tensors)
+
+    monkeypatch.setattr(gluon_dq_launch.GluonDQ, "__call__", counted)
+    fast_launch.clear_plans()
+    yield calls
+    fast_launch.clear_plans()
+    tiles.default_config.cache_clear()
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_problems_against_the_oracle(seed, gluon_calls):
+    options = random_gluon_problem(random.Random(9000 + seed))
+    spatial, window = options.pop("spatial"), options.pop("window")
+    options["head_dim"] = tiles.GLUON_DQ_HEAD_DIMS[seed % 2]
+    dtype = (torch.bfloat16, torch.float16)[(seed // 2) % 2]
+    check_against_oracle(spatial, window, dtype=dtype, device="cuda", seed=seed, **options)
+    assert gluon_calls, "the Gluon dQ pass did not run"
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("spatial,window,options", [
+    ((20, 24), (7, 9), {}),
+    ((300,), 65, dict(causal=True, heads=4, kv_heads=1)),
+    ((6, 8, 10), (3, 5, 5), dict(stride=(1, 2, 1), causal=(True, False, False))),
+    ((16, 16), 8, dict(pattern="window", shift=4)),
+    ((16, 16), 16, dict(stride=16, head_dim=64)),
+])
+def test_listed_features_against_the_oracle(spatial, window, options, persistent, gluon_calls, monkeypatch):
+    """Also on a persistent grid of three programs (each walking many boxes, the ring and query
+    slots running on across them) and on a grid of a program a box."""
+    monkeypatch.setattr(tiles, "GLUON_DQ_PERSISTENT", persistent)
+    monkeypatch.setattr(tiles, "GLUON_PERSISTENT_PROGRAMS", 3)
+    options = dict(options)
+    options.setdefault("head_dim", 128)
+    options.setdefault("batch", 2)
+    check_against_oracle(spatial, window, dtype=torch.bfloat16, device="cuda", **options)
+    assert gluon_calls and (gluon_calls[0][0] == 3) == persistent, gluon_calls
+
+
+def test_a_plan_runs_again_on_new_tensors(gluon_calls):
+    """The second call of a problem reuses the first one's launch plan, its descriptors rebased
+    onto the new tensors."""
+    for seed in (1, 2):
+        check_against_oracle((12, 20), (5, 9), dtype=torch.bfloat16, device="cuda", head_dim=128, seed=seed)
+    assert len(gluon_calls) == 2
+
+
+def test_heads_not_back_to_back_take_the_triton_kernel(gluon_calls):
+    """Heads interleaved with another axis cannot merge into one descriptor axis: the Triton dQ
+    kernel of the same config runs, and dQ is the oracle's."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 16, 24, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+               .permute(0, 2, 3, 1, 4).requires_grad_(True) for _ in range(3))
+    out = haloattn.attention(q, k, v, (7, 9), backend="triton")
+    got = torch.autograd.grad(out.float().square().sum(), q)[0]
+    assert not gluon_calls
+    ref_in = [t.detach().double().cpu().requires_grad_(True) for t in (q, k, v)]
+    ref = haloattn.attention(*ref_in, (7, 9), backend="reference")
+    want = torch.autograd.grad(ref.square().sum(), ref_in[0])[0]
+    assert ((got.double().cpu() - want).norm() / want.norm()).item() < 2e-2
+
+
+@pytest.mark.parametrize("spatial,window,options", [
+    ((64, 64), 31, {}), ((8, 24, 24), (5, 11, 11), {}), ((8192,), 1023, dict(causal=True)),
+    ((64, 64), 16, dict(stride=16)), ((64, 64), 31, dict(causal=(True, False))),
+])
+def test_same_gradients_as_the_triton_kernel(spatial, window, options, monkeypatch):
+    """Issue-sized problems, too large for the oracle: dQ, dK and dV (the latter on the Gluon
+    pass's statistics rows) against the Triton dQ kernel's (itself checked against the oracle in
+    test_triton_gpu.py)."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = (torch.randn(2, *spatial, 4, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+               .requires_grad_(True) for _ in range(3))
+    grad_out = torch.randn(q.shape, device="cuda", generator=gen, dtype=torch.bfloat16)
+    results = {}
+    for gluon in (True, False):
+        monkeypatch.setattr(tiles, "GLUON_DQ", gluon)
+        tiles.default_config.cache_clear()
+        fast_launch.clear_plans()
+        out = haloattn.attention(q, k, v, window, backend="triton", **options)
+        results[gluon] = torch.autograd.grad(out, (q, k, v), grad_out)
+    fast_launch.clear_plans()
+    tiles.default_config.cache_clear()
+    for got, want in zip(results[True], results[False]):
+        assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 5e-3
