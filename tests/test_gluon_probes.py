@@ -1,6 +1,6 @@
-"""The Gluon kernels still build for sm_90: the triton backend's Gluon forward and dK/dV pass on
-every rank, pattern and feature their launch plans take (benchmarks/compile_report_gluon_forward.py,
-compile_report_gluon_dkdv.py), and the dense probe RESULTS.md measures ("Gluon probes";
+"""The Gluon kernels still build for sm_90: the triton backend's Gluon forward, dQ and dK/dV passes
+on every rank, pattern and feature their launch plans take (benchmarks/compile_report_gluon_forward.py,
+compile_report_gluon_dq.py, compile_report_gluon_dkdv.py), and the dense probe RESULTS.md measures ("Gluon probes";
 benchmarks/gluon_forward_probe.py --compile-only). Gluon has no CPU interpreter, so CI builds them
 (in a child process without TRITON_INTERPRET) and checks what ptxas made of each: no spills (but
 the dK/dV pass's few scalars), shared memory within an H100's 227 KiB a block, the wgmma and TMA
@@ -70,4 +70,20 @@ def test_gluon_dkdv_builds_for_sm90():
         assert row["shared"] <= SHARED_LIMIT, row
         # 8 + 8 (S^T, dP^T) and 4 + 4 (dV, dK) wgmma a step at 128 channels, half the depth at 64
         assert row["ops"].get("HGMMA", 0) >= 24 and row["ops"].get("UTMALDG", 0) >= 5, row
+        assert row["regs"] == 168, row
+
+
+# The dQ consumers hold dQ (64 x D float32) and a 64-key tile's S, dP and dS: no spills. (On
+# 128-key tiles S and dP alone would take 128 registers a thread: ptxas then serialised every
+# wgmma, C7512, which is why the pass walks 64-key tiles.)
+def test_gluon_dq_builds_for_sm90():
+    rows = _compile("compile_report_gluon_dq.py")
+    assert len(rows) == 18, [row["label"] for row in rows]
+    for row in rows:
+        width = 64 if "D=64" in row["label"] else 128
+        assert row["spill_bytes"] == 0, row
+        assert row["shared"] <= SHARED_LIMIT, row
+        # S and dP: D / 16 wgmma each a tile, dQ four (64 keys deep), in two copies of the step
+        assert row["ops"].get("HGMMA", 0) >= (80 if width == 128 else 48), row
+        assert row["ops"].get("UTMALDG", 0) >= 6, row
         assert row["regs"] == 168, row

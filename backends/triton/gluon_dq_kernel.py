@@ -18,7 +18,8 @@ of the host's schedule (gluon_schedule.py):
 * dQ * scale leaves through the consumer's query slot and a TMA store.
 
 The walk, key ranges and partial tiles' masks are the forward's (index_math, scores.mask_pairs):
-the pairs computed are those of the forward's boxes. gluon_dq_launch.py says which calls take it.
+the pairs computed are those of the forward's boxes on 64-key tiles (tiles.gluon_dq_boxes). gluon_dq_launch.py
+says which calls take it.
 """
 
 from __future__ import annotations

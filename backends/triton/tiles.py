@@ -467,13 +467,16 @@ def gluon_dkdv_chosen(problem: Problem, dkdv: Dict) -> bool:
 
 
 # The Gluon dQ pass (gluon_dq_kernel.py): the Gluon forward's whole walk (boxes of 128 queries
-# cut into two consumers' halves that share 128-key tiles, a persistent grid of the host's
+# cut into two consumers' halves that share each key tile, a persistent grid of the host's
 # schedule) with the Triton dQ kernel's arithmetic; it writes the statistics rows, as that kernel
-# does. Ring slots by head dim: two at 128 channels (the query and dO halves, 64 KiB, and two
-# K/V slots, 128 KiB: 192 of a block's 227 KiB), four at 64.
+# does. Its key tiles hold GLUON_DQ_KEYS keys: a consumer holds dQ (64 x D float32) and a tile's S
+# and dP, and on 128-key tiles ptxas serialised every wgmma for want of registers (C7512). Ring
+# slots by head dim: four at 128 channels (the query and dO halves, 64 KiB, and four K/V slots,
+# 128 KiB: 192 of a block's 227 KiB), four at 64.
 GLUON_DQ = True
 GLUON_DQ_HEAD_DIMS = (64, 128)
-GLUON_DQ_RING_SLOTS = {128: 2, 64: 4}
+GLUON_DQ_KEYS = 64
+GLUON_DQ_RING_SLOTS = {128: 4, 64: 4}
 GLUON_DQ_PERSISTENT = True
 
 
@@ -483,7 +486,7 @@ def gluon_dq_boxes(problem: Problem) -> Optional[GluonBoxes]:
     forward weighs them; None for dilated problems and grids too short for 128-query boxes."""
     if any(a.dilation > 1 for a in problem.axes):
         return None
-    return _cheapest_gluon_boxes(problem, {(False, 128): GLUON_FORWARD_SPEED})
+    return _cheapest_gluon_boxes(problem, {(False, GLUON_DQ_KEYS): GLUON_FORWARD_SPEED})
 
 
 def gluon_dq_problem(problem: Problem) -> bool:
