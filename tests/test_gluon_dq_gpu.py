@@ -23,11 +23,19 @@ needs_hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.ge
 pytestmark = [gpu, needs_hopper]
 
 
+def every_walk(monkeypatch, gluon: bool = True):
+    """The default's rule for the Gluon dQ pass widened to every problem the kernel takes (or,
+    with ``gluon`` false, the Triton dQ kernel everywhere)."""
+    monkeypatch.setattr(tiles, "GLUON_DQ", gluon)
+    monkeypatch.setattr(tiles, "GLUON_DQ_DEFAULT_HEAD_DIMS", tiles.GLUON_DQ_HEAD_DIMS)
+    monkeypatch.setattr(tiles, "GLUON_DQ_MIN_STEPS", 0)
+
+
 @pytest.fixture
 def gluon_calls(monkeypatch):
-    """The default names the Gluon dQ pass wherever its problem suits it; yields the list of the
-    Gluon dQ launches' grids."""
-    monkeypatch.setattr(tiles, "GLUON_DQ", True)
+    """The default names the Gluon dQ pass wherever its problem suits it (both widths, walks of
+    any length); yields the list of the Gluon dQ launches' grids."""
+    every_walk(monkeypatch)
     tiles.default_config.cache_clear()
     calls = []
     run = gluon_dq_launch.GluonDQ.__call__
@@ -110,7 +118,7 @@ def test_same_gradients_as_the_triton_kernel(spatial, window, options, monkeypat
     grad_out = torch.randn(q.shape, device="cuda", generator=gen, dtype=torch.bfloat16)
     results = {}
     for gluon in (True, False):
-        monkeypatch.setattr(tiles, "GLUON_DQ", gluon)
+        every_walk(monkeypatch, gluon)
         tiles.default_config.cache_clear()
         fast_launch.clear_plans()
         out = haloattn.attention(q, k, v, window, backend="triton", **options)

@@ -473,8 +473,15 @@ def gluon_dkdv_chosen(problem: Problem, dkdv: Dict) -> bool:
 # and dP, and on 128-key tiles ptxas serialised every wgmma for want of registers (C7512). Ring
 # slots by head dim: four at 128 channels (the query and dO halves, 64 KiB, and four K/V slots,
 # 128 KiB: 192 of a block's 227 KiB), four at 64.
+#
+# On the H100 (2026-12-07 14:46 UTC, RESULTS.md "The Gluon dQ pass") the backward ran 1.03-1.07x
+# the Triton dQ kernel's at 128 channels on walks of 16 key tiles and more, 0.99x on 4 (16x16
+# stride 16) and 0.91x on 6 (16x16 windows); at 64 channels 0.96-1.00x. So the default takes it
+# at 128 channels on walks of GLUON_DQ_MIN_STEPS tiles or more; tuning weighs it elsewhere.
 GLUON_DQ = True
 GLUON_DQ_HEAD_DIMS = (64, 128)
+GLUON_DQ_DEFAULT_HEAD_DIMS = (128, )
+GLUON_DQ_MIN_STEPS = 12
 GLUON_DQ_KEYS = 64
 GLUON_DQ_RING_SLOTS = {128: 4, 64: 4}
 GLUON_DQ_PERSISTENT = True
@@ -496,8 +503,12 @@ def gluon_dq_problem(problem: Problem) -> bool:
 
 
 def gluon_dq_chosen(problem: Problem) -> bool:
-    """Whether the default dQ pass is the Gluon kernel's."""
-    return GLUON_DQ and gluon_dq_problem(problem)
+    """Whether the default dQ pass is the Gluon kernel's: where it takes the problem, at
+    GLUON_DQ_DEFAULT_HEAD_DIMS channels, on walks of GLUON_DQ_MIN_STEPS key tiles or more."""
+    if not (GLUON_DQ and problem.head_dim in GLUON_DQ_DEFAULT_HEAD_DIMS and gluon_dq_problem(problem)):
+        return False
+    boxes = gluon_dq_boxes(problem)
+    return steps_per_tile(problem, boxes.q, boxes.kv) >= GLUON_DQ_MIN_STEPS
 
 
 # HALOATTN_DETERMINISTIC=0 allows configs whose backward adds dQ with atomics in the KV-major pass
@@ -1310,6 +1321,9 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         # Likewise the Triton dQ kernels above, and the default's own on its tiles.
         out = [c if c["dq"] is base["dq"] else dict(c, dq=dict(c["dq"], gluon=False)) for c in out]
         out.append(dict(base, dq=dict(base["dq"], gluon=False)))
+    elif gluon_dq_problem(problem):
+        # The Gluon dQ pass where the default leaves it out (64 channels, short walks).
+        out.append(dict(base, dq=dict(base["dq"], gluon=True)))
     return _distinct_as_run(out, problem)
 
 
