@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One device call for a forward kernel change: a smoke test first (exit on failure, so a hang does
-# not eat the call), then this tree's forward against another revision's package side by side
-# (bench_against_revision.py --no-backward), then the issue benchmark (triton, dense cuDNN and,
+# One device call for a kernel change: a smoke test first (exit on failure, so a hang does not eat
+# the call), then this tree's forward (AB_PASSES=--no-forward: backward) against another
+# revision's package side by side (bench_against_revision.py), then the issue benchmark (triton, dense cuDNN and,
 # compiled in the background from the start, Flex), then GPU tests for what time is left.
 # Make the other revision's package first (ab_base/ is in .git/info/exclude; carry it):
 #   git archive <rev> backends/triton | tar -x -C ab_base
 # Usage (GPU machine, repo root):
 #   [SMOKE="tests/... -k expr"] [AB=0,1,...] [ISSUE_ONLY=0,...,9] [TESTS="tests/..."] \
-#     bash benchmarks/gpu_run_forward_ab_and_issue.sh
+#     [AB_PASSES=--no-forward] bash benchmarks/gpu_run_forward_ab_and_issue.sh
 # Knobs: SMOKE_TIMEOUT, AB_TIMEOUT, ISSUE_TIMEOUT, TESTS_TIMEOUT, FLEX_COMPILE_TIMEOUT (seconds).
 source benchmarks/gpu_preamble.sh
 rm -f "$OUT/install.log"
@@ -27,14 +27,14 @@ AB=${AB-0,1,2,3,4,5,6,7,8,9,10,11,12,13,14}
 if [ -n "$AB" ]; then
   compiles=()
   for i in ${AB//,/ }; do
-    timeout 200 python3 benchmarks/bench_against_revision.py --base ab_base/backends/triton --extra --no-backward \
+    timeout 200 python3 benchmarks/bench_against_revision.py --base ab_base/backends/triton --extra ${AB_PASSES---no-backward} \
       --only "$i" --rounds 0 > "/tmp/ab_compile_$i.log" 2>&1 &
     compiles+=($!)
   done
   wait "${compiles[@]}"  # (not the Flex compile)
   echo "A/B compiled after $(( $(date +%s) - s )) s"; grep -l -i "Traceback" /tmp/ab_compile_*.log | xargs -r tail -5
   timeout ${AB_TIMEOUT:-150} python3 benchmarks/bench_against_revision.py --base ab_base/backends/triton --extra \
-    --no-backward --only "$AB" --rounds ${AB_ROUNDS:-3} --json "$OUT/against_revision.json" 2>&1 | tee "$OUT/against_revision.log"
+    ${AB_PASSES---no-backward} --only "$AB" --rounds ${AB_ROUNDS:-3} --json "$OUT/against_revision.json" 2>&1 | tee "$OUT/against_revision.log"
   echo "A/B timed after $(( $(date +%s) - s )) s"
 fi
 if [ -n "$ISSUE_ONLY" ]; then

@@ -10,7 +10,7 @@ PASS=${PASS:-dkdv}
 bench=benchmarks/bench_gluon_$PASS.py
 if [ -n "$SMOKE" ]; then
   # shellcheck disable=SC2086
-  timeout ${SMOKE_TIMEOUT:-150} python3 -m pytest -m gpu -q -x -p no:cacheprovider --tb=short $SMOKE > "$OUT/smoke.log" 2>&1
+  eval timeout ${SMOKE_TIMEOUT:-150} python3 -m pytest -m gpu -q -x -p no:cacheprovider --tb=short $SMOKE > "$OUT/smoke.log" 2>&1
   code=$?; echo "smoke: exit $code after $(( $(date +%s) - s )) s"; tail -30 "$OUT/smoke.log"
   [ $code -eq 0 ] || exit 1
 fi

@@ -139,16 +139,17 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
 
 
 @gluon.jit
-def _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2,
+def _masked(s, fill, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2,
             TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, RANK: gl.constexpr, s_layout: gl.constexpr):
-    """Scores of the key tile at (ys0, ys1, ys2) with -inf outside each row's window (rows' key
-    ranges rlo/rhi per axis), on the axes where the tile leaves the part every row sees [lo, hi)."""
+    """Scores (or probabilities) of the key tile at (ys0, ys1, ys2) with ``fill`` outside each
+    row's window (rows' key ranges rlo/rhi per axis), on the axes where the tile leaves the part
+    every row sees [lo, hi)."""
     c0 = crosses(ys0, TK0, lo0, hi0)
     c1 = crosses(ys1, TK1, lo1, hi1)
     c2 = crosses(ys2, TK2, lo2, hi2)
     if c0 | c1 | c2:
         n0, n1, n2 = split3(gl.arange(0, TK0 * TK1 * TK2, layout=gl.SliceLayout(0, s_layout)), TK1, TK2)
-        s = mask_pairs(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0 + n0, ys1 + n1, ys2 + n2,
+        s = mask_pairs(s, fill, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0 + n0, ys1 + n1, ys2 + n2,
                        c0, c1, c2, True, RANK, True)
     return s
 
@@ -185,8 +186,8 @@ def _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, 
     acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, D]), acc, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
-    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
-                RANK, s_layout)
+    s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2,
+                TK0, TK1, TK2, RANK, s_layout)
     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
     acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
     mbarrier.arrive(v_empty.index(prev), count=1)
@@ -319,8 +320,8 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
                       use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(0), count=1)
-    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
-                RANK, s_layout)
+    s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2,
+                TK0, TK1, TK2, RANK, s_layout)
     p, m_i, l_i, _ = _softmax_step(s, no_max, no_sum, qk_scale)
     p16 = gl.convert_layout(p.to(dtype), p_layout)
     acc = gl.zeros([BM, D], gl.float32, layout=o_layout)

@@ -70,8 +70,8 @@ def _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc,
                               is_async=True)
             s = warpgroup_mma_wait(0, deps=(s, ))
             mbarrier.arrive(k_empty.index(slot), count=1)
-            s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
-                        lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
+            s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1,
+                        st2 + j2 * TK2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
             p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
             p16 = gl.convert_layout(p.to(q.dtype), p_layout)
@@ -108,8 +108,8 @@ def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_
     s = warpgroup_mma(q, k_bufs.index(slot).reshape([BN, D]).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
-    s = _masked(s, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, o0, o1, o2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
-                RANK, s_layout)
+    s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, o0, o1, o2, lo0, hi0, lo1, hi1, lo2, hi2,
+                TK0, TK1, TK2, RANK, s_layout)
     p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
     p16 = gl.convert_layout(p.to(q.dtype), p_layout)
