@@ -73,17 +73,20 @@ def test_gluon_dkdv_builds_for_sm90():
         assert row["regs"] == 168, row
 
 
-# The dQ consumers hold dQ (64 x D float32) and a 64-key tile's S, dP and dS: no spills. (On
-# 128-key tiles S and dP alone would take 128 registers a thread: ptxas then serialised every
-# wgmma, C7512, which is why the pass walks 64-key tiles.)
+# The dQ consumers hold dQ (64 x D float32) and a key tile's S, dP and dS: at 128 channels on
+# 64-key tiles, no spills (on 128-key tiles ptxas serialised every wgmma, C7512); at 64 channels
+# on 128-key tiles, a few of the walk's scalars.
+DQ_SPILL_LIMIT = {64: 64, 128: 0}
+
+
 def test_gluon_dq_builds_for_sm90():
     rows = _compile("compile_report_gluon_dq.py")
     assert len(rows) == 18, [row["label"] for row in rows]
     for row in rows:
         width = 64 if "D=64" in row["label"] else 128
-        assert row["spill_bytes"] == 0, row
+        assert row["spill_bytes"] <= DQ_SPILL_LIMIT[width], row
         assert row["shared"] <= SHARED_LIMIT, row
-        # S and dP: D / 16 wgmma each a tile, dQ four (64 keys deep), in two copies of the step
+        # S and dP: D / 16 wgmma each a tile, dQ a key tile's depth / 16, in two copies of the step
         assert row["ops"].get("HGMMA", 0) >= (80 if width == 128 else 48), row
         assert row["ops"].get("UTMALDG", 0) >= 6, row
         assert row["regs"] == 168, row
