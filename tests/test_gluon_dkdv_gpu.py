@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import haloattn
-from test_gluon_forward_gpu import random_gluon_problem
+from test_gluon_forward_gpu import counted_launches, random_gluon_problem
 from test_triton_gpu import check_against_oracle
 
 from haloattn.backends.triton import fast_launch, gluon_dkdv_launch, tiles
@@ -40,17 +40,7 @@ def gluon_calls(monkeypatch):
     """Every default config names the Gluon dK/dV pass on its tiles (where its problem suits it);
     yields the list of Gluon launches made."""
     monkeypatch.setattr(tiles, "default_config", with_gluon_dkdv(tiles.default_config, True))
-    calls = []
-    run = gluon_dkdv_launch.GluonKeyMajor.__call__
-
-    def counted(self, *tensors):
-        calls.append(self.grid)
-        return run(self, *tensors)
-
-    monkeypatch.setattr(gluon_dkdv_launch.GluonKeyMajor, "__call__", counted)
-    fast_launch.clear_plans()
-    yield calls
-    fast_launch.clear_plans()
+    yield from counted_launches(monkeypatch, gluon_dkdv_launch.GluonKeyMajor)
 
 
 @pytest.mark.parametrize("seed", range(16))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import haloattn
-from test_gluon_forward_gpu import random_gluon_problem
+from test_gluon_forward_gpu import counted_launches, random_gluon_problem
 from test_triton_gpu import check_against_oracle
 
 from haloattn.backends.triton import fast_launch, gluon_dq_launch, tiles
@@ -37,17 +37,7 @@ def gluon_calls(monkeypatch):
     any length); yields the list of the Gluon dQ launches' grids."""
     every_walk(monkeypatch)
     tiles.default_config.cache_clear()
-    calls = []
-    run = gluon_dq_launch.GluonDQ.__call__
-
-    def counted(self, *tensors):
-        calls.append(self.grid)
-        return run(self, *tensors)
-
-    monkeypatch.setattr(gluon_dq_launch.GluonDQ, "__call__", counted)
-    fast_launch.clear_plans()
-    yield calls
-    fast_launch.clear_plans()
+    yield from counted_launches(monkeypatch, gluon_dq_launch.GluonDQ)
     tiles.default_config.cache_clear()
 
 

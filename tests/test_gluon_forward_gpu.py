@@ -28,14 +28,20 @@ def gluon_calls(monkeypatch):
     default = tiles.default_config
     monkeypatch.setattr(tiles, "default_config",
                         lambda p, **kw: dict(default(p, **kw), fwd=dict(default(p, **kw)["fwd"], gluon=True)))
+    yield from counted_launches(monkeypatch, gluon_forward_launch.GluonForward)
+
+
+def counted_launches(monkeypatch, plan_class):
+    """The grids of every launch of ``plan_class`` (a Gluon launch plan) while the caller's
+    fixture is active, launch plans made afresh before and after (a generator to ``yield from``)."""
     calls = []
-    run = gluon_forward_launch.GluonForward.__call__
+    run = plan_class.__call__
 
     def counted(self, *tensors):
         calls.append(self.grid)
         return run(self, *tensors)
 
-    monkeypatch.setattr(gluon_forward_launch.GluonForward, "__call__", counted)
+    monkeypatch.setattr(plan_class, "__call__", counted)
     fast_launch.clear_plans()
     yield calls
     fast_launch.clear_plans()

@@ -29,8 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .gluon_forward_kernel import (_CONSUMERS, _box_count, _box_walk, _consumer_box, _half_origin, _load_tile,
-                                   _masked)
+from .gluon_forward_kernel import _CONSUMERS, _box_count, _box_walk, _consumer_box, _half_origin, _load_walk, _masked
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 from .index_math import next3, split3
 from .scores import LOG2E
@@ -44,9 +43,6 @@ def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, 
     """The producer warp, over this program's boxes: each box's query and dO halves into the
     consumers' slots (once each has stored the dQ of the box before), then its walk's K/V tiles
     into the ring, whose position runs on across boxes."""
-    TK0: gl.constexpr = k_desc.block_type.shape[1]
-    TK1: gl.constexpr = k_desc.block_type.shape[2]
-    TK2: gl.constexpr = k_desc.block_type.shape[3]
     half_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
     position = gl.to_tensor(0)
     for boxes_done in range(_box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT)):
@@ -64,15 +60,8 @@ def _producer(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, 
                                             q_smem.index(half))
             tma.async_copy_global_to_shared(do_desc, [b, hx0, hx1, hx2, q_col], q_ready.index(half),
                                             do_smem.index(half))
-        j0 = gl.to_tensor(0)
-        j1 = gl.to_tensor(0)
-        j2 = gl.to_tensor(0)
-        n_tiles = n0 * n1 * n2
-        for t in range(n_tiles):
-            _load_tile(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, position + t,
-                       [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col], STAGES)
-            j0, j1, j2 = next3(j0, j1, j2, n1, n2)
-        position += n_tiles
+        position = _load_walk(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, position, b,
+                              kv_col, st0, st1, st2, n0, n1, n2, STAGES)
 
 
 @gluon.jit

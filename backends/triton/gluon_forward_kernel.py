@@ -107,9 +107,6 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
     (once the consumers have stored the output of the box that used them before), then its walk's
     K/V tiles into the ring, each slot once both consumers released it. The ring's position runs
     on across boxes, so the next box's first tiles come while the consumers finish the last."""
-    TK0: gl.constexpr = k_desc.block_type.shape[1]
-    TK1: gl.constexpr = k_desc.block_type.shape[2]
-    TK2: gl.constexpr = k_desc.block_type.shape[3]
     position = gl.to_tensor(0)
     for boxes_done in range(_box_count(SCHEDULE, SCHEDULE_STRIDE, PERSISTENT)):
         b, h, q_col, kv_col, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2 = _box_walk(
@@ -125,17 +122,29 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, 
             mbarrier.expect(q_ready.index(first_slot + half), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [b, hx0, hx1, hx2, q_col], q_ready.index(first_slot + half),
                                             q_smem.index(first_slot + half))
-        j0 = gl.to_tensor(0)
-        j1 = gl.to_tensor(0)
-        j2 = gl.to_tensor(0)
-        n_tiles = n0 * n1 * n2
-        for t in range(n_tiles):
-            # (the ring's position as position + t: a loop over range(position, ...) here lost
-            # the carried position in Triton 3.6's front end, whose loop then started at 0)
-            _load_tile(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, position + t,
-                       [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col], STAGES)
-            j0, j1, j2 = next3(j0, j1, j2, n1, n2)
-        position += n_tiles
+        position = _load_walk(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, position, b,
+                              kv_col, st0, st1, st2, n0, n1, n2, STAGES)
+
+
+@gluon.jit
+def _load_walk(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, position, b, kv_col, st0, st1,
+               st2, n0, n1, n2, STAGES: gl.constexpr):
+    """The producer's steps over one box's key walk (first keys ``st``, ``n`` tiles per axis),
+    from ring position ``position`` on; returns the position after them."""
+    TK0: gl.constexpr = k_desc.block_type.shape[1]
+    TK1: gl.constexpr = k_desc.block_type.shape[2]
+    TK2: gl.constexpr = k_desc.block_type.shape[3]
+    j0 = gl.to_tensor(0)
+    j1 = gl.to_tensor(0)
+    j2 = gl.to_tensor(0)
+    n_tiles = n0 * n1 * n2
+    for t in range(n_tiles):
+        # (the ring's position as position + t: a loop over range(position, ...) here lost the
+        # carried position in Triton 3.6's front end, whose loop then started at 0)
+        _load_tile(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, position + t,
+                   [b, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2, kv_col], STAGES)
+        j0, j1, j2 = next3(j0, j1, j2, n1, n2)
+    return position + n_tiles
 
 
 @gluon.jit
