@@ -16,9 +16,9 @@ from sm90_compile import count_ops, ptxas_report, sass_of
 LAUNCH_OPTIONS = ("num_warps", "maxnreg")
 
 
-def build_sm90(kernel, args, meta) -> dict:
-    """Compile ``kernel[grid](*args, **meta)`` for sm_90: shared bytes, registers a thread (the
-    launch's; setmaxnreg moves them between partitions), spilled bytes and counted SASS ops."""
+def compiled_sm90(kernel, args, meta):
+    """``kernel[grid](*args, **meta)`` compiled for sm_90 (Triton's compiled kernel: its asm holds
+    the PTX and the cubin)."""
     signature, constexprs = {}, {}
     for name, value in zip(kernel.arg_names, args):
         signature[name] = ("fp32" if isinstance(value, float) else "i32" if isinstance(value, int)
@@ -26,8 +26,14 @@ def build_sm90(kernel, args, meta) -> dict:
     for name in kernel.arg_names[len(args):]:
         signature[name], constexprs[name] = "constexpr", meta[name]
     options = {key: meta[key] for key in LAUNCH_OPTIONS if key in meta}
-    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                              options=options)
+    return triton.compile(GluonASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def build_sm90(kernel, args, meta) -> dict:
+    """Compile ``kernel[grid](*args, **meta)`` for sm_90: shared bytes, registers a thread (the
+    launch's; setmaxnreg moves them between partitions), spilled bytes and counted SASS ops."""
+    compiled = compiled_sm90(kernel, args, meta)
     info = ptxas_report(compiled.asm["ptx"], 90)
     regs = re.search(r"Used (\d+) registers", info)
     spills = re.search(r"(\d+) bytes spill stores", info)
