@@ -29,9 +29,9 @@ def test_default_dq_is_gluon_on_long_walks_at_128_channels(spatial, window, opti
     problem = _problem(spatial, window, **options)
     assert tiles.default_config.__wrapped__(problem)["dq"]["gluon"]
     boxes = tiles.gluon_dq_boxes(problem)
-    # the whole walk (both consumers on every key tile) of 128-query boxes, 64-key tiles at 128 channels
+    # the whole walk (both consumers on every key tile) of 128-query boxes, 64-key tiles
     assert not boxes.split_walk and math.prod(boxes.q) == 128
-    assert math.prod(boxes.kv) == tiles.GLUON_DQ_KEYS[problem.head_dim] == (64 if problem.head_dim == 128 else 128)
+    assert math.prod(boxes.kv) == tiles.GLUON_DQ_KEYS[problem.head_dim] == 64
 
 
 @pytest.mark.parametrize("spatial,window,options", [

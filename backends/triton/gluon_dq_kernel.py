@@ -123,13 +123,12 @@ def _dq_step(q, do, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, dq, ds16
     else:
         s, dq, ds16 = warpgroup_mma_wait(1, deps=(s, dq, ds16))
         mbarrier.arrive(k_empty.index(prev), count=1)
-    # the exponentials before the mask, which zeroes P outside the windows: ptxas places the wait
-    # for dP at the top of the block after the mask's branch, so they run under dP's product
-    # (masking S first would leave them all after that wait). lse2 is +inf where a row has no
-    # key or lies outside the grid, so P is 0 there, never NaN.
+    # (S is masked before the exponentials, so ptxas waits for dP before most of them: forming P
+    # first and then zeroing it outside the windows moves all 32 under dP in the SASS, untimed as
+    # yet. lse2 is +inf where a row has no key or lies outside the grid: P is 0 there, never NaN.)
+    s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2,
+                TK0, TK1, TK2, RANK, s_layout)
     p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-    p = _masked(p, 0.0, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2,
-                RANK, s_layout)
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     mbarrier.arrive(v_empty.index(slot), count=1)
     ds16 = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(q.dtype), p_layout)

@@ -471,9 +471,9 @@ def gluon_dkdv_chosen(problem: Problem, dkdv: Dict) -> bool:
 # schedule) with the Triton dQ kernel's arithmetic; it writes the statistics rows, as that kernel
 # does. Its key tiles hold GLUON_DQ_KEYS keys: a consumer holds dQ (64 x D float32) and a tile's S
 # and dP, and at 128 channels on 128-key tiles ptxas serialised every wgmma for want of registers
-# (C7512), so those walk 64-key tiles; at 64 channels 128-key tiles fit. Ring slots by head dim:
-# four at 128 channels (the query and dO halves, 64 KiB, and four K/V slots, 128 KiB: 192 of a
-# block's 227 KiB), four at 64 (160 KiB).
+# (C7512), so those walk 64-key tiles. (At 64 channels 128-key tiles build without serialising,
+# 44 B of scalars spilled: untimed as yet.) Ring slots by head dim: four at 128 channels (the
+# query and dO halves, 64 KiB, and four K/V slots, 128 KiB: 192 of a block's 227 KiB), four at 64.
 #
 # On the H100 (2026-12-07 14:46 UTC, RESULTS.md "The Gluon dQ pass") the backward ran 1.03-1.07x
 # the Triton dQ kernel's at 128 channels on walks of 16 key tiles and more, 0.99x on 4 (16x16
@@ -483,7 +483,7 @@ GLUON_DQ = True
 GLUON_DQ_HEAD_DIMS = (64, 128)
 GLUON_DQ_DEFAULT_HEAD_DIMS = (128, )
 GLUON_DQ_MIN_STEPS = 12
-GLUON_DQ_KEYS = {128: 64, 64: 128}  # key-tile tokens by head dim (at 64 channels S and dP fit on 128 keys)
+GLUON_DQ_KEYS = {128: 64, 64: 64}  # key-tile tokens by head dim (those the GPU tests and timings ran)
 GLUON_DQ_RING_SLOTS = {128: 4, 64: 4}
 GLUON_DQ_PERSISTENT = True
 
