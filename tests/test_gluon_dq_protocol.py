@@ -15,12 +15,11 @@ import random
 
 import pytest
 
-from test_gluon_ring_protocol import Barrier, Interleaved
+from test_gluon_persistent_protocol import CONSUMERS, SlotModel
+from test_gluon_ring_protocol import Barrier
 
-CONSUMERS = 2
 
-
-class DQModel(Interleaved):
+class DQModel(SlotModel):
     """One persistent program: ``walks[b]`` key tiles in box b, ``stages`` ring slots."""
 
     release_k_with_s = False  # (the mutation the last test makes: each K slot released once its S is done)
@@ -36,14 +35,6 @@ class DQModel(Interleaved):
         self.landing = []  # copies in flight: (slot key, content, ready barrier)
         self.products = {half: [] for half in range(CONSUMERS)}  # (product, box, tile) as each is issued
         self.stored = {half: [] for half in range(CONSUMERS)}
-
-    def read(self, who, key, content):
-        assert self.slots[key] == content, f"consumer {who} read {key} holding {self.slots[key]}, not {content}"
-        self.readers[key].add(who)
-
-    def release(self, who, key, barrier):
-        self.readers[key].discard(who)
-        barrier.arrive()
 
     def producer(self):
         position = 0

@@ -20,7 +20,20 @@ from test_gluon_ring_protocol import Barrier, Interleaved
 CONSUMERS = 2
 
 
-class PersistentModel(Interleaved):
+class SlotModel(Interleaved):
+    """A model whose consumers read slots by key (``slots``: key -> content, ``readers``: key ->
+    consumers reading it) and release each with an arrival on its "empty" barrier."""
+
+    def read(self, who, key, content):
+        assert self.slots[key] == content, f"consumer {who} read {key} holding {self.slots[key]}, not {content}"
+        self.readers[key].add(who)
+
+    def release(self, who, key, barrier):
+        self.readers[key].discard(who)
+        barrier.arrive()
+
+
+class PersistentModel(SlotModel):
     """One persistent program: ``walks[b]`` key tiles in box b, ``stages`` ring slots,
     ``query_slots`` query slots a consumer."""
 
@@ -38,14 +51,6 @@ class PersistentModel(Interleaved):
         self.landing = []  # copies in flight: (slot key, content, ready barrier)
         self.computed = {half: [] for half in range(CONSUMERS)}  # (box, tile) per finished O += P V
         self.stored = {half: [] for half in range(CONSUMERS)}
-
-    def read(self, who, key, content):
-        assert self.slots[key] == content, f"consumer {who} read {key} holding {self.slots[key]}, not {content}"
-        self.readers[key].add(who)
-
-    def release(self, who, key, barrier):
-        self.readers[key].discard(who)
-        barrier.arrive()
 
     def producer(self):
         position = 0
