@@ -101,7 +101,10 @@ def plan(problem: Problem, cfg: dict, tensors: dict) -> Optional[GluonDQ]:
     Triton kernel, the problem or the tensors do not suit the Gluon one, or the pass must also
     write a bias gradient's dS rows."""
     chosen = [tensors[name] for name in ("q", "k", "v", "do", "dq")]
+    dlse = tensors["dlse"]
+    # (the kernel reads dLSE at the LSE's offsets: launch.backward makes both contiguous)
     if not (cfg.get("gluon") and tiles.gluon_dq_problem(problem) and tensors["ds"] is None
+            and (dlse is None or dlse.stride() == tensors["lse"].stride())
             and all(t is not None for t in chosen) and inputs_fit(*chosen)):
         return None
     return GluonDQ(problem, *(tensors[name] for name in TENSORS))

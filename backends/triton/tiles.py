@@ -490,8 +490,9 @@ GLUON_DQ_PERSISTENT = True
 
 @lru_cache(maxsize=256)
 def gluon_dq_boxes(problem: Problem) -> Optional[GluonBoxes]:
-    """The Gluon dQ pass's tiling: the whole walk's cheapest boxes (128-key tiles), as the Gluon
-    forward weighs them; None for dilated problems and grids too short for 128-query boxes."""
+    """The Gluon dQ pass's tiling: the whole walk's cheapest boxes of 128 queries and
+    GLUON_DQ_KEYS keys, as the Gluon forward weighs them; None for dilated problems, other head
+    dims and grids too short for 128-query boxes."""
     if any(a.dilation > 1 for a in problem.axes):
         return None
     keys = GLUON_DQ_KEYS.get(problem.head_dim)
