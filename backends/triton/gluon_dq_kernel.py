@@ -11,15 +11,15 @@ of the host's schedule (gluon_schedule.py):
 * each consumer warpgroup (64 queries) starts a box with its rows' statistics: lse * log2 e from
   the forward's LSE and delta = rowsum(dO * O) - dLSE, stored in the statistics rows the dK/dV
   pass reads (as dq_kernel's own_row_stats does);
-* per key tile: S = Q K^T and dP = dO V^T are both issued, then the previous tile's dQ += dS K
-  is known done (its K slot released), P = exp2(S * scale * log2 e - lse2) masked by the window,
-  dS = P (dP - delta), and dQ += dS K issued with dS from registers; it runs under the next
-  tile's S and dP;
+* per key tile: the previous tile's dQ += dS K issued (dS from registers), then S = Q K^T and
+  dP = dO V^T, which run behind it; once S and that product are done the previous tile's K slot
+  is released, S masked by the window and P = exp2(S * scale * log2 e - lse2) formed; once dP is
+  done its V slot is released and dS = P (dP - delta) kept for the next step's product;
 * dQ * scale leaves through the consumer's query slot and a TMA store.
 
 The walk, key ranges and partial tiles' masks are the forward's (index_math, scores.mask_pairs):
-the pairs computed are those of the forward's boxes on 64-key tiles (tiles.gluon_dq_boxes). gluon_dq_launch.py
-says which calls take it.
+the pairs computed are those of the forward's boxes, on GLUON_DQ_KEYS-key tiles
+(tiles.gluon_dq_boxes). gluon_dq_launch.py says which calls take it.
 """
 
 from __future__ import annotations
