@@ -4,7 +4,7 @@ every distinct forward config and every distinct backward (dQ, dK/dV) config of
 with dense cuDNN SDPA over the same tokens timed in the same run for the forward efficiency
 column. Each variant's result is checked against the default config's.
 
-    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--fold-only] [--atomic-only]
+    python benchmarks/bench_kernel_variants.py [--only 0,1,5] [--no-backward] [--tma-only] [--rescale-only] [--fold-only] [--exp2-only] [--atomic-only]
         [--walk-only] [--backward-loads-only] [--small-only] [--graph] [--extra] [--rounds 5]
         [--json FILE]
 
@@ -41,6 +41,10 @@ EXTRA_PROBLEMS = [
     ("1-D 16384, causal window 1024, D=128", (16384,), 1024, {"causal": True}, 128),
     # A short 1-D walk (five 64-key tiles a query tile): sliding windows of long-sequence models.
     ("1-D 32768, window 255, D=128", (32768,), 255, {}, 128),
+    # Narrow heads on long walks, where the softmax's exp2s rather than the products set the pace
+    # (exp2_split.py): ViT-style 64-channel heads, 1-D and 2-D.
+    ("1-D 32768, window 2047, D=64", (32768,), 2047, {}, 64),
+    ("2-D 128x128, 63x63, D=64", (128, 128), 63, {}, 64),
 ]
 
 from haloattn.backend import AttentionInputs  # noqa: E402
@@ -126,6 +130,15 @@ def fold_configs(configs):
     return [configs[0], dict(configs[0], fwd=dict(fwd, fold_scale=not fwd.get("fold_scale", True)))]
 
 
+def exp2_configs(configs):
+    """The default and its forward with every other exp2 split (exp2_split.py), each with both
+    rescaling rules: lazy rescaling also drops the per-tile exp2s of the row maxima."""
+    fwd = configs[0]["fwd"]
+    variants = [dict(fwd, exp2_split=every, lazy_rescale=lazy) for every in tiles.EXP2_SPLIT_CHOICES
+                for lazy in (False, True)]
+    return configs[:1] + [dict(configs[0], fwd=f) for f in variants if f != fwd]
+
+
 def atomic_configs(configs, problem):
     """The default and the default with dQ added by atomics in the KV-major pass (opt-in mode):
     bulk (TMA) and element-wise, and with 128-key resident tiles (half the dQ traffic per pair)."""
@@ -193,7 +206,7 @@ def walk_configs(configs, problem):
 
 
 def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only=False, atomic_only=False,
-          walk_only=False, rounds=1, backward_loads_only=False, fold_only=False, small_only=False):
+          walk_only=False, rounds=1, backward_loads_only=False, fold_only=False, small_only=False, exp2_only=False):
     q, k, v, problem = make_inputs(index)
     inputs = AttentionInputs(q, k, v)
     flops = 4 * BATCH * HEADS * problem.head_dim * attended_pairs(problem)
@@ -204,6 +217,8 @@ def sweep(index, backward=True, tma_only=False, compile_only=False, rescale_only
         forward_configs, backward = rescale_configs(configs), False
     if fold_only:
         forward_configs, backward = fold_configs(configs), False
+    if exp2_only:
+        forward_configs, backward = exp2_configs(configs), False
     if atomic_only:
         forward_configs, configs = configs[:1], atomic_configs(configs, problem)
     if walk_only:
@@ -232,7 +247,7 @@ def label(config):
     parts = []
     for name, c in config.items():
         parts.append(f"{name}: q {c['q']} kv {c['kv']} w{c['warps']} s{c['stages']}{' tma' if c.get('tma') else ''}"
-                     f"{' lazy' if c.get('lazy_rescale') else ''}{' unfolded-scale' if c.get('fold_scale') is False else ''}{' anchored' if c.get('anchor') else ''}"
+                     f"{' lazy' if c.get('lazy_rescale') else ''}{' exp2/%d' % c['exp2_split'] if c.get('exp2_split') else ''}{' unfolded-scale' if c.get('fold_scale') is False else ''}{' anchored' if c.get('anchor') else ''}"
                      f"{' axis-masks' if c.get('axis_masks') else ''}{' atomic-dq' if c.get('atomic_dq') else ''}{' (element-wise)' if c.get('tma_dq') is False else ''}")
     return "; ".join(parts)
 
@@ -259,6 +274,9 @@ def main():
     parser.add_argument("--compile-only", action="store_true", help="run each variant once, time nothing")
     parser.add_argument("--rescale-only", action="store_true",
                         help="forward only: the default against the other rescaling rule (lazy or every tile)")
+    parser.add_argument("--exp2-only", action="store_true",
+                        help="forward only: the default against every other exp2 split (exp2_split.py), "
+                             "each with both rescaling rules")
     parser.add_argument("--fold-only", action="store_true",
                         help="forward only: the default against the scale applied before the mask (not folded)")
     parser.add_argument("--atomic-only", action="store_true",
@@ -287,7 +305,7 @@ def main():
     for index in (int(i) for i in args.only.split(",")):
         results.append(sweep(index, not args.no_backward, args.tma_only, args.compile_only, args.rescale_only,
                              args.atomic_only, args.walk_only, args.rounds, args.backward_loads_only, args.fold_only,
-                             args.small_only))
+                             args.small_only, args.exp2_only))
         if args.compile_only:
             continue
         report(results[-1])

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .descriptors import kv_descriptors, kv_tail_descriptors, load_host_box, load_streamed_tile, store_host_box
+from .exp2_split import exp2_split
 from .index_math import crosses, group_length, key_range, key_walk, list_step, next3, split3
 from .mod_hooks import extra_tokens, flat_tokens, masked_by_mod, modded_scores
 from .scores import LN2, LOG2E, finish_scores, mask_pairs, mma, relative_bias
@@ -96,9 +97,10 @@ def _raise_maxima(m_i, m_tile, l_i, acc, acc_tail, unit, TAIL: tl.constexpr):
 
 
 @triton.jit
-def probabilities(s, m_i, unit):
-    """exp2 of the scores against the running maxima: one FFMA and one MUFU per score."""
-    return tl.math.exp2(s * unit - (finite(m_i) * unit)[:, None])
+def probabilities(s, m_i, unit, EXP2_EVERY: tl.constexpr):
+    """exp2 of the scores against the running maxima: one FFMA and one MUFU per score, but one
+    score in EXP2_EVERY (2, 4; 0: none) computed on the FMA pipe (exp2_split.py)."""
+    return exp2_split(s * unit - (finite(m_i) * unit)[:, None], EXP2_EVERY)
 
 
 @triton.jit
@@ -133,7 +135,7 @@ def forward_kernel(
     HAS_RPB: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_EXTRA: tl.constexpr,
     LARGE: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, RANK: tl.constexpr,
     LAZY_RESCALE: tl.constexpr, ANCHOR: tl.constexpr, AXIS_MASKS: tl.constexpr, FOLD_SCALE: tl.constexpr,
-    PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
+    EXP2_EVERY: tl.constexpr, PACK: tl.constexpr, HAS_SCORE_MOD: tl.constexpr, HAS_MASK_MOD: tl.constexpr, SCORE_MOD: tl.constexpr,
     MASK_MOD: tl.constexpr, WIDE_INDEX: tl.constexpr, LIVE_STEPS: tl.constexpr,
     HOST_TMA: tl.constexpr, Q_BOX: tl.constexpr, O_BOX: tl.constexpr,
 ):
@@ -285,7 +287,7 @@ def forward_kernel(
                 if TAIL_DV > 0:
                     acc_tail = tl.zeros([BLOCK_M, TAIL_W], tl.float32)
         m_i, l_i, acc, acc_tail = online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY_RESCALE, TAIL_DV > 0)
-        p = probabilities(s, m_i, unit)
+        p = probabilities(s, m_i, unit, EXP2_EVERY)
         l_i += tl.sum(p, 1)
         vt = load_streamed_tile(VH, b, kvh, HEAD_DV, 0, v_desc, v_base, sv0, sv1, sv2, ys0, ys1, ys2, y0, y1, y2, g0,
                                 g1, g2, D0, D1, D2, Lg0, Lg1, Lg2, HEAD_DV, HOST_TMA, TMA, LARGE, RANK, BLOCK_N,
@@ -329,7 +331,7 @@ def forward_kernel(
             if HAS_MASK_MOD:
                 s = masked_by_mod(s, float("-inf"), b, h, q_flat, kv_flat, MT0, MT1, MT2, MT3, MASK_MOD)
             m_i, l_i, acc, acc_tail = online_softmax_rescale(s, m_i, l_i, acc, acc_tail, unit, LAZY_RESCALE, False)
-            p = probabilities(s, m_i, unit)
+            p = probabilities(s, m_i, unit, EXP2_EVERY)
             l_i += tl.sum(p, 1)
             vt = tl.load(av_base + e[:, None] * save + dv[None, :], mask=e_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
             acc = mma(p.to(vt.dtype), vt, acc, PRECISION)

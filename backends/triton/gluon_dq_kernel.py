@@ -13,8 +13,8 @@ of the host's schedule (gluon_schedule.py):
   pass reads (as dq_kernel's own_row_stats does);
 * per key tile: the previous tile's dQ += dS K issued (dS from registers), then S = Q K^T and
   dP = dO V^T, which run behind it; once S and that product are done the previous tile's K slot
-  is released, S masked by the window and P = exp2(S * scale * log2 e - lse2) formed; once dP is
-  done its V slot is released and dS = P (dP - delta) kept for the next step's product;
+  is released, P = exp2(S * scale * log2 e - lse2) formed and zeroed outside the window; once dP
+  is done its V slot is released and dS = P (dP - delta) kept for the next step's product;
 * dQ * scale leaves through the consumer's query slot and a TMA store.
 
 The walk, key ranges and partial tiles' masks are the forward's (index_math, scores.mask_pairs):
@@ -123,12 +123,13 @@ def _dq_step(q, do, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, dq, ds16
     else:
         s, dq, ds16 = warpgroup_mma_wait(1, deps=(s, dq, ds16))
         mbarrier.arrive(k_empty.index(prev), count=1)
-    # (S is masked before the exponentials, so ptxas waits for dP before most of them: forming P
-    # first and then zeroing it outside the windows moves all 32 under dP in the SASS, untimed as
-    # yet. lse2 is +inf where a row has no key or lies outside the grid: P is 0 there, never NaN.)
-    s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2,
-                TK0, TK1, TK2, RANK, s_layout)
+    # P is formed first and zeroed outside the windows after: with S masked first, ptxas placed
+    # the wait for dP at the top of the block after the mask's branch, before all but one of the
+    # tile's exp2s. (Scores outside a window may overflow exp2 to inf: the mask selects 0 there,
+    # never multiplies. lse2 is +inf where a row has no key or lies outside the grid: P is 0.)
     p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+    p = _masked(p, 0.0, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1,
+                TK2, RANK, s_layout)
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     mbarrier.arrive(v_empty.index(slot), count=1)
     ds16 = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(q.dtype), p_layout)

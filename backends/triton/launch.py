@@ -365,6 +365,8 @@ def _forward_launch(problem, config, q, k, v, out, lse, rpb, ak, av, mods) -> Li
         LAZY_RESCALE=cfg.get("lazy_rescale", False),
         FOLD_SCALE=(cfg.get("fold_scale", True) and problem.scale > 0 and rpb is None and problem.softcap is None
                     and problem.score_mod is None),
+        # (the interpreter, which runs the CPU tests, has no inline PTX: every exp2 there is exact)
+        EXP2_EVERY=cfg.get("exp2_split", 0) if q.device.type != "cpu" else 0,
         PACK=pack, **_walk_constexprs(cfg), **with_mods, **_live_arguments(live),
         num_warps=cfg["warps"], num_stages=cfg["stages"],
     ), FORWARD_DESCRIPTOR_BASES), live)

@@ -100,6 +100,21 @@ MASKED_AXIS_COST = 0.2
 # (forward_kernel.online_softmax_rescale), skipping most accumulator rescales.
 LAZY_RESCALE = False
 
+# The forward's exp2s split between the multi-function unit and the FMA pipe (exp2_split.py):
+# one score in EVERY on the latter, by the widest head of a 16-bit problem, where the exp2s rather
+# than the products set a tile's pace (float32 and wider heads: all on the multi-function unit).
+EXP2_SPLIT_EVERY = {32: 2, 64: 4}
+EXP2_SPLIT_CHOICES = (0, 2, 4)
+
+
+def exp2_split_every(problem: Problem) -> int:
+    """The forward config's ``exp2_split`` for this problem (EXP2_SPLIT_EVERY)."""
+    if problem.dtype.itemsize != 2:
+        return 0
+    width = max(problem.head_dim, problem.value_dim)
+    return next((every for widest, every in sorted(EXP2_SPLIT_EVERY.items()) if width <= widest), 0)
+
+
 # Whether the kernels multiply heads whose dim is not a power of two in two power-of-two blocks
 # (head_split) instead of one padded block.
 SPLIT_HEADS = True
@@ -1036,7 +1051,7 @@ def _config_on_forward_boxes(problem: Problem) -> Dict:
     pack = packed_pairs(problem, q, kv, descriptors)
     fwd = {"q": list(q), "kv": list(kv), "warps": warps, "stages": stages, "tma": descriptors,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": axis_masks,
-           "pack": pack, "split_heads": SPLIT_HEADS, "gluon": False}
+           "pack": pack, "split_heads": SPLIT_HEADS, "gluon": False, "exp2_split": exp2_split_every(problem)}
     # The backward streams 64-token tiles past a resident tile of the forward's query-tile shape.
     # 64 resident tokens with 4 warps were fastest or within 2 % on all ten benchmark problems
     # (H100 sweep of 2026-11-23: 1.04-1.64x faster than 128 with 8 warps, fewer wasted pairs on
@@ -1188,7 +1203,7 @@ def _exact_float32_config(problem: Problem) -> Dict:
     q, kv = _cheapest_boxes(problem, *EXACT_FLOAT32_FORWARD_TILES)[1:]
     fwd = {"q": list(q), "kv": list(kv), "warps": exact_float32_forward_warps(problem), "stages": 2, "tma": False,
            "lazy_rescale": LAZY_RESCALE, "anchor": ANCHOR_TILES, "axis_masks": per_axis_masks(problem), "pack": 1,
-           "split_heads": SPLIT_HEADS, "gluon": False}
+           "split_heads": SPLIT_HEADS, "gluon": False, "exp2_split": 0}
     per_kernel = next(kernels for channels, kernels in EXACT_FLOAT32_BACKWARD if width <= channels)
     knobs = {"stages": 2, "tma": False, "anchor": ANCHOR_TILES, "axis_masks": False, "split_heads": SPLIT_HEADS}
     resident, streamed, warps = per_kernel["dq"]
@@ -1261,6 +1276,9 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         out.append(dict(base, fwd=cost_model_forward))
     out.append(dict(base, fwd=dict(base["fwd"], lazy_rescale=not base["fwd"]["lazy_rescale"])))
     out.append(dict(base, fwd=dict(base["fwd"], axis_masks=not base["fwd"]["axis_masks"])))
+    if problem.dtype.itemsize == 2:
+        out.extend(dict(base, fwd=dict(base["fwd"], exp2_split=every)) for every in EXP2_SPLIT_CHOICES
+                   if every != base["fwd"]["exp2_split"])
     # Backward: resident tiles of 32 tokens (one warp: 1.22x the default backward on 7x7, D=32;
     # four: the wide heads' WIDE_256_BACKWARD_TILES), 64 (4 warps; with 32 streamed tokens the
     # WIDE_160_BACKWARD_TILES) and 128 (8 warps), streamed tiles of 64 or 32 tokens, 2 or 3
@@ -1442,6 +1460,9 @@ def normalise(config, problem: Problem) -> Dict:
                 shape = default[part]
             given[part] = fit(shape, ext, pow2_ceil(math.prod(shape)))
         if kernel == "fwd":
+            if given["exp2_split"] not in EXP2_SPLIT_CHOICES:
+                raise ValueError(f"config['fwd']['exp2_split'] = {given['exp2_split']!r}: one exp2 in how many on "
+                                 f"the FMA pipe, one of {EXP2_SPLIT_CHOICES} (0: none)")
             given["pack"] = _fitted_pack(given.get("pack", 1), problem)
             given["stages"] = max(int(given["stages"]), MIN_FORWARD_STAGES)
         out[kernel] = _fit_shared(problem, kernel, given)

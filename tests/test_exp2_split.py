@@ -1,0 +1,117 @@
+"""The forward's exp2s split between the multi-function unit and the FMA pipe (exp2_split.py):
+the polynomial's arithmetic against float64, the PTX's constants, the config rule, and the forward
+built for sm_90 with fewer MUFU.EX2 (no GPU: the interpreter has no inline PTX, so the CPU tests'
+forwards keep every exp2 exact; tests/test_exp2_split_gpu.py runs the PTX)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import struct
+import sys
+
+import pytest
+import torch
+
+from haloattn.backend import AttentionInputs
+from haloattn.backends.triton import exp2_split, launch, tiles
+from haloattn.problem import build_problem
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def _polynomial_lanes(x: torch.Tensor, every: int) -> torch.Tensor:
+    """Where exp2_split_reference takes the polynomial (the last of each run of ``every``)."""
+    return torch.arange(x.shape[-1]) % every == every - 1
+
+
+@pytest.mark.parametrize("every", [2, 4])
+def test_polynomial_lanes_within_their_bound_of_float64(every):
+    gen = torch.Generator().manual_seed(every)
+    # every magnitude the softmax meets: far below a row's maximum up to the lazy rescale's slack
+    x = torch.cat([torch.rand(64, 4096, generator=gen) * 134 - 126, torch.randn(64, 4096, generator=gen)])
+    got = exp2_split.exp2_split_reference(x, every).double()
+    exact = torch.exp2(x.double())
+    relative = ((got - exact).abs() / exact)
+    lanes = _polynomial_lanes(x, every).expand_as(x)
+    # float32 rounding of the Horner steps adds a few ulp to the polynomial's own error
+    assert relative[lanes].max().item() <= exp2_split.MAX_RELATIVE_ERROR + 4 * 2.0**-24
+    assert relative[lanes].max().item() > 1e-6  # (the polynomial's lanes are not exp2's)
+    assert relative[~lanes].max().item() <= 2.0**-22
+
+
+@pytest.mark.parametrize("every", [2, 4])
+def test_polynomial_is_exact_where_the_softmax_needs_it(every):
+    # a row's maximum gives exactly 1; masked scores (-inf) and the clamp give exactly +0
+    x = torch.tensor([0.0, -float("inf"), -127.0, -500.0]).repeat_interleave(every).reshape(4, every)
+    got = exp2_split.exp2_split_reference(x, every)[:, -1]
+    assert got.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert not torch.signbit(got[1:]).any()
+    # between the clamp and float32's normal range: tiny, non-negative, never above 2^-126
+    tiny = exp2_split.exp2_split_reference(torch.linspace(-127, -126, 4 * every).reshape(4, every), every)[:, -1]
+    assert (tiny >= 0).all() and (tiny <= 2.0**-126).all()
+
+
+def _ptx_constants(ptx: str) -> list:
+    return [struct.unpack(">f", bytes.fromhex(h))[0] for h in re.findall(r"0f([0-9A-F]{8})", ptx)]
+
+
+@pytest.mark.parametrize("every", [2, 4])
+def test_ptx_carries_the_reference_constants(every):
+    ptx = exp2_split.split_ptx(every)
+    assert ptx.count("ex2.approx.ftz.f32") == every - 1
+    f32 = [struct.unpack("f", struct.pack("f", c))[0] for c in (exp2_split.FLOOR, exp2_split.ROUNDER,
+                                                                 exp2_split.C3, exp2_split.C2, exp2_split.C1, 1.0)]
+    # (the rounder is added, then subtracted: sub.rn with the same constant)
+    assert _ptx_constants(ptx) == [f32[0], f32[1], f32[1], f32[2], f32[3], f32[4], f32[5]]
+    # the polynomial writes the run's last output from its last input
+    assert f"add.s32 ${every - 1}, r, e;" in ptx and f"max.ftz.f32 x, ${2 * every - 1}," in ptx
+
+
+def _problem(dtype, head_dim, value_dim=None):
+    q = torch.empty(1, 20, 20, 2, head_dim, dtype=dtype, device="meta")
+    v = torch.empty(1, 20, 20, 2, value_dim or head_dim, dtype=dtype, device="meta")
+    return build_problem(q, q, v, 7)
+
+
+@pytest.mark.parametrize("dtype, head_dim, value_dim, every", [
+    (torch.bfloat16, 16, None, 2), (torch.float16, 32, None, 2), (torch.bfloat16, 64, None, 4),
+    (torch.bfloat16, 32, 64, 4), (torch.bfloat16, 128, None, 0), (torch.float16, 96, None, 0),
+    (torch.float32, 32, None, 0), (torch.float32, 64, None, 0)])
+def test_default_splits_by_the_widest_16bit_head(dtype, head_dim, value_dim, every):
+    problem = _problem(dtype, head_dim, value_dim)
+    assert tiles.default_config(problem)["fwd"]["exp2_split"] == every
+    candidates = {c["fwd"]["exp2_split"] for c in tiles.candidate_configs(problem)}
+    assert candidates == (set(tiles.EXP2_SPLIT_CHOICES) if dtype != torch.float32 else {0})
+
+
+@pytest.mark.parametrize("value", [3, 1, -4, "4", None])
+def test_a_config_with_another_split_is_refused_by_name(value):
+    with pytest.raises(ValueError, match=r"config\['fwd'\]\['exp2_split'\] = .*one of \(0, 2, 4\)"):
+        tiles.normalise({"fwd": {"exp2_split": value}}, _problem(torch.bfloat16, 64))
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(BENCHMARKS, "sm90_compile.py")), reason="benchmarks missing")
+def test_forward_for_sm90_moves_one_exp2_in_every_off_the_multi_function_unit():
+    sys.path.insert(0, BENCHMARKS)
+    from sm90_compile import captured_launches, compile_captured, tool
+
+    if not os.path.exists(tool("ptxas")):
+        pytest.skip("Triton's bundled ptxas is missing")
+    problem = _problem(torch.bfloat16, 64)
+    q = torch.empty(1, 20, 20, 2, 64, dtype=torch.bfloat16, device="meta")
+    counts = {}
+    for every in (0, 4):
+        config = dict(tiles.default_config(problem))
+        config["fwd"] = dict(config["fwd"], exp2_split=every, pack=1)
+        with captured_launches(launch) as sink:
+            launch.forward(problem, AttentionInputs(q, q, q), config)
+        (fn, _, args, kwargs), = [c for c in sink if c[0].__name__ == "forward_kernel"]
+        counts[every] = compile_captured(fn, args, kwargs, f"exp2_split_{every}")
+    # a thread's scores of a tile, a quarter of them on the FMA pipe; the rescale's exp2s of the
+    # row maxima stay on the multi-function unit
+    fwd = tiles.default_config(problem)["fwd"]
+    scores = math.prod(fwd["q"]) * math.prod(fwd["kv"]) // (32 * fwd["warps"])
+    assert counts[0]["MUFU.EX2"] - counts[4]["MUFU.EX2"] == scores // 4
+    assert counts[4]["spills"] == 0 and not counts[4]["wgmma_serialized"]
