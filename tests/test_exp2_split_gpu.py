@@ -75,7 +75,7 @@ def _forward(q, k, v, window, every, lazy=False, **options):
 def test_forward_against_the_oracle(dtype, head_dim, every, lazy, spatial, window, options):
     gen = torch.Generator().manual_seed(head_dim + every)
     # keys that grow along the grid make later tiles raise the row maxima (lazy: by up to 2^8)
-    ramp = torch.linspace(0, 3, spatial[-1]).reshape(*([1] * len(spatial)), 1, 1)
+    ramp = torch.linspace(0, 3, spatial[-1]).reshape(*([1] * len(spatial)), spatial[-1], 1, 1)
     q, k, v = (torch.randn(2, *spatial, 2, head_dim, generator=gen) * 2 + (ramp if i == 1 else 0)
                for i in range(3))
     out, lse = _forward(*(t.to(dtype).cuda() for t in (q, k, v)), window, every, lazy, **options)
