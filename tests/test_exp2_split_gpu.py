@@ -71,7 +71,7 @@ def _forward(q, k, v, window, every, lazy=False, **options):
 @pytest.mark.parametrize("every", [0, 2, 4])
 @pytest.mark.parametrize("lazy, spatial, window, options", [
     (False, (24, 30), (7, 9), {}), (True, (24, 30), (7, 9), {"causal": (True, False)}),
-    (True, (700,), 129, {}), (False, (5, 9, 10), (3, 5, 5), {"dilation": (1, 2, 1)})])
+    (True, (700,), 129, {}), (False, (5, 12, 10), (3, 5, 5), {"dilation": (1, 2, 1)})])
 def test_forward_against_the_oracle(dtype, head_dim, every, lazy, spatial, window, options):
     gen = torch.Generator().manual_seed(head_dim + every)
     # keys that grow along the grid make later tiles raise the row maxima (lazy: by up to 2^8)
