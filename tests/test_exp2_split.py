@@ -79,11 +79,16 @@ def _problem(dtype, head_dim, value_dim=None):
     (torch.bfloat16, 16, None, 2), (torch.float16, 32, None, 2), (torch.bfloat16, 64, None, 4),
     (torch.bfloat16, 32, 64, 4), (torch.bfloat16, 128, None, 0), (torch.float16, 96, None, 0),
     (torch.float32, 32, None, 0), (torch.float32, 64, None, 0)])
-def test_default_splits_by_the_widest_16bit_head(dtype, head_dim, value_dim, every):
+def test_a_split_rule_goes_by_the_widest_16bit_head(dtype, head_dim, value_dim, every, monkeypatch):
     problem = _problem(dtype, head_dim, value_dim)
-    assert tiles.default_config(problem)["fwd"]["exp2_split"] == every
+    # the shipped default splits nothing (measured slower: tiles.EXP2_SPLIT_EVERY) ...
+    assert tiles.default_config(problem)["fwd"]["exp2_split"] == 0
+    # ... and every split is a tuning candidate of a 16-bit problem
     candidates = {c["fwd"]["exp2_split"] for c in tiles.candidate_configs(problem)}
     assert candidates == (set(tiles.EXP2_SPLIT_CHOICES) if dtype != torch.float32 else {0})
+    # a rule by head width, as a new GPU's measurements might set one
+    monkeypatch.setattr(tiles, "EXP2_SPLIT_EVERY", {32: 2, 64: 4})
+    assert tiles.exp2_split_every(problem) == every
 
 
 @pytest.mark.parametrize("value", [3, 1, -4, "4", None])

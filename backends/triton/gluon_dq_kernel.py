@@ -13,8 +13,9 @@ of the host's schedule (gluon_schedule.py):
   pass reads (as dq_kernel's own_row_stats does);
 * per key tile: the previous tile's dQ += dS K issued (dS from registers), then S = Q K^T and
   dP = dO V^T, which run behind it; once S and that product are done the previous tile's K slot
-  is released, P = exp2(S * scale * log2 e - lse2) formed and zeroed outside the window; once dP
-  is done its V slot is released and dS = P (dP - delta) kept for the next step's product;
+  is released, P = exp2(S * scale * log2 e - lse2) formed and masked by the window (P zeroed
+  after, or S set to -inf before: EXP_FIRST); once dP is done its V slot is released and dS =
+  P (dP - delta) kept for the next step's product;
 * dQ * scale leaves through the consumer's query slot and a TMA store.
 
 The walk, key ranges and partial tiles' masks are the forward's (index_math, scores.mask_pairs):
@@ -101,7 +102,7 @@ def _row_statistics(do_box, O, LSE, DLSE, STATS, b, h, xs0, xs1, xs2, L0, L1, L2
 def _dq_step(q, do, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, dq, ds16, lse2, delta, i, s_zero, rlo0, rhi0,
              rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, ys0, ys1, ys2, qk_scale, RANK: gl.constexpr,
              STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, s_layout: gl.constexpr,
-             p_layout: gl.constexpr, FIRST: gl.constexpr):
+             p_layout: gl.constexpr, FIRST: gl.constexpr, EXP_FIRST: gl.constexpr):
     """Step ``i`` of the ring (the key tile at ``ys``): the previous step's dQ += dS K issued
     (unless this is a box's FIRST step), then this tile's S and dP, which run behind it; once
     S and that product are done, the previous K slot is released and P is formed under dP; then
@@ -123,13 +124,19 @@ def _dq_step(q, do, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, dq, ds16
     else:
         s, dq, ds16 = warpgroup_mma_wait(1, deps=(s, dq, ds16))
         mbarrier.arrive(k_empty.index(prev), count=1)
-    # P is formed first and zeroed outside the windows after: with S masked first, ptxas placed
-    # the wait for dP at the top of the block after the mask's branch, before all but one of the
-    # tile's exp2s. (Scores outside a window may overflow exp2 to inf: the mask selects 0 there,
-    # never multiplies. lse2 is +inf where a row has no key or lies outside the grid: P is 0.)
-    p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-    p = _masked(p, 0.0, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1,
-                TK2, RANK, s_layout)
+    # EXP_FIRST: P formed first and zeroed outside the windows after. With S masked first, ptxas
+    # places the wait for dP at the top of the block after the mask's branch, before all but one
+    # of the tile's exp2s (tiles.GLUON_DQ_EXP_FIRST_MAX_RANK says where each order won). Scores
+    # outside a window may overflow exp2 to inf: the mask selects 0 there, never multiplies.
+    # lse2 is +inf where a row has no key or lies outside the grid: P is 0 there, never NaN.
+    if EXP_FIRST:
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+        p = _masked(p, 0.0, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2, TK0,
+                    TK1, TK2, RANK, s_layout)
+    else:
+        s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2,
+                    hi2, TK0, TK1, TK2, RANK, s_layout)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     mbarrier.arrive(v_empty.index(slot), count=1)
     ds16 = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(q.dtype), p_layout)
@@ -154,7 +161,7 @@ def _consumer(dq_desc, O, LSE, DLSE, STATS, q_smem, do_smem, k_bufs, v_bufs, q_r
               sth, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2,
               GROUP, qk_scale, scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
               RANK: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr, SPLIT: gl.constexpr,
-              PERSISTENT: gl.constexpr, HAS_DLSE: gl.constexpr):
+              PERSISTENT: gl.constexpr, HAS_DLSE: gl.constexpr, EXP_FIRST: gl.constexpr):
     """Consumer warpgroup HALF over this program's boxes: its 64 queries' statistics, their walk's
     dQ, and its store, after which the query slot goes back to the producer."""
     TQ0: gl.constexpr = dq_desc.block_type.shape[1]
@@ -188,14 +195,14 @@ def _consumer(dq_desc, O, LSE, DLSE, STATS, q_smem, do_smem, k_bufs, v_bufs, q_r
         dq, ds16 = _dq_step(q, do, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
                             gl.zeros([BM, D], gl.float32, layout=o_layout), None, lse2, delta, position, s_zero,
                             rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0_, st1_, st2_,
-                            qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, True)
+                            qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, True, EXP_FIRST)
         n_tiles = n0 * n1 * n2
         j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), n1, n2)
         for i in range(position + 1, position + n_tiles):
             dq, ds16 = _dq_step(q, do, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, dq, ds16, lse2, delta, i,
                                 s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2,
                                 st0_ + j0 * TK0, st1_ + j1 * TK1, st2_ + j2 * TK2, qk_scale, RANK, STAGES, TK0, TK1,
-                                TK2, s_layout, p_layout, False)
+                                TK2, s_layout, p_layout, False, EXP_FIRST)
             j0, j1, j2 = next3(j0, j1, j2, n1, n2)
         position += n_tiles
         dq = _last_dq_product(ds16, k_bufs, k_empty, dq, position - 1, STAGES)
@@ -213,7 +220,7 @@ def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, O, LSE, DLSE, STAT
                     GROUP, qk_scale, scale, BOXES, HEADS, SCHEDULE, SCHEDULE_STRIDE, C0: gl.constexpr,
                     C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr,
                     STAGES: gl.constexpr, SPLIT: gl.constexpr, PERSISTENT: gl.constexpr, HAS_DLSE: gl.constexpr,
-                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                    EXP_FIRST: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Programs walking work items (query boxes of one (batch, head), as gluon_forward_kernel's):
     one each, or on a PERSISTENT grid those of the program's row of ``SCHEDULE``. O, LSE, dLSE
     (read where HAS_DLSE) and the statistics rows are read and written by pointer with their
@@ -231,12 +238,12 @@ def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc, O, LSE, DLSE, STAT
                      v_ready, v_empty, q_desc, k_desc, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, stb, st0,
                      st1, st2, sth, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0,
                      F1, F2, NT1, NT2, GROUP, qk_scale, scale, C0, C1, C2, WINDOW, RANK, STAGES, 0, SPLIT,
-                     PERSISTENT, HAS_DLSE)),
+                     PERSISTENT, HAS_DLSE, EXP_FIRST)),
         (_consumer, (dq_desc, O, LSE, DLSE, STATS, q_smem, do_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty,
                      v_ready, v_empty, q_desc, k_desc, sob, so0, so1, so2, soh, slb, sl0, sl1, sl2, slh, stb, st0,
                      st1, st2, sth, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0,
                      F1, F2, NT1, NT2, GROUP, qk_scale, scale, C0, C1, C2, WINDOW, RANK, STAGES, 1, SPLIT,
-                     PERSISTENT, HAS_DLSE)),
+                     PERSISTENT, HAS_DLSE, EXP_FIRST)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready,
                      k_empty, v_ready, v_empty, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0,
                      S1, S2, F0, F1, F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, STAGES, SPLIT, PERSISTENT)),

@@ -77,7 +77,8 @@ class GluonDQ:
         causal = _pad3([a.causal for a in problem.axes], False)
         self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
                          STAGES=tiles.GLUON_DQ_RING_SLOTS[problem.head_dim], SPLIT=split, PERSISTENT=persistent,
-                         HAS_DLSE=self.has_dlse, PRODUCER_REGS=PRODUCER_REGISTERS,
+                         HAS_DLSE=self.has_dlse, EXP_FIRST=rank <= tiles.GLUON_DQ_EXP_FIRST_MAX_RANK,
+                         PRODUCER_REGS=PRODUCER_REGISTERS,
                          CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
 
     def __call__(self, q, k, v, do, out, lse, dlse, stats, dq) -> None:

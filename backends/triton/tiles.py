@@ -101,9 +101,13 @@ MASKED_AXIS_COST = 0.2
 LAZY_RESCALE = False
 
 # The forward's exp2s split between the multi-function unit and the FMA pipe (exp2_split.py):
-# one score in EVERY on the latter, by the widest head of a 16-bit problem, where the exp2s rather
-# than the products set a tile's pace (float32 and wider heads: all on the multi-function unit).
-EXP2_SPLIT_EVERY = {32: 2, 64: 4}
+# one score in EVERY on the latter, by the widest head of a 16-bit problem (float32: none). Off by
+# default: on the H100 (2026-12-07 17:50 UTC, RESULTS.md "The exp2 split and P before the mask")
+# one in four ran the 64-channel forward 0.97-0.98x on four problems and 1.03x on one (1-D,
+# window 2047), one in two 0.92-0.97x: the Triton forward's 64 x 64 step issues about as many
+# instructions as its tensor cores and exp2 units take cycles, so the polynomial's eight more per
+# score cost what the exp2 units save. A tuning candidate for 16-bit problems (every choice).
+EXP2_SPLIT_EVERY: Dict[int, int] = {}
 EXP2_SPLIT_CHOICES = (0, 2, 4)
 
 
@@ -501,6 +505,12 @@ GLUON_DQ_MIN_STEPS = 12
 GLUON_DQ_KEYS = {128: 64, 64: 64}  # key-tile tokens by head dim (those the GPU tests and timings ran)
 GLUON_DQ_RING_SLOTS = {128: 4, 64: 4}
 GLUON_DQ_PERSISTENT = True
+# Up to this rank a step forms P before the window's mask (zeroing it after, which lets ptxas put
+# all of a tile's exp2s under dP); 3-D problems mask the scores first. On the H100 (2026-12-07
+# 17:50 UTC, RESULTS.md "The exp2 split and P before the mask") P first ran the backward 1.08x on
+# 1-D, 1.01-1.03x on the 2-D rows and 0.95-0.96x on both 3-D rows, whose tiles mostly cross the
+# window on two or three axes.
+GLUON_DQ_EXP_FIRST_MAX_RANK = 2
 
 
 @lru_cache(maxsize=256)
