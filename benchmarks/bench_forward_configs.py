@@ -115,6 +115,17 @@ SETS = {
          {"causal": (True, False, False), "stride": (1, 2, 1)}, 8, 8, 128, 2),
         ("2-D 90x75, 13x21, GQA 8/2, B=2", (90, 75), (13, 21), {}, 8, 2, 128, 2),
     ],
+    # the Gluon forward at 64 channels (tiles.GLUON_FORWARD_HEAD_DIMS: a tuning candidate there)
+    # against the default Triton forward
+    "gluon_narrow": [
+        ("2-D 128x128, 31x31, D=64 (issue)", (128, 128), 31, {}, 16, 16, 64, 1),
+        ("2-D 128x128, 63x63, D=64", (128, 128), 63, {}, 16, 16, 64, 1),
+        ("1-D 32768, window 2047, D=64", (32768,), 2047, {}, 16, 16, 64, 1),
+        ("2-D 128x128, 31x31 causal axis 0, D=64", (128, 128), 31, {"causal": (True, False)}, 16, 16, 64, 1),
+        ("3-D 16x48x48, 7x15x15, D=64", (16, 48, 48), (7, 15, 15), {}, 16, 16, 64, 1),
+        ("2-D 64x64, 17x17, D=64, B=4", (64, 64), 17, {}, 16, 16, 64, 4),
+        ("1-D 16384, causal window 4096, GQA 32/8, D=64", (16384,), 4096, {"causal": True}, 32, 8, 64, 1),
+    ],
     # problems the rule's two constants (tiles.GLUON_FORWARD_SPEED, GLUON_PROGRAM_STEPS) were not
     # fitted on, either side of its choice
     "gluon_check": [
@@ -141,6 +152,7 @@ VARIANTS = {
     "narrow_rule": [(128, 64, 8, 3, False), (64, 64, 4, 3, True), (128, 128, 8, 2, False)],
     "narrow_short": [],
     "gluon": [],
+    "gluon_narrow": [],
     "gluon_check": [],
     "narrow_one_tile": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 128, 8, 2, False)],
     "blocked": [(64, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
@@ -190,7 +202,8 @@ def default_other_forward(problem):
 
 
 BEFORE = {"narrow_short": default_before_short_walk_threshold, "narrow_one_tile": default_before_one_tile_walks,
-          "gluon": default_other_forward, "gluon_check": default_other_forward}
+          "gluon": default_other_forward, "gluon_narrow": default_other_forward,
+          "gluon_check": default_other_forward}
 
 
 def time_backward(problem, inputs, config):
@@ -228,7 +241,7 @@ def main():
         name, problem, inputs, ref = bf16_problem(problems[index], index)
         default = tiles.normalise(None, problem)
         print(f"# {name}: default {default['fwd']}", flush=True)
-        if args.set == "gluon":
+        if args.set in ("gluon", "gluon_narrow"):
             print(f"#   gluon boxes {tiles.gluon_forward_boxes(problem)}", flush=True)
         base_ms = None
         seen = []

@@ -50,6 +50,20 @@ def test_default_forward_stays_triton(spatial, window, options):
     assert not tiles.default_config.__wrapped__(problem)["fwd"]["gluon"]
 
 
+@pytest.mark.parametrize("spatial,window,options", [
+    ((128, 128), 31, dict(head_dim=64)), ((32768,), 2047, dict(head_dim=64)), ((128, 128), 16, dict(stride=16))])
+def test_gluon_forward_is_a_candidate_where_the_default_leaves_it(spatial, window, options):
+    problem = _problem(spatial, window, **options)
+    assert not tiles.default_config.__wrapped__(problem)["fwd"]["gluon"]
+    assert any(c["fwd"]["gluon"] for c in tiles.candidate_configs(problem))
+
+
+def test_gluon_forward_is_no_candidate_where_it_cannot_run():
+    for problem in (_problem((128, 128), 31, head_dim=32), _problem((128, 128), 31, dtype=torch.float32),
+                    _problem((128, 128), 31, softcap=20.0)):
+        assert not any(c["fwd"]["gluon"] for c in tiles.candidate_configs(problem))
+
+
 # The split walk where it computes enough fewer pairs to outrun its unpipelined first tiles (H100,
 # 2026-12-07 06:51 UTC: 1.11x the whole walk on the 3-D row), else the whole walk (0.92-0.96x
 # with the same pairs on the 2-D rows, 0.98x on 3-D causal time).

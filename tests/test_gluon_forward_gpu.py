@@ -59,8 +59,9 @@ def tiling(request):
     fast_launch.clear_plans()
 
 
-def random_gluon_problem(rng: random.Random) -> dict:
-    """A random problem the Gluon kernel takes: at least 128 tokens on the grid, 128 channels."""
+def random_gluon_problem(rng: random.Random, head_dim: int = D) -> dict:
+    """A random problem the Gluon kernel takes: at least 128 tokens on the grid, 128 channels
+    (or ``head_dim``)."""
     rank = rng.choice((1, 2, 3))
     pattern = rng.choice(("neighborhood", "neighborhood", "window"))
     while True:
@@ -73,7 +74,7 @@ def random_gluon_problem(rng: random.Random) -> dict:
     options = dict(spatial=tuple(spatial), window=tuple(window), pattern=pattern,
                    causal=tuple(rng.random() < 0.3 for _ in spatial), heads=heads,
                    kv_heads=rng.choice([h for h in (1, 2, 4) if heads % h == 0]), batch=rng.choice((1, 2)),
-                   head_dim=D)
+                   head_dim=head_dim)
     if pattern == "window":
         options["shift"] = tuple(rng.randint(0, K - 1) for K in window)
     else:
@@ -84,6 +85,16 @@ def random_gluon_problem(rng: random.Random) -> dict:
 @pytest.mark.parametrize("seed", range(16))
 def test_random_problems_against_the_oracle(seed, gluon_calls):
     options = random_gluon_problem(random.Random(4000 + seed))
+    spatial, window = options.pop("spatial"), options.pop("window")
+    dtype = (torch.bfloat16, torch.float16)[seed % 2]
+    check_against_oracle(spatial, window, dtype=dtype, device="cuda", seed=seed, **options)
+    assert gluon_calls, "the Gluon forward did not run"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_problems_at_64_channels(seed, gluon_calls):
+    # a tuning candidate there (tiles.GLUON_FORWARD_HEAD_DIMS), not the default
+    options = random_gluon_problem(random.Random(4100 + seed), head_dim=64)
     spatial, window = options.pop("spatial"), options.pop("window")
     dtype = (torch.bfloat16, torch.float16)[seed % 2]
     check_against_oracle(spatial, window, dtype=dtype, device="cuda", seed=seed, **options)

@@ -256,7 +256,11 @@ PACK_MIN_WAVES = 2
 #
 # (split walk, key-tile tokens) -> speed on computed pairs, of the tilings the forward weighs
 GLUON_FORWARD = True
-GLUON_FORWARD_HEAD_DIM = 128
+GLUON_FORWARD_HEAD_DIM = 128  # the default's (gluon_forward_chosen); the speeds below are its
+# Head dims a config may name the Gluon forward at (tuning weighs it at 64 channels, where the
+# Triton forward's 64 x 64 step is as many issue cycles as tensor-core ones: 128 x 128 boxes
+# spread a step's fixed work over four times the scores; untimed there as yet).
+GLUON_FORWARD_HEAD_DIMS = (64, 128)
 GLUON_FORWARD_SPEED = 1.40  # whole walk, 128-key tiles (also what the programs' steps are weighed at)
 GLUON_FORWARD_SPEEDS = {(False, 128): GLUON_FORWARD_SPEED, (True, 128): 1.22}
 # Dilated problems on the Gluon forward as their undilated regrouping (gluon_regroup.py): off, as
@@ -317,11 +321,11 @@ def _gluon_regrouping(problem: Problem):
 
 
 def gluon_forward_problem(problem: Problem) -> bool:
-    """Whether the Gluon forward computes this problem (heads of GLUON_FORWARD_HEAD_DIM channels),
-    dilated ones as their undilated regrouping (gluon_regroup.py)."""
+    """Whether the Gluon forward can compute this problem (heads of GLUON_FORWARD_HEAD_DIMS
+    channels), dilated ones as their undilated regrouping (gluon_regroup.py)."""
     regrouping = _gluon_regrouping(problem)
     return (GLUON_FORWARD and regrouping is not None
-            and _gluon_features(regrouping.problem, (GLUON_FORWARD_HEAD_DIM, )))
+            and _gluon_features(regrouping.problem, GLUON_FORWARD_HEAD_DIMS))
 
 
 def _axis_split_steps(axis: Axis, pattern: str, q_tile: int, kv_tile: int, anchor: bool) -> Tuple[float, float]:
@@ -436,7 +440,7 @@ def gluon_forward_tiling() -> Tuple[Dict[Tuple[bool, int], float], Dict[Tuple[bo
 def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
     """Whether the default forward is the Gluon kernel's rather than ``fwd`` (the Triton
     forward's tiles): by forward_cost, each at its block's speed."""
-    if not gluon_forward_problem(problem):
+    if not gluon_forward_problem(problem) or problem.head_dim != GLUON_FORWARD_HEAD_DIM:
         return False
     gluon = gluon_forward_boxes(problem)
     if gluon is None:
@@ -1344,6 +1348,9 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         # Triton forward, which the Gluon one displaced, is a candidate too.
         out = [c if c["fwd"] is base["fwd"] else dict(c, fwd=dict(c["fwd"], gluon=False)) for c in out]
         out.append(dict(base, fwd=dict(base["fwd"], gluon=False)))
+    elif gluon_forward_problem(problem) and gluon_forward_boxes(problem) is not None:
+        # The Gluon forward where the default leaves it out (64 channels; short walks).
+        out.append(dict(base, fwd=dict(base["fwd"], gluon=True)))
     if base["dkdv"]["gluon"]:
         # Likewise the Triton dK/dV kernels above, and the default's own on its tiles.
         out = [c if c["dkdv"] is base["dkdv"] else dict(c, dkdv=dict(c["dkdv"], gluon=False)) for c in out]
