@@ -9,6 +9,7 @@
 #   [VARIANTS=9,10,...] [AB=0,1,...] [TESTS="tests/..."] bash benchmarks/gpu_run_exp2_split.sh
 # Knobs: SMOKE_TIMEOUT, VARIANTS_TIMEOUT, AB_TIMEOUT, TESTS_TIMEOUT (seconds).
 source benchmarks/gpu_preamble.sh
+source benchmarks/gpu_issue_and_tests.sh
 VARIANTS=${VARIANTS-9,10,11,12,15,16}
 AB=${AB-0,1,2,4,5,6,13}
 timeout ${SMOKE_TIMEOUT:-150} python3 -m pytest -m gpu -q -x -p no:cacheprovider -n 4 tests/test_exp2_split_gpu.py \
@@ -35,9 +36,4 @@ if [ -n "$AB" ]; then
     --no-forward --only "$AB" --rounds 3 --json "$OUT/against_revision.json" 2>&1 | tee "$OUT/against_revision.log"
   echo "A/B: after $(( $(date +%s) - s )) s"
 fi
-if [ -n "$TESTS" ]; then
-  # shellcheck disable=SC2086
-  eval timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf --tb=short $TESTS \
-    > "$OUT/tests.log" 2>&1
-  echo "tests: exit $? after $(( $(date +%s) - s )) s"; grep -E "passed|failed|error|FAILED" "$OUT/tests.log" | tail -20
-fi
+gpu_tests

@@ -10,13 +10,10 @@
 #     [AB_PASSES=--no-forward] bash benchmarks/gpu_run_forward_ab_and_issue.sh
 # Knobs: SMOKE_TIMEOUT, AB_TIMEOUT, ISSUE_TIMEOUT, TESTS_TIMEOUT, FLEX_COMPILE_TIMEOUT (seconds).
 source benchmarks/gpu_preamble.sh
+source benchmarks/gpu_issue_and_tests.sh
 rm -f "$OUT/install.log"
 ISSUE_ONLY=${ISSUE_ONLY-0,1,2,3,4,5,6,7,8,9}
-if [ -n "$ISSUE_ONLY" ]; then
-  timeout $(( ${FLEX_COMPILE_TIMEOUT:-150} + 60 )) python3 benchmarks/bench_neighborhood.py --only "$ISSUE_ONLY" \
-    --flex-compile-only "$OUT/flex_compiled.json" --flex-compile-timeout ${FLEX_COMPILE_TIMEOUT:-150} \
-    > /tmp/flex_compile.log 2>&1 &
-fi
+flex_compile_in_background
 if [ -n "$SMOKE" ]; then
   # shellcheck disable=SC2086
   eval timeout ${SMOKE_TIMEOUT:-200} python3 -m pytest -m gpu -q -x -p no:cacheprovider -n 4 $SMOKE > "$OUT/smoke.log" 2>&1
@@ -37,15 +34,5 @@ if [ -n "$AB" ]; then
     ${AB_PASSES---no-backward} --only "$AB" --rounds ${AB_ROUNDS:-3} --json "$OUT/against_revision.json" 2>&1 | tee "$OUT/against_revision.log"
   echo "A/B timed after $(( $(date +%s) - s )) s"
 fi
-if [ -n "$ISSUE_ONLY" ]; then
-  wait
-  timeout ${ISSUE_TIMEOUT:-220} python3 benchmarks/bench_neighborhood.py --flex-compile-status "$OUT/flex_compiled.json" \
-    --only "$ISSUE_ONLY" --json "$OUT/issue.json" --markdown "$OUT/issue.md" > "$OUT/issue.log" 2>&1
-  echo "issue benchmark: exit $? after $(( $(date +%s) - s )) s"; cut -d'|' -f2-8 "$OUT/issue.md" 2>/dev/null
-fi
-if [ -n "$TESTS" ]; then
-  # shellcheck disable=SC2086
-  eval timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider -rf --tb=short $TESTS \
-    > "$OUT/tests.log" 2>&1
-  echo "tests: exit $? after $(( $(date +%s) - s )) s"; grep -E "passed|failed|error|FAILED" "$OUT/tests.log" | tail -20
-fi
+issue_benchmark
+gpu_tests
