@@ -201,6 +201,16 @@ def default_other_forward(problem):
     return dict(default, fwd=dict(default["fwd"], gluon=not default["fwd"]["gluon"]))
 
 
+def gluon_exp2_splits(problem):
+    """The Gluon forward with one exp2 in four and in two on the FMA pipe (exp2_split.py)."""
+    default = tiles.normalise(None, problem)
+    return [(f"gluon exp2/{every}", dict(default, fwd=dict(default["fwd"], gluon=True, exp2_split=every)))
+            for every in (4, 2)]
+
+
+# Configs a set times besides its default, "before" and VARIANTS: (label, config) pairs.
+EXTRA_CONFIGS = {"gluon_narrow": gluon_exp2_splits}
+
 BEFORE = {"narrow_short": default_before_short_walk_threshold, "narrow_one_tile": default_before_one_tile_walks,
           "gluon": default_other_forward, "gluon_narrow": default_other_forward,
           "gluon_check": default_other_forward}
@@ -249,7 +259,7 @@ def main():
         for label, config in [("default", default), ("before", before)] + [
                 (f"{bm}x{bn} w{w} s{s} {'desc' if t else 'ptr'}{f' pack{pack[0]}' if pack else ''}",
                  forced(problem, default, bm, bn, w, s, t, *pack, cheapest=args.set in COST_MODEL_BOXES))
-                for bm, bn, w, s, t, *pack in VARIANTS[args.set]]:
+                for bm, bn, w, s, t, *pack in VARIANTS[args.set]] + EXTRA_CONFIGS.get(args.set, list)(problem):
             if config["fwd"] in seen:
                 continue
             seen.append(config["fwd"])

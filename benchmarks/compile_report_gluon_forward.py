@@ -4,7 +4,7 @@ shared memory and the instruction mix (HGMMA = wgmma, UTMALDG = TMA loads). Gluo
 interpreter; tests/test_gluon_probes.py runs this in CI so that a kernel change that no longer
 builds, spills or loses its structure fails there, not on the GPU.
 
-    python benchmarks/compile_report_gluon_forward.py [--head-dim 64] [--tiling whole|whole3|split128|split128x3|split64]
+    python benchmarks/compile_report_gluon_forward.py [--head-dim 64] [--exp2-split 4] [--tiling whole|whole3|split128|split128x3|split64]
 
 ``--tiling`` builds the launches of one of the kernel's tilings (gluon_split_walk.py) instead of
 the cost model's default: both consumers on the whole walk, or the split walk on 128- or 64-key
@@ -45,7 +45,7 @@ PROBLEMS = [
 DILATED_PROBLEMS = [("2-D 128x128, 31x31 dilation 2", (128, 128), 31, {"dilation": 2}, 16, 16, torch.bfloat16)]
 
 
-def build(spec, head_dim: int = tiles.GLUON_FORWARD_HEAD_DIM):
+def build(spec, head_dim: int = tiles.GLUON_FORWARD_HEAD_DIM, exp2_every: int = 0):
     """(label, build_sm90's row) of the Gluon forward's launch for one problem (meta tensors)."""
     name, spatial, window, options, heads, kv_heads, dtype = spec
     q, out = (torch.empty(1, *spatial, heads, head_dim, device="meta", dtype=dtype) for _ in range(2))
@@ -54,7 +54,7 @@ def build(spec, head_dim: int = tiles.GLUON_FORWARD_HEAD_DIM):
     problem = build_problem(q, k, k, window, **options)
     regrouping = regrouped(problem)
     views = [regrouping.view(t) for t in (q, k, k, out)] + [regrouping.view_rows(lse)]
-    plan = GluonForward(regrouping.problem, *views)
+    plan = GluonForward(regrouping.problem, *views, exp2_every=exp2_every)
     tiling = tiles.gluon_forward_boxes(problem)
     label = (f"{name} | boxes {list(tiling.q)} x {list(tiling.kv)}, cut on axis {tiling.split}"
              f"{', split walk' if tiling.split_walk else ''}")
@@ -66,12 +66,13 @@ def main():
     parser.add_argument("--tiling", choices=sorted(tiles.GLUON_TILINGS))
     parser.add_argument("--head-dim", type=int, default=tiles.GLUON_FORWARD_HEAD_DIM,
                         choices=tiles.GLUON_FORWARD_HEAD_DIMS)
+    parser.add_argument("--exp2-split", type=int, default=0, choices=tiles.EXP2_SPLIT_CHOICES)
     args = parser.parse_args()
     if args.tiling:
         tiles.use_gluon_tiling(args.tiling)
     for spec in PROBLEMS + (DILATED_PROBLEMS if args.tiling else []):
-        label, row = build(spec, args.head_dim)
-        report(f"{label}, D={args.head_dim}", row)
+        label, row = build(spec, args.head_dim, args.exp2_split)
+        report(f"{label}, D={args.head_dim}{f', exp2 split {args.exp2_split}' if args.exp2_split else ''}", row)
 
 
 if __name__ == "__main__":

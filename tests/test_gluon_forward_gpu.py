@@ -101,6 +101,22 @@ def test_random_problems_at_64_channels(seed, gluon_calls):
     assert gluon_calls, "the Gluon forward did not run"
 
 
+@pytest.mark.parametrize("every", [2, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("spatial,window,options", [
+    ((20, 24), (7, 9), {}), ((6, 8, 10), (3, 5, 5), dict(causal=(True, False, False)))])
+def test_exp2_split_against_the_oracle(spatial, window, options, head_dim, every, monkeypatch):
+    # one exp2 in ``every`` on the FMA pipe (exp2_split.py; a tuning candidate of the Gluon forward)
+    default = tiles.default_config
+    monkeypatch.setattr(tiles, "default_config", lambda p, **kw: dict(
+        default(p, **kw), fwd=dict(default(p, **kw)["fwd"], gluon=True, exp2_split=every)))
+    launches = counted_launches(monkeypatch, gluon_forward_launch.GluonForward)
+    calls = next(launches)
+    check_against_oracle(spatial, window, dtype=torch.bfloat16, device="cuda", head_dim=head_dim, **options)
+    assert calls, "the Gluon forward did not run"
+    next(launches, None)  # (the launch plans made afresh after)
+
+
 @pytest.mark.parametrize("spatial,window,options", [
     ((20, 24), (7, 9), {}),
     ((300,), 65, dict(causal=True, heads=4, kv_heads=1)),

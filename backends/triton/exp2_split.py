@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 # 2^f ~ 1 + f (C1 + f (C2 + f C3)) on [-1/2, 1/2] (a weighted least-squares fit of the relative
 # error, iterated to equal ripple: benchmarks/../tests/test_exp2_split.py checks the bound).
@@ -83,6 +85,19 @@ def exp2_split(x, EVERY: tl.constexpr):
     else:
         tl.static_assert(EVERY == 4, "exp2_split: EVERY is 0, 2 or 4")
         out = tl.inline_asm_elementwise(_SPLIT_4, _CONSTRAINTS_4, [x], dtype=tl.float32, is_pure=True, pack=4)
+    return out
+
+
+@gluon.jit
+def gluon_exp2_split(x, EVERY: gl.constexpr):
+    """exp2_split in the Gluon kernels (the same PTX)."""
+    if EVERY == 0:
+        out = gl.exp2(x)
+    elif EVERY == 2:
+        out = gl.inline_asm_elementwise(_SPLIT_2, _CONSTRAINTS_2, [x], dtype=gl.float32, is_pure=True, pack=2)
+    else:
+        gl.static_assert(EVERY == 4, "gluon_exp2_split: EVERY is 0, 2 or 4")
+        out = gl.inline_asm_elementwise(_SPLIT_4, _CONSTRAINTS_4, [x], dtype=gl.float32, is_pure=True, pack=4)
     return out
 
 

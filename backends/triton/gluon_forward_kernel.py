@@ -33,6 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .exp2_split import gluon_exp2_split
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 from .index_math import crosses, key_range, key_walk, next3, split3
 from .scores import LN2, mask_pairs
@@ -164,13 +165,14 @@ def _masked(s, fill, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale):
-    """One tile of the online softmax in log2 units: (P unnormalised, new maxima, new sums, alpha)."""
+def _softmax_step(s, m_i, l_i, qk_scale, EXP2_EVERY: gl.constexpr):
+    """One tile of the online softmax in log2 units: (P unnormalised, new maxima, new sums, alpha);
+    one exp2 of P in EXP2_EVERY on the FMA pipe (exp2_split.py; 0: none)."""
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     # rows that have seen no key yet keep -inf maxima: subtract 0 there instead of -inf
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
-    p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
+    p = gluon_exp2_split(s * qk_scale - gl.expand_dims(m_safe, 1), EXP2_EVERY)
     return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
 
 
@@ -179,7 +181,7 @@ def _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, 
                     rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, ys0, ys1, ys2, qk_scale,
                     RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
                     TK2: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
-                    RESCALE: gl.constexpr):
+                    RESCALE: gl.constexpr, EXP2_EVERY: gl.constexpr):
     """Step ``i`` of the ring (the key tile at ``ys``): its S issued, then tile i-1's O += P V
     (``p16``), and tile i's softmax while the latter is on the tensor cores; each slot released as
     soon as its product is done. Returns (P of tile i, acc, maxima, sums). Without RESCALE, step i
@@ -197,7 +199,7 @@ def _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, 
     mbarrier.arrive(k_empty.index(slot), count=1)
     s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, ys0, ys1, ys2, lo0, hi0, lo1, hi1, lo2, hi2,
                 TK0, TK1, TK2, RANK, s_layout)
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, EXP2_EVERY)
     acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
     mbarrier.arrive(v_empty.index(prev), count=1)
     if RESCALE:
@@ -287,7 +289,7 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
               k_desc, slb, sl0, sl1, sl2, slh, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0,
               S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr,
               WINDOW: gl.constexpr, RANK: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
-              SPLIT: gl.constexpr, QBUFS: gl.constexpr, PERSISTENT: gl.constexpr):
+              SPLIT: gl.constexpr, QBUFS: gl.constexpr, PERSISTENT: gl.constexpr, EXP2_EVERY: gl.constexpr):
     """Consumer warpgroup HALF over this program's boxes, in the producer's order: its 64 queries
     over each box's walk, then their output and LSE; the query slot is handed back for a later
     box once the output's store has read it.
@@ -331,7 +333,7 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
     mbarrier.arrive(k_empty.index(0), count=1)
     s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0, st1, st2, lo0, hi0, lo1, hi1, lo2, hi2,
                 TK0, TK1, TK2, RANK, s_layout)
-    p, m_i, l_i, _ = _softmax_step(s, no_max, no_sum, qk_scale)
+    p, m_i, l_i, _ = _softmax_step(s, no_max, no_sum, qk_scale, EXP2_EVERY)
     p16 = gl.convert_layout(p.to(dtype), p_layout)
     acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
 
@@ -347,7 +349,7 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
                                                  m_i, l_i, i, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0,
                                                  lo1, hi1, lo2, hi2, st0 + j0 * TK0, st1 + j1 * TK1, st2 + j2 * TK2,
                                                  qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows,
-                                                 True)
+                                                 True, EXP2_EVERY)
             j0, j1, j2 = next3(j0, j1, j2, n1, n2)
         position += n_tiles
         box_b, box_h, box_col, box0, box1, box2 = b, h, q_col, xs0, xs1, xs2
@@ -363,7 +365,8 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_
             p_next, acc, m_next, l_next = _pipelined_step(
                 q_smem.index(next_slot).reshape([BM, D]), k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc,
                 p16, no_max, no_sum, position, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2,
-                hi2, st0, st1, st2, qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows, False)
+                hi2, st0, st1, st2, qk_scale, RANK, STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows, False,
+                EXP2_EVERY)
         else:
             acc = _last_product(p16, v_bufs, v_ready, v_empty, acc, position - 1, STAGES)
             p_next, m_next, l_next = p16, m_i, l_i
@@ -407,7 +410,8 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2
                          S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, BOXES, HEADS, SCHEDULE, SCHEDULE_STRIDE,
                          C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
                          RANK: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, QBUFS: gl.constexpr,
-                         PERSISTENT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                         PERSISTENT: gl.constexpr, EXP2_EVERY: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr):
     """Programs walking work items (query boxes of one (batch, head)): one each (program i the
     i-th), or on a PERSISTENT grid those of the program's row of the ``SCHEDULE`` table (rows of
     SCHEDULE_STRIDE int32: a count, then items; gluon_schedule.py). A box is cut into two parts
@@ -426,11 +430,11 @@ def gluon_forward_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, sl2
         (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                      q_desc, k_desc, slb, sl0, sl1, sl2, slh, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0,
                      K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES,
-                     0, SPLIT, QBUFS, PERSISTENT)),
+                     0, SPLIT, QBUFS, PERSISTENT, EXP2_EVERY)),
         (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
                      q_desc, k_desc, slb, sl0, sl1, sl2, slh, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0,
                      K1, K2, S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, C0, C1, C2, WINDOW, RANK, STAGES,
-                     1, SPLIT, QBUFS, PERSISTENT)),
+                     1, SPLIT, QBUFS, PERSISTENT, EXP2_EVERY)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready,
                      v_empty, SCHEDULE, SCHEDULE_STRIDE, BOXES, HEADS, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1,
                      F2, NT1, NT2, GROUP, C0, C1, C2, WINDOW, STAGES, SPLIT, QBUFS, PERSISTENT)),

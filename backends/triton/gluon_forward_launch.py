@@ -69,9 +69,10 @@ class GluonForward:
     onto each later call's: the plan's key fixes their layouts) and the scalar arguments."""
 
     def __init__(self, problem: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor):
+                 lse: torch.Tensor, exp2_every: int = 0):
         """``problem`` undilated (a dilated one's regrouping, with views of the tensors: later calls
-        pass the original tensors, whose data the descriptors are rebased onto)."""
+        pass the original tensors, whose data the descriptors are rebased onto); ``exp2_every``:
+        the config's ``"exp2_split"`` (exp2_split.py)."""
         tiling = tiles.gluon_forward_boxes(problem)
         rank = problem.rank
         q_box, kv_box = _pad3(tiling.q, 1), _pad3(tiling.kv, 1)
@@ -106,7 +107,7 @@ class GluonForward:
                         problem.scale * LOG2E, boxes[0] * boxes[1] * boxes[2], problem.heads]
         causal = _pad3([a.causal for a in axes], False)
         self.meta = dict(C0=causal[0], C1=causal[1], C2=causal[2], WINDOW=problem.pattern == "window", RANK=rank,
-                         STAGES=slots, SPLIT=self.split, PRODUCER_REGS=PRODUCER_REGISTERS,
+                         STAGES=slots, SPLIT=self.split, EXP2_EVERY=exp2_every, PRODUCER_REGS=PRODUCER_REGISTERS,
                          CONSUMER_REGS=CONSUMER_REGISTERS, num_warps=WARPS)
         # the split walk's kernel (each consumer computes only its half's key tiles), else the
         # whole walk's
@@ -138,4 +139,4 @@ def plan(problem: Problem, fwd: dict, q: torch.Tensor, k: torch.Tensor, v: torch
     views = [regrouping.view(t) for t in (q, k, v, out)] + [regrouping.view_rows(lse)]
     if any(t is None for t in views) or not inputs_fit(*views[:3]):
         return None
-    return GluonForward(regrouping.problem, *views)
+    return GluonForward(regrouping.problem, *views, exp2_every=fwd.get("exp2_split", 0))

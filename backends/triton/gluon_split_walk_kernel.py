@@ -52,7 +52,8 @@ def _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc,
                      rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2, n0, n1, n2, exclusive0, exclusive1,
                      own0, own1_lo, own1, qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr,
                      TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr, SPLIT: gl.constexpr,
-                     s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
+                     s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
+                     EXP2_EVERY: gl.constexpr):
     """The split walk's first phase (gluon_split_walk.py): this consumer computes its own tiles
     at once, without the software pipeline, and releases the other half's as they land."""
     BN: gl.constexpr = TK0 * TK1 * TK2
@@ -72,7 +73,7 @@ def _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc,
             mbarrier.arrive(k_empty.index(slot), count=1)
             s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, st0 + j0 * TK0, st1 + j1 * TK1,
                         st2 + j2 * TK2, lo0, hi0, lo1, hi1, lo2, hi2, TK0, TK1, TK2, RANK, s_layout)
-            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, EXP2_EVERY)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
             p16 = gl.convert_layout(p.to(q.dtype), p_layout)
             mbarrier.wait(v_ready.index(slot), phase)
@@ -90,7 +91,7 @@ def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_
                   rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2, n0, n1, n2, first, shared_lo, shared,
                   qk_scale, RANK: gl.constexpr, STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr,
                   TK2: gl.constexpr, SPLIT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                  o_rows: gl.constexpr):
+                  o_rows: gl.constexpr, EXP2_EVERY: gl.constexpr):
     """The tiles both halves compute (stream positions from ``first``; at least one), pipelined:
     the first tile's scores and softmax before the loop; each step then issues tile i's S, tile
     i-1's O += P V, and runs tile i's softmax while the latter is on the tensor cores."""
@@ -110,7 +111,7 @@ def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_
     mbarrier.arrive(k_empty.index(slot), count=1)
     s = _masked(s, float("-inf"), rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, o0, o1, o2, lo0, hi0, lo1, hi1, lo2, hi2,
                 TK0, TK1, TK2, RANK, s_layout)
-    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, qk_scale, EXP2_EVERY)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
     p16 = gl.convert_layout(p.to(q.dtype), p_layout)
     j0, j1, j2 = next3(gl.to_tensor(0), gl.to_tensor(0), gl.to_tensor(0), e1, e2)
@@ -118,7 +119,8 @@ def _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_
         p16, acc, m_i, l_i = _pipelined_step(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, p16, m_i,
                                              l_i, i, s_zero, rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1,
                                              lo2, hi2, o0 + j0 * TK0, o1 + j1 * TK1, o2 + j2 * TK2, qk_scale, RANK,
-                                             STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows, True)
+                                             STAGES, TK0, TK1, TK2, s_layout, p_layout, o_rows, True,
+                                             EXP2_EVERY)
         j0, j1, j2 = next3(j0, j1, j2, e1, e2)
     return _last_product(p16, v_bufs, v_ready, v_empty, acc, first + count - 1, STAGES), m_i, l_i
 
@@ -129,7 +131,7 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
               n0, n1, n2, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1, qk_scale,
               C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr, RANK: gl.constexpr,
               STAGES: gl.constexpr, TK0: gl.constexpr, TK1: gl.constexpr, TK2: gl.constexpr, HALF: gl.constexpr,
-              SPLIT: gl.constexpr):
+              SPLIT: gl.constexpr, EXP2_EVERY: gl.constexpr):
     """Consumer warpgroup HALF: its 64 queries over its own exclusive tiles, then the shared ones;
     the output and LSE of its rows."""
     TQ0: gl.constexpr = o_desc.block_type.shape[1]
@@ -158,12 +160,12 @@ def _consumer(o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_
     acc, m_i, l_i = _exclusive_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
                                      rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2,
                                      n0, n1, n2, exclusive0, exclusive1, own0, own1_lo, own1, qk_scale, RANK, STAGES,
-                                     TK0, TK1, TK2, HALF, SPLIT, s_layout, p_layout, o_rows)
+                                     TK0, TK1, TK2, HALF, SPLIT, s_layout, p_layout, o_rows, EXP2_EVERY)
     if shared > 0:
         acc, m_i, l_i = _shared_tiles(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i,
                                       rlo0, rhi0, rlo1, rhi1, rlo2, rhi2, lo0, hi0, lo1, hi1, lo2, hi2, st0, st1, st2,
                                       n0, n1, n2, exclusive0 + exclusive1, shared_lo, shared, qk_scale, RANK, STAGES,
-                                      TK0, TK1, TK2, SPLIT, s_layout, p_layout, o_rows)
+                                      TK0, TK1, TK2, SPLIT, s_layout, p_layout, o_rows, EXP2_EVERY)
 
     # (a half past the grid's end sees no key: zeros and an LSE of -inf)
     _store_rows(o_desc, LSE, q_box, acc, m_i, l_i, x0, x1, x2, L0, L1, L2, xs0, xs1, xs2, b, h, q_col, slb, sl0, sl1,
@@ -175,7 +177,7 @@ def gluon_split_walk_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, 
                             S0, S1, S2, F0, F1, F2, NT1, NT2, GROUP, qk_scale, BOXES, HEADS,
                             C0: gl.constexpr, C1: gl.constexpr, C2: gl.constexpr, WINDOW: gl.constexpr,
                             RANK: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, SPLIT_CAUSAL: gl.constexpr,
-                            PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                            EXP2_EVERY: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """One program: work item ``program_id(0)`` (in the whole walk's order: one query box of one
     (batch, head)), cut into two parts of 64 queries (one consumer warpgroup each) along
     axis SPLIT (causal: SPLIT_CAUSAL), each computing only the key tiles its queries see
@@ -201,11 +203,11 @@ def gluon_split_walk_kernel(q_desc, k_desc, v_desc, o_desc, LSE, slb, sl0, sl1, 
         (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
                      slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2,
                      st0, st1, st2, n0, n1, n2, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1,
-                     qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT)),
+                     qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 0, SPLIT, EXP2_EVERY)),
         (_consumer, (o_desc, LSE, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty, b, h, q_col,
                      slb, sl0, sl1, sl2, slh, L0, L1, L2, K0, K1, K2, S0, S1, S2, F0, F1, F2, xs0, xs1, xs2,
                      st0, st1, st2, n0, n1, n2, exclusive0, exclusive1, own0, shared_lo, shared, own1_lo, own1,
-                     qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT)),
+                     qk_scale, C0, C1, C2, WINDOW, RANK, STAGES, TK0, TK1, TK2, 1, SPLIT, EXP2_EVERY)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_ready, k_ready, k_empty, v_ready, v_empty,
                      b, xs0, xs1, xs2, st0, st1, st2, n0, n1, n2, q_col, kv_col, exclusive0, exclusive1, own0,
                      shared_lo, shared, own1_lo, own1, STAGES, SPLIT)),

@@ -1349,8 +1349,9 @@ def candidate_configs(problem: Problem) -> List[Dict]:
         out = [c if c["fwd"] is base["fwd"] else dict(c, fwd=dict(c["fwd"], gluon=False)) for c in out]
         out.append(dict(base, fwd=dict(base["fwd"], gluon=False)))
     elif gluon_forward_problem(problem) and gluon_forward_boxes(problem) is not None:
-        # The Gluon forward where the default leaves it out (64 channels; short walks).
-        out.append(dict(base, fwd=dict(base["fwd"], gluon=True)))
+        # The Gluon forward where the default leaves it out (64 channels; short walks), with each
+        # exp2 split (its 128 x 128 step spreads the fixed work over four times the scores).
+        out.extend(dict(base, fwd=dict(base["fwd"], gluon=True, exp2_split=every)) for every in EXP2_SPLIT_CHOICES)
     if base["dkdv"]["gluon"]:
         # Likewise the Triton dK/dV kernels above, and the default's own on its tiles.
         out = [c if c["dkdv"] is base["dkdv"] else dict(c, dkdv=dict(c["dkdv"], gluon=False)) for c in out]
