@@ -92,8 +92,9 @@ def test_random_problems_against_the_oracle(seed, gluon_calls):
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_random_problems_at_64_channels(seed, gluon_calls):
-    # a tuning candidate there (tiles.GLUON_FORWARD_HEAD_DIMS), not the default
+def test_random_problems_at_64_channels(seed, gluon_calls, monkeypatch):
+    # not the default there, nor yet a tuning candidate (tiles.GLUON_FORWARD_HEAD_DIMS)
+    monkeypatch.setattr(tiles, "GLUON_FORWARD_HEAD_DIMS", (64, 128))
     options = random_gluon_problem(random.Random(4100 + seed), head_dim=64)
     spatial, window = options.pop("spatial"), options.pop("window")
     dtype = (torch.bfloat16, torch.float16)[seed % 2]
@@ -106,7 +107,10 @@ def test_random_problems_at_64_channels(seed, gluon_calls):
 @pytest.mark.parametrize("spatial,window,options", [
     ((20, 24), (7, 9), {}), ((6, 8, 10), (3, 5, 5), dict(causal=(True, False, False)))])
 def test_exp2_split_against_the_oracle(spatial, window, options, head_dim, every, monkeypatch):
-    # one exp2 in ``every`` on the FMA pipe (exp2_split.py; a tuning candidate of the Gluon forward)
+    # one exp2 in ``every`` on the FMA pipe (exp2_split.py; off in the Gluon forward until this
+    # test has passed: tiles.GLUON_EXP2_SPLIT)
+    monkeypatch.setattr(tiles, "GLUON_EXP2_SPLIT", True)
+    monkeypatch.setattr(tiles, "GLUON_FORWARD_HEAD_DIMS", (64, 128))
     default = tiles.default_config
     monkeypatch.setattr(tiles, "default_config", lambda p, **kw: dict(
         default(p, **kw), fwd=dict(default(p, **kw)["fwd"], gluon=True, exp2_split=every)))

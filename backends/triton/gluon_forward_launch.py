@@ -139,4 +139,5 @@ def plan(problem: Problem, fwd: dict, q: torch.Tensor, k: torch.Tensor, v: torch
     views = [regrouping.view(t) for t in (q, k, v, out)] + [regrouping.view_rows(lse)]
     if any(t is None for t in views) or not inputs_fit(*views[:3]):
         return None
-    return GluonForward(regrouping.problem, *views, exp2_every=fwd.get("exp2_split", 0))
+    return GluonForward(regrouping.problem, *views,
+                        exp2_every=fwd.get("exp2_split", 0) if tiles.GLUON_EXP2_SPLIT else 0)
