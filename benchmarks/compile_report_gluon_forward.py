@@ -65,7 +65,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiling", choices=sorted(tiles.GLUON_TILINGS))
     parser.add_argument("--head-dim", type=int, default=tiles.GLUON_FORWARD_HEAD_DIM,
-                        choices=tiles.GLUON_FORWARD_HEAD_DIMS)
+                        choices=(64, 128))
     parser.add_argument("--exp2-split", type=int, default=0, choices=tiles.EXP2_SPLIT_CHOICES)
     args = parser.parse_args()
     if args.tiling:

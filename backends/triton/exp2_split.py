@@ -7,11 +7,12 @@ for; at 32 channels the exp2s take twice the products' time. FlashAttention-4 mo
 to the FMA pipe, which has cycles to spare: 2^x = 2^n * 2^f, n = round(x), f in [-1/2, 1/2],
 2^f by a polynomial, 2^n added to the result's exponent bits.
 
-``exp2_split(x, EVERY)`` computes one exp2 in EVERY that way (EVERY = 2 or 4; 0: all on the
-multi-function unit) in one inline-PTX block over EVERY consecutive elements of a thread, which
-ptxas schedules with the rest of the step. The polynomial (degree 3, 1 + f (C1 + f (C2 + f C3)),
-coefficients fitted for relative error; at most 1.02e-4 on [-1/2, 1/2]) is far below what the 16-bit
-probabilities that leave the softmax carry (2^-9), and its constant term is exactly 1, so:
+``exp2_split(x, EVERY)`` (a Triton function; the Gluon kernels call it too) computes one exp2 in
+EVERY that way (EVERY = 2 or 4; 0: all on the multi-function unit) in one inline-PTX block over
+EVERY consecutive elements of a thread, which ptxas schedules with the rest of the step. The
+polynomial (degree 3, 1 + f (C1 + f (C2 + f C3)), coefficients fitted for relative error; at most
+1.02e-4 on [-1/2, 1/2]) is far below what the 16-bit probabilities that leave the softmax carry
+(2^-9), and its constant term is exactly 1, so:
 
 * x = 0 (a row's maximum) gives exactly 1;
 * x is clamped at -127 first, where n = -127, f = 0 and the exponent sum is 0: exactly +0.0, so
@@ -29,8 +30,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
 
 # 2^f ~ 1 + f (C1 + f (C2 + f C3)) on [-1/2, 1/2] (a weighted least-squares fit of the relative
 # error, iterated to equal ripple: benchmarks/../tests/test_exp2_split.py checks the bound).
@@ -85,19 +84,6 @@ def exp2_split(x, EVERY: tl.constexpr):
     else:
         tl.static_assert(EVERY == 4, "exp2_split: EVERY is 0, 2 or 4")
         out = tl.inline_asm_elementwise(_SPLIT_4, _CONSTRAINTS_4, [x], dtype=tl.float32, is_pure=True, pack=4)
-    return out
-
-
-@gluon.jit
-def gluon_exp2_split(x, EVERY: gl.constexpr):
-    """exp2_split in the Gluon kernels (the same PTX)."""
-    if EVERY == 0:
-        out = gl.exp2(x)
-    elif EVERY == 2:
-        out = gl.inline_asm_elementwise(_SPLIT_2, _CONSTRAINTS_2, [x], dtype=gl.float32, is_pure=True, pack=2)
-    else:
-        gl.static_assert(EVERY == 4, "gluon_exp2_split: EVERY is 0, 2 or 4")
-        out = gl.inline_asm_elementwise(_SPLIT_4, _CONSTRAINTS_4, [x], dtype=gl.float32, is_pure=True, pack=4)
     return out
 
 

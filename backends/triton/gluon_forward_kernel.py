@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .exp2_split import gluon_exp2_split
+from .exp2_split import exp2_split
 from .gluon_ring import accumulator_layout, allocate_ring, probabilities_layout
 from .index_math import crosses, key_range, key_walk, next3, split3
 from .scores import LN2, mask_pairs
@@ -172,7 +172,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, EXP2_EVERY: gl.constexpr):
     # rows that have seen no key yet keep -inf maxima: subtract 0 there instead of -inf
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m_i - m_safe)
-    p = gluon_exp2_split(s * qk_scale - gl.expand_dims(m_safe, 1), EXP2_EVERY)
+    p = exp2_split(s * qk_scale - gl.expand_dims(m_safe, 1), EXP2_EVERY)
     return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
 
 
