@@ -22,7 +22,9 @@ polynomial (degree 3, 1 + f (C1 + f (C2 + f C3)), coefficients fitted for relati
 
 ``exp2_split_reference`` is the same arithmetic on the host in float32 (torch), which the CPU
 tests hold to the float64 exp2; the GPU tests hold the PTX to the same bounds.
-Only for 16-bit attention: float32 heads keep every exp2 on the multi-function unit.
+Only for 16-bit attention: float32 heads keep every exp2 on the multi-function unit. The Triton
+forward's default splits nothing (tiles.EXP2_SPLIT_EVERY says why: its step is bound by issue as
+much as by the exp2 units); configs name a split with ``"exp2_split"``.
 """
 
 from __future__ import annotations
