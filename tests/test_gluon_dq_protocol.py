@@ -43,11 +43,7 @@ class DQModel(SlotModel):
                 yield from self.wait(self.q_empty[half], (box & 1) ^ 1)
                 # the query and dO halves: two copies, one ready barrier (its expected bytes both's)
                 self.landing.append((("q", half), (box, half), self.q_ready[half]))
-            for i in range(position, position + tiles):
-                slot, free = i % self.stages, ((i // self.stages) & 1) ^ 1
-                for kind, empty, ready in (("k", self.k_empty, self.k_ready), ("v", self.v_empty, self.v_ready)):
-                    yield from self.wait(empty[slot], free)
-                    self.landing.append(((kind, slot), i, ready[slot]))
+            yield from self.land_walk(position, tiles)
             position += tiles
 
     def _step(self, who, box, i, first):

@@ -32,6 +32,16 @@ class SlotModel(Interleaved):
         self.readers[key].discard(who)
         barrier.arrive()
 
+    def land_walk(self, position, tiles):
+        """The producer's K and V copies of a box's ``tiles`` key tiles from ring position
+        ``position`` on, each slot once its last tile's readers released it (the kernels'
+        _load_walk)."""
+        for i in range(position, position + tiles):
+            slot, free = i % self.stages, ((i // self.stages) & 1) ^ 1
+            for kind, empty, ready in (("k", self.k_empty, self.k_ready), ("v", self.v_empty, self.v_ready)):
+                yield from self.wait(empty[slot], free)
+                self.landing.append(((kind, slot), i, ready[slot]))
+
 
 class PersistentModel(SlotModel):
     """One persistent program: ``walks[b]`` key tiles in box b, ``stages`` ring slots,
@@ -60,11 +70,7 @@ class PersistentModel(SlotModel):
             for half in range(CONSUMERS):
                 yield from self.wait(self.q_empty[first + half], free)
                 self.landing.append((("q", first + half), (box, half), self.q_ready[first + half]))
-            for i in range(position, position + tiles):
-                slot, free = i % self.stages, ((i // self.stages) & 1) ^ 1
-                for kind, empty, ready in (("k", self.k_empty, self.k_ready), ("v", self.v_empty, self.v_ready)):
-                    yield from self.wait(empty[slot], free)
-                    self.landing.append(((kind, slot), i, ready[slot]))
+            yield from self.land_walk(position, tiles)
             position += tiles
 
     def _query_slot(self, box, half):
