@@ -103,7 +103,7 @@ LAZY_RESCALE = False
 # The forward's exp2s split between the multi-function unit and the FMA pipe (exp2_split.py):
 # one score in EVERY on the latter, by the widest head of a 16-bit problem (float32: none). Off by
 # default: on the H100 (2026-12-07 17:50 UTC, RESULTS.md "The exp2 split and P before the mask")
-# one in four ran the 64-channel forward 0.97-0.98x on four problems and 1.03x on one (1-D,
+# one in four ran the 64-channel forward 0.97-0.99x on four problems and 1.03x on one (1-D,
 # window 2047), one in two 0.92-0.97x: the Triton forward's 64 x 64 step issues about as many
 # instructions as its tensor cores and exp2 units take cycles, so the polynomial's eight more per
 # score cost what the exp2 units save. A tuning candidate for 16-bit problems (every choice).
