@@ -115,8 +115,9 @@ SETS = {
          {"causal": (True, False, False), "stride": (1, 2, 1)}, 8, 8, 128, 2),
         ("2-D 90x75, 13x21, GQA 8/2, B=2", (90, 75), (13, 21), {}, 8, 2, 128, 2),
     ],
-    # the Gluon forward at 64 channels (tiles.GLUON_FORWARD_HEAD_DIMS: a tuning candidate there)
-    # against the default Triton forward
+    # the Gluon forward at 64 channels, plain and with each exp2 split, against the default Triton
+    # forward (off in the backend until this set has run: tiles.GLUON_FORWARD_HEAD_DIMS,
+    # GLUON_EXP2_SPLIT, which main() switches on for it)
     "gluon_narrow": [
         ("2-D 128x128, 31x31, D=64 (issue)", (128, 128), 31, {}, 16, 16, 64, 1),
         ("2-D 128x128, 63x63, D=64", (128, 128), 63, {}, 16, 16, 64, 1),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call: the Gluon forward at 64 channels (a tuning candidate, tiles.GLUON_FORWARD_HEAD_DIMS)
-# against the default Triton forward, then the issue benchmark with Flex (compiled in the
-# background from the start), then GPU tests for the time left.
+# One device call: the GPU tests of the Gluon forward at 64 channels and of its exp2 split (both off
+# in the backend until they pass: tiles.GLUON_FORWARD_HEAD_DIMS, GLUON_EXP2_SPLIT), their timing
+# against the default Triton forward (bench_forward_configs.py --set gluon_narrow), then the issue
+# benchmark with Flex (compiled in the background from the start), then GPU tests for the time left.
 # Usage (GPU machine, repo root):
 #   [ONLY=0,1,...] [ISSUE_ONLY=0,...,9] [TESTS="tests/..."] bash benchmarks/gpu_run_gluon_narrow.sh
 # Knobs: SMOKE_TIMEOUT, BENCH_TIMEOUT, FLEX_COMPILE_TIMEOUT, ISSUE_TIMEOUT, TESTS_TIMEOUT (seconds).
