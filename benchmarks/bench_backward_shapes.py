@@ -95,7 +95,7 @@ BOX_PAIRS = 4  # the cheapest (resident, streamed) box pairs timed beside the de
 def cheapest_box_pairs(problem, count):
     """The ``count`` cheapest (resident, streamed) pairs of 64-token boxes (forward_cost, the
     resident box in the forward's query role)."""
-    shapes = tiles._shapes(problem.rank, 64, tiles.group_extents(problem))
+    shapes = tiles._shapes(problem, 64)
     ranked = sorted((tiles.forward_cost(problem, r, s, 1.0), r, s) for r in shapes for s in shapes)
     return [(list(r), list(s)) for _, r, s in ranked[:count]]
 

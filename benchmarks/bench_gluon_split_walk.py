@@ -46,6 +46,9 @@ PROBLEMS = [
     ("3-D 8x32x32, 5x9x9, B=2", (8, 32, 32), (5, 9, 9), {}, 8, 8, 128, 2),
     ("2-D 64x64, windows 16x16 shifted 8, B=4", (64, 64), 16, {"pattern": "window", "shift": 8}, 8, 8, 128, 4),
     ("1-D 8192, causal window 1024, B=2", (8192,), 1024, {"causal": True}, 16, 16, 128, 2),
+    # window 1 on some axes: boxes one token deep there (tiles._shapes)
+    ("2-D 128x128, axial 1x63", (128, 128), (1, 63), {}, 16, 16, 128, 1),
+    ("3-D 16x48x48, per-frame 1x15x15", (16, 48, 48), (1, 15, 15), {}, 16, 16, 128, 1),
 ]
 
 # tiles.GLUON_TILINGS, one at a time (each at speed 1.40 here)

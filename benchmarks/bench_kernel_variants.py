@@ -45,6 +45,11 @@ EXTRA_PROBLEMS = [
     # (exp2_split.py): ViT-style 64-channel heads, 1-D and 2-D.
     ("1-D 32768, window 2047, D=64", (32768,), 2047, {}, 64),
     ("2-D 128x128, 63x63, D=64", (128, 128), 63, {}, 64),
+    # Axial and per-frame windows (window 1 on some axes), whose boxes are one token deep there
+    # (tiles._shapes): 2.0 computed pairs per attended pair on the axial rows, 4.6 before.
+    ("2-D 128x128, axial 1x63", (128, 128), (1, 63), {}, 128),
+    ("3-D 16x48x48, per-frame 1x15x15", (16, 48, 48), (1, 15, 15), {}, 128),
+    ("2-D 128x128, axial 31x1 causal, D=64", (128, 128), (31, 1), {"causal": (True, False)}, 64),
 ]
 
 from haloattn.backend import AttentionInputs  # noqa: E402

@@ -42,9 +42,8 @@ BACKWARD_VARIANTS = [(16, 64, 1), (32, 64, 1), (32, 32, 1)]
 
 def cheapest_boxes(problem, queries: int, keys: int):
     """The query and key boxes of these sizes with the fewest computed pairs (and masked axes)."""
-    ext = tiles.group_extents(problem)
     return min(((tiles.forward_cost(problem, q, kv, 1.0), q, kv)
-                for q in tiles._shapes(problem.rank, queries, ext) for kv in tiles._shapes(problem.rank, keys, ext)),
+                for q in tiles._shapes(problem, queries) for kv in tiles._shapes(problem, keys)),
                key=lambda c: c[0])[1:]
 
 

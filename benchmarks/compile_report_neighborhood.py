@@ -7,7 +7,9 @@ kernel launch captured, the captured arguments are specialised the way Triton's 
 spills (local-memory bytes), shared memory, and counts of the SASS instructions that matter here
 (HGMMA = wgmma, LDGSTS = cp.async, UTMALDG = TMA, LDG = plain global loads, MUFU.EX2).
 
-    python benchmarks/compile_report_neighborhood.py [--only 1,5] [--backward] [--sass DIR]
+    python benchmarks/compile_report_neighborhood.py [--only 1,5] [--extra] [--backward] [--sass DIR]
+
+``--extra`` adds bench_kernel_variants.EXTRA_PROBLEMS as problems 10 and up.
 """
 
 from __future__ import annotations
@@ -36,12 +38,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="1")
     parser.add_argument("--backward", action="store_true")
+    parser.add_argument("--extra", action="store_true", help="also problems 10 and up: EXTRA_PROBLEMS")
     parser.add_argument("--sass", help="folder to keep the SASS of each kernel in")
     parser.add_argument("--config", help="JSON config (as tiles.normalise takes) instead of the default")
     args = parser.parse_args()
     import json
 
     os.environ.pop("TRITON_INTERPRET", None)
+    if args.extra:
+        from bench_kernel_variants import EXTRA_PROBLEMS
+        PROBLEMS.extend(EXTRA_PROBLEMS)
     for index in [int(i) for i in args.only.split(",")]:
         name, q, k, v, problem = problem_tensors(index)
         config = json.loads(args.config) if args.config else None

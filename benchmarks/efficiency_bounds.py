@@ -147,11 +147,10 @@ def forward_backward_table() -> None:
 
 def best_box(problem):
     """The 64- or 128-query box (with key tiles of 64 tokens) that computes the fewest pairs."""
-    ext = tiles.group_extents(problem)
     best = None
     for tokens in (64, 128):
-        for q in tiles._shapes(problem.rank, tokens, ext):
-            for kv in tiles._shapes(problem.rank, 64, ext):
+        for q in tiles._shapes(problem, tokens):
+            for kv in tiles._shapes(problem, 64):
                 pairs = computed_pairs(problem, q, kv)
                 if best is None or pairs < best[0]:
                     best = (pairs, q, kv)

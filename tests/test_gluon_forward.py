@@ -131,6 +131,27 @@ def test_gluon_boxes_hold_128_queries_and_a_key_tile_of_a_weighed_size(kinds):
         tiles.set_gluon_forward_tiling(*saved)
 
 
+@pytest.mark.parametrize("spatial,window,dilation", [((128, 128), 31, 2), ((96, 120), (21, 33), (3, 2)),
+                                                     ((128, 96), (17, 9), (2, 1))])
+def test_regrouped_dilated_boxes_hold_one_dilation_group(spatial, window, dilation):
+    """A dilated problem's regrouping (gluon_regroup.py) has a window-1 axis per dilated axis but
+    the last (the dilation group): each consumer's queries and each key tile are one group deep
+    there, as queries of two groups share no key (the dilation-2 issue row: 1.50 computed pairs
+    per attended pair on the whole walk, not the 2.70 of boxes spanning both groups). The split
+    walk may cut a box of two groups between its consumers."""
+    from haloattn.backends.triton.gluon_regroup import regrouped
+    saved = tiles.gluon_forward_tiling()
+    tiles.set_gluon_forward_tiling(tiles.GLUON_FORWARD_SPEEDS, regroup_dilated=True)
+    try:
+        problem = _problem(spatial, window, dilation=dilation)
+        groups = [i for i, axis in enumerate(regrouped(problem).problem.axes) if axis.window == 1]
+        tiling = tiles.gluon_forward_boxes(problem)
+        consumer = [t // 2 if i == tiling.split and tiling.split_walk else t for i, t in enumerate(tiling.q)]
+        assert groups and all(consumer[i] == 1 and tiling.kv[i] == 1 for i in groups), tiling
+    finally:
+        tiles.set_gluon_forward_tiling(*saved)
+
+
 def test_interpreter_runs_the_triton_forward_a_gluon_config_names(monkeypatch):
     """Gluon has no interpreter: under it (and on CPU tensors) the config's Triton forward runs, and
     the results are the oracle's."""

@@ -175,6 +175,18 @@ def test_dilated_problems_regrouped_against_the_oracle(spatial, window, options,
 
 
 @pytest.mark.parametrize("spatial,window,options", [
+    ((4, 256), (1, 31), {}),  # axial rows: boxes 1 x 128 on the whole walk
+    ((136, 5), (17, 1), dict(causal=(True, False), heads=4, kv_heads=2)),  # axial columns, causal
+    ((3, 20, 40), (1, 5, 9), {}),  # per-frame windows
+])
+def test_window_one_axes_against_the_oracle(spatial, window, options, tiling, gluon_calls):
+    """Axial and per-frame windows (window 1 on some axes), whose boxes are one token deep there
+    (tiles._shapes), on each tiling."""
+    check_against_oracle(spatial, window, dtype=torch.bfloat16, device="cuda", head_dim=D, **options)
+    assert gluon_calls, "the Gluon forward did not run"
+
+
+@pytest.mark.parametrize("spatial,window,options", [
     ((16, 16), 8, dict(pattern="window", shift=0)),  # halves in different windows: no shared tile
     ((150,), 16, dict(pattern="window", causal=True)),  # the last box's second half past the grid's end
     ((9, 30), (3, 29), dict(causal=(True, False), stride=(3, 1))),

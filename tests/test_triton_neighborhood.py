@@ -1785,3 +1785,74 @@ def test_kernels_built_with_few_registers_and_the_rest_spilled_are_rebuilt_cappe
     assert spilling.warmed == [] and spilling.launched == [{"num_warps": 4}] * 2
     capped = first_calls(Built(32, 8936 // 4), num_warps=4, maxnreg=128)
     assert capped.warmed == [] and capped.launched == [{"num_warps": 4, "maxnreg": 128}] * 2
+
+
+def _computed_over_attended(problem, q_tile, kv_tile) -> float:
+    """Pairs the forward computes on these boxes (the cost model's walk, no mask surcharge) per
+    pair the problem attends, from the oracle's key ranges."""
+    from haloattn.geometry import key_range
+    steps = math.prod(visited for visited, _ in tiles._axis_walks(problem, q_tile, kv_tile))
+    computed = steps * math.prod(q_tile) * math.prod(kv_tile)
+    attended = 1
+    for axis in problem.axes:
+        _, lo, hi = key_range(axis, problem.pattern, torch.arange(axis.length))
+        attended *= int((hi - lo).sum())
+    return computed / attended
+
+
+# Axial and per-frame attention: a window of 1 on some axes (each query sees its own row, column
+# or frame there). Boxes one token deep on those axes compute no pair across them. (spatial,
+# window, options, most pairs computed per attended pair by the default forward: before the
+# thin-box rule left window-1 axes out, the 2-D rows took boxes 4 deep, 4.6-5.2x; the temporal
+# window's short axis holds 64 queries of one column only, and a causal 9-key window wastes most.)
+WINDOW_ONE_AXES = [((128, 128), (1, 63), {}, 2.1), ((128, 128), (63, 1), {"causal": (True, False)}, 2.1),
+                   ((64, 96), (1, 31), {"dilation": (1, 2)}, 1.4), ((16, 48, 48), (1, 15, 15), {}, 2.1),
+                   ((64, 24, 24), (9, 1, 1), {"causal": (True, False, False)}, 7.6)]
+
+
+@pytest.mark.parametrize("spatial,window,options,most", WINDOW_ONE_AXES,
+                         ids=["row", "column-causal", "row-dilated", "per-frame", "temporal-causal"])
+def test_axes_of_window_one_take_boxes_one_token_deep(spatial, window, options, most):
+    """Every kernel's boxes are one token deep on the window-1 axes (the thin-box rule does not
+    count those axes), and the forward computes at most ``most`` pairs per attended pair."""
+    q = torch.empty(1, *spatial, 8, 128, device="meta", dtype=torch.bfloat16)
+    problem = build_problem(q, q, q, window, **options)
+    config = tiles.normalise(None, problem)
+    ones = [i for i, w in enumerate(window) if w == 1]
+    for kernel in ("fwd", "dq", "dkdv"):
+        for part in ("q", "kv"):
+            assert all(config[kernel][part][i] == 1 for i in ones), (kernel, part, config[kernel])
+    assert _computed_over_attended(problem, config["fwd"]["q"], config["fwd"]["kv"]) <= most
+
+
+def test_thin_box_rule_still_keeps_thin_boxes_out_where_windows_are_wide():
+    """Where no axis has window 1 the rule is as before: no box more than 8x longer on one axis
+    than on another (the 2-D 31x31 issue problem: no 1 x 64 or 2 x 32 boxes)."""
+    q = torch.empty(1, 128, 128, 8, 128, device="meta", dtype=torch.bfloat16)
+    problem = build_problem(q, q, q, 31)
+    for tokens in (64, 128):
+        shapes = tiles._shapes(problem, tokens)
+        assert shapes and all(max(s) <= 8 * min(s) for s in shapes), shapes
+
+
+@pytest.mark.parametrize(
+    "spatial,window,options",
+    [((3, 64), (1, 7), dict(heads=2, kv_heads=1)), ((64, 3), (5, 1), dict(causal=(True, False), rpb=True)),
+     ((2, 2, 128), (1, 1, 9), dict(dilation=(1, 1, 2), softcap=3.0))],
+    ids=["row", "column-causal-rpb", "3d-row-dilated"],
+)
+def test_window_one_axes_on_their_own_boxes_match_the_oracle(spatial, window, options, monkeypatch):
+    """The kernels on boxes one token deep on the window-1 axes (as the default picks them for
+    axial attention), forward, LSE and every gradient against the float64 oracle."""
+    chosen = []
+    default_config = tiles.default_config
+
+    def recording(problem, **kwargs):
+        chosen.append(default_config(problem, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(tiles, "default_config", recording)
+    check_against_oracle(spatial, window, dtype=torch.float32, **options)
+    ones = [i for i, w in enumerate(window) if w == 1]
+    assert chosen and all(config[kernel][part][i] == 1 for config in chosen for kernel in ("fwd", "dq", "dkdv")
+                          for part in ("q", "kv") for i in ones), chosen

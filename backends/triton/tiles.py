@@ -271,7 +271,10 @@ GLUON_FORWARD_SPEED = 1.40  # whole walk, 128-key tiles (also what the programs'
 GLUON_FORWARD_SPEEDS = {(False, 128): GLUON_FORWARD_SPEED, (True, 128): 1.22}
 # Dilated problems on the Gluon forward as their undilated regrouping (gluon_regroup.py): off, as
 # on the H100 (same run) the dilation-2 issue row ran 0.89x the Triton forward at best (split
-# walk, 64-key tiles; 0.71x on the whole walk).
+# walk, 64-key tiles; 0.71x on the whole walk). Those boxes spanned both dilation groups (2.70
+# computed pairs per attended pair, the thin-box rule of _shapes counting the group axis); one
+# group deep they compute 1.50, which at the whole walk's rate measured there predicts about
+# 1.28x the Triton forward: on once bench_gluon_split_walk.py times it.
 GLUON_REGROUP_DILATED = False
 GLUON_PROGRAM_STEPS = 0.8
 GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
@@ -395,11 +398,10 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
 
 def _cheapest_gluon_boxes(problem: Problem, speeds: Dict[Tuple[bool, int], float]) -> Optional[GluonBoxes]:
     """``gluon_forward_boxes`` of an undilated problem over the tilings of ``speeds``."""
-    ext = group_extents(problem)
     best = None
     for (split_walk, keys), speed in speeds.items():  # (ties go to the first listed)
-        for q in _shapes(problem.rank, GLUON_FORWARD_TOKENS, ext):
-            for kv in _shapes(problem.rank, keys, ext):
+        for q in _shapes(problem, GLUON_FORWARD_TOKENS):
+            for kv in _shapes(problem, keys):
                 for split in _gluon_cuts(q, split_walk):
                     cost = gluon_forward_cost(problem, q, kv, split, split_walk, speed)
                     if best is None or cost < best.cost:
@@ -745,15 +747,21 @@ def packed_pairs(problem: Problem, q: Sequence[int], kv: Sequence[int], descript
     return pack
 
 
-def _shapes(rank: int, tokens: int, extents: Sequence[int]) -> List[Tuple[int, ...]]:
-    """Power-of-two boxes of exactly ``tokens`` tokens that fit the grid (deduplicated)."""
+def _shapes(problem: Problem, tokens: int) -> List[Tuple[int, ...]]:
+    """Power-of-two boxes of exactly ``tokens`` tokens that fit the problem's grid (its dilation
+    groups; deduplicated)."""
+    extents = group_extents(problem)
     logs = range(int(math.log2(tokens)) + 1)
     out = set()
-    for combo in itertools.product(logs, repeat=rank):
+    for combo in itertools.product(logs, repeat=problem.rank):
         if sum(combo) == int(math.log2(tokens)):
             shape = tuple(fit([1 << c for c in combo], extents, tokens))
             # Thin boxes put most key tiles on the union's border (per-pair masks): keep them out.
-            wide = [t for t, e in zip(shape, extents) if e > 1]
+            # An axis of window 1 has no border to cross (a query sees one key there), and one
+            # token deep is the box it wants: without it axial attention (window 1 x 63) took
+            # boxes 4 rows deep, 4.6x the pairs it attends, and a dilated problem's regrouping
+            # (gluon_regroup.py) boxes spanning two dilation groups, 2.7x.
+            wide = [t for t, e, a in zip(shape, extents, problem.axes) if e > 1 and a.window > 1]
             if max(wide, default=1) <= 8 * min(wide, default=1):
                 out.add(shape)
     return sorted(out)
@@ -900,10 +908,9 @@ def _cheapest_forward(problem: Problem, blocks: Dict) -> Tuple[Tuple[int, ...], 
 
 def _cheapest_boxes(problem: Problem, queries: int, keys: int, speed: float = 1.0):
     """(forward_cost, query box, key box) of the cheapest boxes of these token counts."""
-    ext = group_extents(problem)
     best = None
-    for q in _shapes(problem.rank, queries, ext):
-        for kv in _shapes(problem.rank, keys, ext):
+    for q in _shapes(problem, queries):
+        for kv in _shapes(problem, keys):
             cost = forward_cost(problem, q, kv, speed)
             if best is None or cost < best[0]:
                 best = (cost, q, kv)
@@ -1157,12 +1164,11 @@ def _ranked_key_major_boxes(problem: Problem, dkdv: Dict) -> List[Dict]:
     by key_major_cost: 64-token resident boxes past 64-token streamed ones (and 32-token ones up
     to KEY_MAJOR_STREAM_32_MAX_HEAD_DIM channels). ``dkdv``'s own boxes come first wherever the
     cheapest saves less than KEY_MAJOR_MIN_SAVING against them."""
-    ext = group_extents(problem)
     streams = [(64, 1.0)]
     if max(problem.head_dim, problem.value_dim) <= KEY_MAJOR_STREAM_32_MAX_HEAD_DIM:
         streams.append((32, KEY_MAJOR_STREAM_32_SPEED))
-    ranked = sorted((key_major_cost(problem, kv, q, speed), kv, q) for kv in _shapes(problem.rank, 64, ext)
-                    for tokens, speed in streams for q in _shapes(problem.rank, tokens, ext))
+    ranked = sorted((key_major_cost(problem, kv, q, speed), kv, q) for kv in _shapes(problem, 64)
+                    for tokens, speed in streams for q in _shapes(problem, tokens))
     own = (list(dkdv["kv"]), list(dkdv["q"]))
     boxes = [own] + [(list(kv), list(q)) for _, kv, q in ranked if (list(kv), list(q)) != own]
     if key_major_cost(problem, *own) >= KEY_MAJOR_MIN_SAVING * ranked[0][0]:
