@@ -55,6 +55,14 @@ PROBLEMS = [
      {"causal": True}),
     ("Swin-T stage 1: 56x56 windows 7x7 shift 3, 3 heads of 32, batch 64", 64, (56, 56), 3, 3, 32, 7,
      {"pattern": "window", "shift": 3}),
+    # Long windows (triton_window's two-kernel long-window path against the neighbourhood kernels)
+    ("Swin V2 stage 1: 64x64 windows 16x16 shift 8, 4 heads of 32, batch 32", 32, (64, 64), 4, 4, 32, 16,
+     {"pattern": "window", "shift": 8}),
+    ("Swin-B 384 stage 1: 96x96 windows 12x12 shift 6, 4 heads of 32, batch 16", 16, (96, 96), 4, 4, 32, 12,
+     {"pattern": "window", "shift": 6}),
+    # Window 1 on some axes (boxes one token deep there since 2026-12-07)
+    ("axial rows: 64x64, 1x63, 8 heads of 64, batch 8", 8, (64, 64), 8, 8, 64, (1, 63), {}),
+    ("video per-frame: 16x32x32, 1x9x9, 12 heads of 64, batch 2", 2, (16, 32, 32), 12, 12, 64, (1, 9, 9), {}),
 ]
 FUSED = ("triton", "triton_window", "cuda")
 LABELS = ("default", "tuned") + FUSED
