@@ -1856,3 +1856,23 @@ def test_window_one_axes_on_their_own_boxes_match_the_oracle(spatial, window, op
     ones = [i for i, w in enumerate(window) if w == 1]
     assert chosen and all(config[kernel][part][i] == 1 for config in chosen for kernel in ("fwd", "dq", "dkdv")
                           for part in ("q", "kv") for i in ones), chosen
+
+
+@pytest.mark.parametrize("spatial,window,options", [
+    ((96, 2), (12, 2), {}), ((64, 1, 2), (2, 1, 2), dict(stride=(2, 1, 2))),
+    ((4096, 2), (65, 2), dict(causal=(True, False))), ((2, 300), (2, 31), dict(dilation=(1, 3))),
+])
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 128), (torch.float32, 16)])
+def test_grids_with_an_axis_of_two_have_boxes(spatial, window, options, dtype, head_dim):
+    """An axis of 2 tokens with a window of 2 leaves only boxes 16 or more times longer than deep;
+    the thin-box rule then keeps the least thin instead of none (the default config raised a
+    TypeError there before 2026-12-07)."""
+    q = torch.empty(1, *spatial, 2, head_dim, device="meta", dtype=dtype)
+    problem = build_problem(q, q, q, window, **options)
+    config = tiles.normalise(None, problem)
+    for kernel in ("fwd", "dq", "dkdv"):
+        assert all(t <= max(2, e) for part in ("q", "kv") for t, e in zip(config[kernel][part], spatial)), config
+
+
+def test_a_grid_with_an_axis_of_two_matches_the_oracle():
+    check_against_oracle((70, 2), (9, 2), dtype=torch.float32, causal=(False, True), rpb=True)

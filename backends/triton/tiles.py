@@ -752,19 +752,21 @@ def _shapes(problem: Problem, tokens: int) -> List[Tuple[int, ...]]:
     groups; deduplicated)."""
     extents = group_extents(problem)
     logs = range(int(math.log2(tokens)) + 1)
-    out = set()
+    thinness = {}
     for combo in itertools.product(logs, repeat=problem.rank):
         if sum(combo) == int(math.log2(tokens)):
             shape = tuple(fit([1 << c for c in combo], extents, tokens))
-            # Thin boxes put most key tiles on the union's border (per-pair masks): keep them out.
             # An axis of window 1 has no border to cross (a query sees one key there), and one
             # token deep is the box it wants: without it axial attention (window 1 x 63) took
             # boxes 4 rows deep, 4.6x the pairs it attends, and a dilated problem's regrouping
             # (gluon_regroup.py) boxes spanning two dilation groups, 2.7x.
             wide = [t for t, e, a in zip(shape, extents, problem.axes) if e > 1 and a.window > 1]
-            if max(wide, default=1) <= 8 * min(wide, default=1):
-                out.add(shape)
-    return sorted(out)
+            thinness[shape] = max(wide, default=1) / min(wide, default=1)
+    # Thin boxes put most key tiles on the union's border (per-pair masks): keep them out, unless
+    # the grid leaves no other (a 96 x 2 grid with a window of 2 on its short axis has only
+    # boxes 16 or more times longer than deep).
+    limit = max(8.0, min(thinness.values()))
+    return sorted(shape for shape, thin in thinness.items() if thin <= limit)
 
 
 def descriptor_loads(problem: Problem) -> bool:
