@@ -1876,3 +1876,55 @@ def test_grids_with_an_axis_of_two_have_boxes(spatial, window, options, dtype, h
 
 def test_a_grid_with_an_axis_of_two_matches_the_oracle():
     check_against_oracle((70, 2), (9, 2), dtype=torch.float32, causal=(False, True), rpb=True)
+
+
+def _random_meta_problem(rng):
+    """A random problem on meta tensors: every rank, pattern, dtype and head width, axes of 1-513
+    tokens, windows up to the axis, dilations, strides, causal axes and shifts."""
+    rank = rng.choice((1, 2, 3))
+    spatial = [rng.choice((1, 2, 3, 4, 5, 7, 8, 16, 33, 64, 70, 96, 128, 200, 513)) for _ in range(rank)]
+    if rank == 3:
+        spatial = [min(s, 64) for s in spatial]
+    pattern = rng.choice(("neighborhood", "neighborhood", "window"))
+    window = [rng.randint(1, s) for s in spatial]
+    dilation = [1] * rank
+    for a in range(rank):
+        d = rng.randint(2, 4)
+        if rng.random() < 0.25 and spatial[a] // d >= window[a]:
+            dilation[a] = d
+    options = dict(pattern=pattern, dilation=tuple(dilation))
+    if pattern == "neighborhood" and rng.random() < 0.3:
+        options["stride"] = tuple(rng.randint(1, w) for w in window)
+    if rng.random() < 0.3:
+        options["causal"] = tuple(rng.random() < 0.5 for _ in range(rank))
+    if pattern == "window" and rng.random() < 0.4:
+        options["shift"] = tuple(rng.randint(0, w - 1) for w in window)
+    dtype = rng.choice((torch.bfloat16, torch.float16, torch.float32))
+    head_dim = rng.choice((8, 16, 24, 32, 48, 64, 72, 80, 96, 128, 144, 160, 192, 256))
+    value_dim = rng.choice((head_dim, head_dim, 32, 64))
+    heads = rng.choice((1, 2, 4, 8, 16))
+    kv_heads = rng.choice([h for h in (1, 2, 4, 8, 16) if heads % h == 0])
+    batch = rng.choice((1, 2, 7))
+    q = torch.empty(batch, *spatial, heads, head_dim, device="meta", dtype=dtype)
+    k = torch.empty(batch, *spatial, kv_heads, head_dim, device="meta", dtype=dtype)
+    v = torch.empty(batch, *spatial, kv_heads, value_dim, device="meta", dtype=dtype)
+    return build_problem(q, k, v, tuple(window), **options)
+
+
+def test_every_problem_has_a_default_config_and_tuning_candidates():
+    """300 random problems (_random_meta_problem): the default config, the Gluon forward's tiling
+    and the tuning candidates exist, and every box is a power-of-two box of 16-256 tokens (16 at
+    least: tl.dot's smallest operand, however small the grid). (A 96 x 2 grid with a window of 2
+    on its short axis once had no box.)"""
+    import random
+    rng = random.Random(20261207)
+    for _ in range(300):
+        problem = _random_meta_problem(rng)
+        config = tiles.default_config.__wrapped__(problem)
+        tiles.gluon_forward_boxes(problem)
+        assert tiles.candidate_configs(problem)
+        for kernel in ("fwd", "dq", "dkdv"):
+            for part in ("q", "kv"):
+                box = config[kernel][part]
+                assert len(box) == problem.rank and all(t & (t - 1) == 0 for t in box), (problem, config[kernel])
+                assert 16 <= math.prod(box) <= 256, (problem, config[kernel])
