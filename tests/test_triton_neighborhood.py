@@ -8,6 +8,7 @@ calls keep going to the reference backend.
 
 import dataclasses
 import math
+import random
 
 import pytest
 import torch
@@ -1916,7 +1917,6 @@ def test_every_problem_has_a_default_config_and_tuning_candidates():
     and the tuning candidates exist, and every box is a power-of-two box of 16-256 tokens (16 at
     least: tl.dot's smallest operand, however small the grid). (A 96 x 2 grid with a window of 2
     on its short axis once had no box.)"""
-    import random
     rng = random.Random(20261207)
     for _ in range(300):
         problem = _random_meta_problem(rng)
