@@ -8,7 +8,9 @@ calls keep going to the reference backend.
 
 import dataclasses
 import math
+import os
 import random
+import sys
 
 import pytest
 import torch
@@ -1928,3 +1930,29 @@ def test_every_problem_has_a_default_config_and_tuning_candidates():
                 box = config[kernel][part]
                 assert len(box) == problem.rank and all(t & (t - 1) == 0 for t in box), (problem, config[kernel])
                 assert 16 <= math.prod(box) <= 256, (problem, config[kernel])
+
+
+def test_launch_plans_of_random_problems_on_each_gpu(monkeypatch):
+    """150 random problems (_random_meta_problem) through the launch code, forward and backward,
+    on meta tensors with the launches captured (benchmarks/sm90_compile.py) and the device limits
+    of an A100, an H100 or an RTX 5090 (the interpreter off, as on a GPU): every plan is made
+    (tiles fitted to the device's shared memory, descriptors or pointers, packing, batch slices)
+    and launches its kernels."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from sm90_compile import GPUS, captured_launches
+
+    rng = random.Random(1207)
+    needs = (True, True, True, False, False, False, False)
+    for _ in range(150):
+        problem = _random_meta_problem(rng)
+        gpu = GPUS[rng.choice((80, 90, 120))]
+        q, k, v = (torch.empty(problem.batch, *problem.spatial, heads, dim, device="meta", dtype=problem.dtype)
+                   for heads, dim in ((problem.heads, problem.head_dim), (problem.kv_heads, problem.head_dim),
+                                      (problem.kv_heads, problem.value_dim)))
+        with captured_launches(launch, gpu) as launched:
+            inputs = AttentionInputs(q, k, v)
+            out, lse = launch.forward(problem, inputs, None)
+            forward_launches = len(launched)
+            launch.backward(problem, inputs, out, lse, torch.empty_like(out), None, needs, None)
+        assert forward_launches >= 1 and len(launched) > forward_launches, (gpu.name, problem)
