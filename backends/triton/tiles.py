@@ -399,9 +399,11 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
 def _cheapest_gluon_boxes(problem: Problem, speeds: Dict[Tuple[bool, int], float]) -> Optional[GluonBoxes]:
     """``gluon_forward_boxes`` of an undilated problem over the tilings of ``speeds``."""
     best = None
+    queries = _shapes(problem, GLUON_FORWARD_TOKENS)
     for (split_walk, keys), speed in speeds.items():  # (ties go to the first listed)
-        for q in _shapes(problem, GLUON_FORWARD_TOKENS):
-            for kv in _shapes(problem, keys):
+        key_boxes = _shapes(problem, keys)
+        for q in queries:
+            for kv in key_boxes:
                 for split in _gluon_cuts(q, split_walk):
                     cost = gluon_forward_cost(problem, q, kv, split, split_walk, speed)
                     if best is None or cost < best.cost:
@@ -911,8 +913,9 @@ def _cheapest_forward(problem: Problem, blocks: Dict) -> Tuple[Tuple[int, ...], 
 def _cheapest_boxes(problem: Problem, queries: int, keys: int, speed: float = 1.0):
     """(forward_cost, query box, key box) of the cheapest boxes of these token counts."""
     best = None
+    key_boxes = _shapes(problem, keys)
     for q in _shapes(problem, queries):
-        for kv in _shapes(problem, keys):
+        for kv in key_boxes:
             cost = forward_cost(problem, q, kv, speed)
             if best is None or cost < best[0]:
                 best = (cost, q, kv)
