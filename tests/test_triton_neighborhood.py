@@ -1881,6 +1881,58 @@ def test_a_grid_with_an_axis_of_two_matches_the_oracle():
     check_against_oracle((70, 2), (9, 2), dtype=torch.float32, causal=(False, True), rpb=True)
 
 
+@pytest.fixture
+def window_relative_thinness(monkeypatch):
+    """tiles.THIN_RELATIVE_TO_WINDOW on for one test, the cached configs and tilings dropped
+    before and after (they follow the flag); yields what drops them."""
+    def drop_caches():
+        for cached in (tiles.default_config, tiles._best_forward, tiles.gluon_forward_boxes):
+            getattr(cached, "cache_clear", lambda: None)()
+
+    drop_caches()
+    monkeypatch.setattr(tiles, "THIN_RELATIVE_TO_WINDOW", True)
+    yield drop_caches
+    monkeypatch.undo()
+    drop_caches()
+
+
+def test_window_relative_thinness_admits_boxes_shaped_like_the_window(window_relative_thinness):
+    """With THIN_RELATIVE_TO_WINDOW a box as long as the window on each axis is not thin, however
+    many tokens longer it is on one axis: under a 3 x 63 window the 2 x 32 and 1 x 64 boxes are
+    candidates and the default computes fewer pairs than on the boxes the token rule allows; boxes
+    the token rule keeps stay (31 x 31: the same boxes with the flag on or off)."""
+    q = torch.empty(1, 128, 128, 8, 128, device="meta", dtype=torch.bfloat16)
+    anisotropic = build_problem(q, q, q, (3, 63))
+    assert {(2, 32), (1, 64)} <= set(tiles._shapes(anisotropic, 64))
+    relative = tiles.default_config(anisotropic)["fwd"]
+    square = build_problem(q, q, q, 31)
+    with_flag = tiles._shapes(square, 64)
+    tiles.THIN_RELATIVE_TO_WINDOW = False
+    window_relative_thinness()  # the caches, dropped
+    assert tiles._shapes(square, 64) == with_flag
+    tokens = tiles.default_config(anisotropic)["fwd"]
+    assert max(relative["q"]) > 8 * min(relative["q"]) or max(relative["kv"]) > 8 * min(relative["kv"])
+    assert (_computed_over_attended(anisotropic, relative["q"], relative["kv"])
+            < _computed_over_attended(anisotropic, tokens["q"], tokens["kv"]))
+
+
+def test_window_shaped_boxes_match_the_oracle(window_relative_thinness, monkeypatch):
+    """The kernels on the window-shaped boxes that window-relative thinness admits (a 3 x 33
+    window on a 6 x 128 grid: boxes 16x or more longer than deep), forward, LSE and every gradient
+    against the float64 oracle."""
+    chosen = []
+    default_config = tiles.default_config
+
+    def recording(problem, **kwargs):
+        chosen.append(default_config(problem, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(tiles, "default_config", recording)
+    check_against_oracle((6, 128), (3, 33), dtype=torch.float32, causal=(True, False), rpb=True)
+    assert chosen and any(max(c[k][p]) >= 16 * min(c[k][p]) for c in chosen for k in ("fwd", "dq", "dkdv")
+                          for p in ("q", "kv")), chosen
+
+
 def _random_meta_problem(rng):
     """A random problem on meta tensors: every rank, pattern, dtype and head width, axes of 1-513
     tokens, windows up to the axis, dilations, strides, causal axes and shifts."""

@@ -749,6 +749,25 @@ def packed_pairs(problem: Problem, q: Sequence[int], kv: Sequence[int], descript
     return pack
 
 
+# Whether the thin-box rule measures a box's axes against the window on them (a 2 x 32 box is
+# as thin as a 32 x 32 box is under a 3 x 63 window: its key tiles cross the union's border
+# alike) rather than in tokens. Off until timed: the cost model counts 1.4-2.5x fewer pairs on
+# anisotropic windows (3 x 63, 3 x 127, 3 x 3 x 31) with it, but it also moves the 3-D issue
+# row's Gluon tiling (bench_kernel_variants.py --thinness-only decides).
+THIN_RELATIVE_TO_WINDOW = False
+
+
+def _thinness(wide: List[Tuple[int, float]]) -> float:
+    """Longest over shortest extent of a box on its axes of window above 1 ((tokens, tokens per
+    window token) per axis): in tokens, or where THIN_RELATIVE_TO_WINDOW is on, the lesser of
+    that and the same in window lengths (a box shaped like its window is never thin)."""
+    if not wide:
+        return 1.0
+    tokens, windows = zip(*wide)
+    thin = max(tokens) / min(tokens)
+    return min(thin, max(windows) / min(windows)) if THIN_RELATIVE_TO_WINDOW else thin
+
+
 def _shapes(problem: Problem, tokens: int) -> List[Tuple[int, ...]]:
     """Power-of-two boxes of exactly ``tokens`` tokens that fit the problem's grid (its dilation
     groups; deduplicated)."""
@@ -762,8 +781,9 @@ def _shapes(problem: Problem, tokens: int) -> List[Tuple[int, ...]]:
             # token deep is the box it wants: without it axial attention (window 1 x 63) took
             # boxes 4 rows deep, 4.6x the pairs it attends, and a dilated problem's regrouping
             # (gluon_regroup.py) boxes spanning two dilation groups, 2.7x.
-            wide = [t for t, e, a in zip(shape, extents, problem.axes) if e > 1 and a.window > 1]
-            thinness[shape] = max(wide, default=1) / min(wide, default=1)
+            wide = [(t, t / min(a.window, e)) for t, e, a in zip(shape, extents, problem.axes)
+                    if e > 1 and a.window > 1]
+            thinness[shape] = _thinness(wide)
     # Thin boxes put most key tiles on the union's border (per-pair masks): keep them out, unless
     # the grid leaves no other (a 96 x 2 grid with a window of 2 on its short axis has only
     # boxes 16 or more times longer than deep).
