@@ -751,9 +751,9 @@ def packed_pairs(problem: Problem, q: Sequence[int], kv: Sequence[int], descript
 
 # Whether the thin-box rule measures a box's axes against the window on them (a 2 x 32 box is
 # as thin as a 32 x 32 box is under a 3 x 63 window: its key tiles cross the union's border
-# alike) rather than in tokens. Off until timed: the cost model counts 1.4-2.5x fewer pairs on
-# anisotropic windows (3 x 63, 3 x 127, 3 x 3 x 31) with it, but it also moves the 3-D issue
-# row's Gluon tiling (bench_kernel_variants.py --thinness-only decides).
+# alike) rather than in tokens. Off until timed: the Triton forward computes 1.1-1.8x fewer
+# pairs on anisotropic windows with it (3 x 3 x 31, 15 x 127 causal, 3 x 63), but it also moves
+# the 3-D issue row's Gluon tiling (benchmarks/gpu_run_thin_boxes.sh decides).
 THIN_RELATIVE_TO_WINDOW = False
 
 
