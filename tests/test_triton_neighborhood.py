@@ -26,6 +26,33 @@ import oracle  # noqa: E402
 from test_triton_gpu import atomic_default, check_against_oracle, record_launches  # noqa: E402
 
 
+def _drop_tile_caches():
+    """The cached configs and tilings, which follow tiles' module flags."""
+    for cached in (tiles.default_config, tiles._best_forward, tiles.gluon_forward_boxes):
+        getattr(cached, "cache_clear", lambda: None)()
+
+
+def _thinness_rule(monkeypatch, relative: bool):
+    _drop_tile_caches()
+    monkeypatch.setattr(tiles, "THIN_RELATIVE_TO_WINDOW", relative)
+    yield _drop_tile_caches
+    monkeypatch.undo()
+    _drop_tile_caches()
+
+
+@pytest.fixture
+def window_relative_thinness(monkeypatch):
+    """tiles.THIN_RELATIVE_TO_WINDOW on for one test (the caches dropped before and after); yields
+    what drops them."""
+    yield from _thinness_rule(monkeypatch, True)
+
+
+@pytest.fixture
+def token_thinness(monkeypatch):
+    """tiles.THIN_RELATIVE_TO_WINDOW off for one test: the thin-box rule in tokens only."""
+    yield from _thinness_rule(monkeypatch, False)
+
+
 @pytest.fixture(autouse=True)
 def interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -815,9 +842,11 @@ def test_key_major_boxes_take_the_cheapest_inverse_walk(monkeypatch, spatial, wi
     ((8, 8, 16), (5, 3, 7), {"causal": (True, False, False)}),  # 32-token streamed boxes
     ((4, 8, 16), (3, 5, 5), {}),
 ])
-def test_key_major_boxes_are_exact(spatial, window, options):
+def test_key_major_boxes_are_exact(spatial, window, options, token_thinness):
     """The backward with dK/dV on boxes of its own (tiles.KEY_MAJOR_BOXES: another shape than dQ's,
-    streamed boxes of 32 tokens) against the oracle, with GQA and the bias's gradient."""
+    streamed boxes of 32 tokens) against the oracle, with GQA and the bias's gradient. (Boxes of
+    the token thin-box rule: under window-relative thinness the first problem's dK/dV boxes are
+    dQ's.)"""
     gen = torch.Generator().manual_seed(22)
     q = torch.randn(1, *spatial, 4, 64, generator=gen)
     k, v = (torch.randn(1, *spatial, 2, 64, generator=gen) for _ in range(2))
@@ -1881,19 +1910,6 @@ def test_a_grid_with_an_axis_of_two_matches_the_oracle():
     check_against_oracle((70, 2), (9, 2), dtype=torch.float32, causal=(False, True), rpb=True)
 
 
-@pytest.fixture
-def window_relative_thinness(monkeypatch):
-    """tiles.THIN_RELATIVE_TO_WINDOW on for one test, the cached configs and tilings dropped
-    before and after (they follow the flag); yields what drops them."""
-    def drop_caches():
-        for cached in (tiles.default_config, tiles._best_forward, tiles.gluon_forward_boxes):
-            getattr(cached, "cache_clear", lambda: None)()
-
-    drop_caches()
-    monkeypatch.setattr(tiles, "THIN_RELATIVE_TO_WINDOW", True)
-    yield drop_caches
-    monkeypatch.undo()
-    drop_caches()
 
 
 def test_window_relative_thinness_admits_boxes_shaped_like_the_window(window_relative_thinness):

@@ -256,26 +256,31 @@ PACK_MIN_WAVES = 2
 #
 # (split walk, key-tile tokens) -> speed on computed pairs, of the tilings the forward weighs
 GLUON_FORWARD = True
-GLUON_FORWARD_HEAD_DIM = 128  # the default's (gluon_forward_chosen); the speeds below are its
-# Head dims a config may name the Gluon forward at. At 64 channels the Triton forward's 64 x 64
-# step is as many issue cycles as tensor-core ones, and 128 x 128 boxes spread a step's fixed work
-# over four times the scores; there the kernel builds for sm_90 without spills, but its GPU tests
-# (test_gluon_forward_gpu.py, "64_channels") and its timing (bench_forward_configs.py --set
-# gluon_narrow) have not run yet: (64, 128) once they pass, which makes it a tuning candidate.
-GLUON_FORWARD_HEAD_DIMS = (128, )
+GLUON_FORWARD_HEAD_DIM = 128  # the head dim the speeds below were fitted at
+# Head dims the Gluon forward runs at, with its speed there relative to GLUON_FORWARD_SPEEDS' (a
+# rate on computed pairs against the Triton forward's, which changes with the head dim). At 64
+# channels (H100, 2026-12-07 23:07 UTC, bench_forward_configs.py --set gluon_narrow, its GPU tests
+# passed) the Gluon forward ran 1.07-1.09x the Triton forward on long walks (1-D window 2047,
+# 63x63, 1-D causal 4096 with GQA) and 0.74-0.97x on shorter ones (31x31, 3-D 7x15x15, 17x17):
+# fitted speeds 1.15-1.26 on the whole walk (median 1.22 against 1.40 at 128 channels), 0.96-0.98
+# on the split walk (1.22): 0.85 of them puts all seven on the side they measured. Its exp2 split
+# ran slower than without on all seven (GLUON_EXP2_SPLIT).
+GLUON_HEAD_DIM_RATE = {128: 1.0, 64: 0.85}
+GLUON_FORWARD_HEAD_DIMS = tuple(sorted(GLUON_HEAD_DIM_RATE))
 # Whether the Gluon forward honours a config's "exp2_split" (exp2_split.py): the same PTX as the
-# Triton forward's (GPU-tested there), built for sm_90 in both walks without spills, its GPU tests
-# ("exp2_split") not run yet. Off: the Gluon forward computes every exp2 on the exp2 units.
+# Triton forward's, GPU-tested (test_gluon_forward_gpu.py, "exp2_split"); off as at 64 channels
+# one exp2 in four on the FMA pipe ran 0.88-0.97x the Gluon forward without it, one in two
+# 0.80-0.88x (H100, 2026-12-07 23:07 UTC): the Gluon forward computes every exp2 on the exp2 units.
 GLUON_EXP2_SPLIT = False
 GLUON_FORWARD_SPEED = 1.40  # whole walk, 128-key tiles (also what the programs' steps are weighed at)
 GLUON_FORWARD_SPEEDS = {(False, 128): GLUON_FORWARD_SPEED, (True, 128): 1.22}
-# Dilated problems on the Gluon forward as their undilated regrouping (gluon_regroup.py): off, as
-# on the H100 (same run) the dilation-2 issue row ran 0.89x the Triton forward at best (split
-# walk, 64-key tiles; 0.71x on the whole walk). Those boxes spanned both dilation groups (2.70
-# computed pairs per attended pair, the thin-box rule of _shapes counting the group axis); one
-# group deep they compute 1.50, which at the whole walk's rate measured there predicts about
-# 1.28x the Triton forward: on once bench_gluon_split_walk.py times it.
-GLUON_REGROUP_DILATED = False
+# Dilated problems on the Gluon forward as their undilated regrouping (gluon_regroup.py). With
+# boxes one dilation group deep (1.50 computed pairs per attended pair on the dilation-2 issue row,
+# where boxes spanning both groups computed 2.70 and ran 0.71x the Triton forward) the whole walk
+# ran 1.20x the Triton forward on that row (H100, 2026-12-07 23:04 UTC, bench_gluon_split_walk.py;
+# predicted 1.11x), the row's forward 0.45 -> 0.53 of dense cuDNN (RESULTS.md "Dilated problems
+# regrouped, one group deep").
+GLUON_REGROUP_DILATED = True
 GLUON_PROGRAM_STEPS = 0.8
 GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
 # K/V ring slots per (split walk, key-tile tokens): 128 KiB of tiles at 128 channels, and a third
@@ -399,9 +404,11 @@ def gluon_forward_boxes(problem: Problem) -> Optional[GluonBoxes]:
 def _cheapest_gluon_boxes(problem: Problem, speeds: Dict[Tuple[bool, int], float]) -> Optional[GluonBoxes]:
     """``gluon_forward_boxes`` of an undilated problem over the tilings of ``speeds``."""
     best = None
-    queries = _shapes(problem, GLUON_FORWARD_TOKENS)
+    # the token rule here: window-relative boxes moved the 3-D issue row's tiling and ran it 1.19x
+    # slower (THIN_RELATIVE_TO_WINDOW)
+    queries = _shapes(problem, GLUON_FORWARD_TOKENS, window_relative=False)
     for (split_walk, keys), speed in speeds.items():  # (ties go to the first listed)
-        key_boxes = _shapes(problem, keys)
+        key_boxes = _shapes(problem, keys, window_relative=False)
         for q in queries:
             for kv in key_boxes:
                 for split in _gluon_cuts(q, split_walk):
@@ -450,7 +457,8 @@ def gluon_forward_tiling() -> Tuple[Dict[Tuple[bool, int], float], Dict[Tuple[bo
 def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
     """Whether the default forward is the Gluon kernel's rather than ``fwd`` (the Triton
     forward's tiles): by forward_cost, each at its block's speed."""
-    if not gluon_forward_problem(problem) or problem.head_dim != GLUON_FORWARD_HEAD_DIM:
+    rate = GLUON_HEAD_DIM_RATE.get(problem.head_dim)
+    if not gluon_forward_problem(problem) or rate is None:
         return False
     gluon = gluon_forward_boxes(problem)
     if gluon is None:
@@ -460,7 +468,7 @@ def gluon_forward_chosen(problem: Problem, fwd: Dict) -> bool:
     # per head of the problem: forward_cost counts dilation group 0's walks, the regrouping's
     # cost every group but those of the last axis, which became heads
     triton_cost = forward_cost(problem, fwd["q"], fwd["kv"], triton_speed) * dilation_groups(problem)
-    return gluon.cost * _gluon_regrouping(problem).heads_factor < triton_cost
+    return gluon.cost / rate * _gluon_regrouping(problem).heads_factor < triton_cost
 
 
 # The Gluon dK/dV pass (gluon_dkdv_kernel.py): the forward's producer warp and two consumer
@@ -749,28 +757,33 @@ def packed_pairs(problem: Problem, q: Sequence[int], kv: Sequence[int], descript
     return pack
 
 
-# Whether the thin-box rule measures a box's axes against the window on them (a 2 x 32 box is
-# as thin as a 32 x 32 box is under a 3 x 63 window: its key tiles cross the union's border
-# alike) rather than in tokens. Off until timed: the Triton forward computes 1.1-1.8x fewer
-# pairs on anisotropic windows with it (3 x 3 x 31, 15 x 127 causal, 3 x 63), but it also moves
-# the 3-D issue row's Gluon tiling (benchmarks/gpu_run_thin_boxes.sh decides).
-THIN_RELATIVE_TO_WINDOW = False
+# Whether the thin-box rule of the Triton kernels' boxes measures a box's axes against the window
+# on them too (a 2 x 32 box is as thin as a 32 x 32 box is under a 3 x 63 window: its key tiles
+# cross the union's border alike), not in tokens only: the Triton forward then computes 1.1-1.8x
+# fewer pairs on anisotropic windows (3 x 3 x 31, 15 x 127 causal, 3 x 63). Measured on the H100
+# (2026-12-07 23:04 UTC, every kernel's boxes relative, benchmarks/gpu_run_thin_boxes.sh):
+# forward 1.24x / 1.39x / 1.14x, backward 1.42x / 1.19x / 1.13x on those three, the 3-D 3x7x7
+# extra even (0.97x / 1.03x); but the Gluon forward's tiling of the 3-D issue row moved and ran
+# 1.19x slower, so the Gluon forward's boxes keep the token rule (_cheapest_gluon_boxes).
+THIN_RELATIVE_TO_WINDOW = True
 
 
-def _thinness(wide: List[Tuple[int, float]]) -> float:
+def _thinness(wide: List[Tuple[int, float]], relative: bool) -> float:
     """Longest over shortest extent of a box on its axes of window above 1 ((tokens, tokens per
-    window token) per axis): in tokens, or where THIN_RELATIVE_TO_WINDOW is on, the lesser of
-    that and the same in window lengths (a box shaped like its window is never thin)."""
+    window token) per axis): in tokens, or if ``relative``, the lesser of that and the same in
+    window lengths (a box shaped like its window is never thin)."""
     if not wide:
         return 1.0
     tokens, windows = zip(*wide)
     thin = max(tokens) / min(tokens)
-    return min(thin, max(windows) / min(windows)) if THIN_RELATIVE_TO_WINDOW else thin
+    return min(thin, max(windows) / min(windows)) if relative else thin
 
 
-def _shapes(problem: Problem, tokens: int) -> List[Tuple[int, ...]]:
+def _shapes(problem: Problem, tokens: int, window_relative: Optional[bool] = None) -> List[Tuple[int, ...]]:
     """Power-of-two boxes of exactly ``tokens`` tokens that fit the problem's grid (its dilation
-    groups; deduplicated)."""
+    groups; deduplicated), thin ones left out (``window_relative``: whether thinness is measured
+    against the window too; THIN_RELATIVE_TO_WINDOW where not given)."""
+    relative = THIN_RELATIVE_TO_WINDOW if window_relative is None else window_relative
     extents = group_extents(problem)
     logs = range(int(math.log2(tokens)) + 1)
     thinness = {}
@@ -783,7 +796,7 @@ def _shapes(problem: Problem, tokens: int) -> List[Tuple[int, ...]]:
             # (gluon_regroup.py) boxes spanning two dilation groups, 2.7x.
             wide = [(t, t / min(a.window, e)) for t, e, a in zip(shape, extents, problem.axes)
                     if e > 1 and a.window > 1]
-            thinness[shape] = _thinness(wide)
+            thinness[shape] = _thinness(wide, relative)
     # Thin boxes put most key tiles on the union's border (per-pair masks): keep them out, unless
     # the grid leaves no other (a 96 x 2 grid with a window of 2 on its short axis has only
     # boxes 16 or more times longer than deep).
