@@ -71,6 +71,17 @@ def test_gluon_forward_at_64_channels_is_a_candidate_without_its_exp2_split(monk
     assert set(_gluon_candidates(problem)) == {0, *tiles.EXP2_SPLIT_CHOICES}
 
 
+def test_gluon_forward_boxes_keep_the_token_thin_box_rule():
+    """The Triton kernels' boxes follow the window's proportions (tiles.THIN_RELATIVE_TO_WINDOW),
+    the Gluon forward's do not: under that rule the 3-D issue row's Gluon tiling moved to 8x2x8
+    query boxes past 1x16x8 key boxes and ran 1.19x slower (H100, 2026-12-07)."""
+    assert tiles.THIN_RELATIVE_TO_WINDOW
+    tiling = tiles.gluon_forward_boxes(_problem((16, 48, 48), (7, 15, 15)))
+    assert (tiling.q, tiling.kv, tiling.split_walk) == ((2, 8, 8), (8, 2, 8), True)
+    anisotropic = tiles.default_config.__wrapped__(_problem((128, 128), (3, 63)))
+    assert not anisotropic["fwd"]["gluon"] and anisotropic["fwd"]["q"] == [2, 32]
+
+
 def test_gluon_forward_is_no_candidate_where_it_cannot_run():
     for problem in (_problem((128, 128), 31, head_dim=32), _problem((128, 128), 31, dtype=torch.float32),
                     _problem((128, 128), 31, softcap=20.0)):
