@@ -269,8 +269,8 @@ GLUON_HEAD_DIM_RATE = {128: 1.0, 64: 0.85}
 GLUON_FORWARD_HEAD_DIMS = tuple(sorted(GLUON_HEAD_DIM_RATE))
 # Whether the Gluon forward honours a config's "exp2_split" (exp2_split.py): the same PTX as the
 # Triton forward's, GPU-tested (test_gluon_forward_gpu.py, "exp2_split"); off as at 64 channels
-# one exp2 in four on the FMA pipe ran 0.88-0.97x the Gluon forward without it, one in two
-# 0.80-0.88x (H100, 2026-12-07 23:07 UTC): the Gluon forward computes every exp2 on the exp2 units.
+# one exp2 in four on the FMA pipe ran 0.91-1.00x the Gluon forward without it, one in two
+# 0.76-0.95x (H100, 2026-12-07 23:07 UTC): the Gluon forward computes every exp2 on the exp2 units.
 GLUON_EXP2_SPLIT = False
 GLUON_FORWARD_SPEED = 1.40  # whole walk, 128-key tiles (also what the programs' steps are weighed at)
 GLUON_FORWARD_SPEEDS = {(False, 128): GLUON_FORWARD_SPEED, (True, 128): 1.22}
@@ -278,8 +278,8 @@ GLUON_FORWARD_SPEEDS = {(False, 128): GLUON_FORWARD_SPEED, (True, 128): 1.22}
 # boxes one dilation group deep (1.50 computed pairs per attended pair on the dilation-2 issue row,
 # where boxes spanning both groups computed 2.70 and ran 0.71x the Triton forward) the whole walk
 # ran 1.20x the Triton forward on that row (H100, 2026-12-07 23:04 UTC, bench_gluon_split_walk.py;
-# predicted 1.11x), the row's forward 0.45 -> 0.53 of dense cuDNN (RESULTS.md "Dilated problems
-# regrouped, one group deep").
+# predicted 1.11x), the row's forward 0.45 -> 0.53 of dense cuDNN (RESULTS.md "Timed: window-1
+# boxes ...").
 GLUON_REGROUP_DILATED = True
 GLUON_PROGRAM_STEPS = 0.8
 GLUON_FORWARD_TOKENS = 128  # queries of a box (two consumers)
@@ -763,7 +763,7 @@ def packed_pairs(problem: Problem, q: Sequence[int], kv: Sequence[int], descript
 # fewer pairs on anisotropic windows (3 x 3 x 31, 15 x 127 causal, 3 x 63). Measured on the H100
 # (2026-12-07 23:04 UTC, every kernel's boxes relative, benchmarks/gpu_run_thin_boxes.sh):
 # forward 1.24x / 1.39x / 1.14x, backward 1.42x / 1.19x / 1.13x on those three, the 3-D 3x7x7
-# extra even (0.97x / 1.03x); but the Gluon forward's tiling of the 3-D issue row moved and ran
+# extra even (forward 1.03x, backward 0.98x); but the Gluon forward's tiling of the 3-D issue row moved and ran
 # 1.19x slower, so the Gluon forward's boxes keep the token rule (_cheapest_gluon_boxes).
 THIN_RELATIVE_TO_WINDOW = True
 
