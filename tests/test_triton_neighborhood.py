@@ -1867,6 +1867,20 @@ def test_thin_box_rule_still_keeps_thin_boxes_out_where_windows_are_wide():
         assert shapes and all(max(s) <= 8 * min(s) for s in shapes), shapes
 
 
+def _record_default_configs(monkeypatch) -> list:
+    """A list that every config tiles.default_config returns from now on (for this test) is
+    appended to: the configs a call through the backend ran on."""
+    chosen = []
+    default_config = tiles.default_config
+
+    def recording(problem, **kwargs):
+        chosen.append(default_config(problem, **kwargs))
+        return chosen[-1]
+
+    monkeypatch.setattr(tiles, "default_config", recording)
+    return chosen
+
+
 @pytest.mark.parametrize(
     "spatial,window,options",
     [((3, 64), (1, 7), dict(heads=2, kv_heads=1)), ((64, 3), (5, 1), dict(causal=(True, False), rpb=True)),
@@ -1876,14 +1890,7 @@ def test_thin_box_rule_still_keeps_thin_boxes_out_where_windows_are_wide():
 def test_window_one_axes_on_their_own_boxes_match_the_oracle(spatial, window, options, monkeypatch):
     """The kernels on boxes one token deep on the window-1 axes (as the default picks them for
     axial attention), forward, LSE and every gradient against the float64 oracle."""
-    chosen = []
-    default_config = tiles.default_config
-
-    def recording(problem, **kwargs):
-        chosen.append(default_config(problem, **kwargs))
-        return chosen[-1]
-
-    monkeypatch.setattr(tiles, "default_config", recording)
+    chosen = _record_default_configs(monkeypatch)
     check_against_oracle(spatial, window, dtype=torch.float32, **options)
     ones = [i for i, w in enumerate(window) if w == 1]
     assert chosen and all(config[kernel][part][i] == 1 for config in chosen for kernel in ("fwd", "dq", "dkdv")
@@ -1936,14 +1943,7 @@ def test_window_shaped_boxes_match_the_oracle(window_relative_thinness, monkeypa
     """The kernels on the window-shaped boxes that window-relative thinness admits (a 3 x 33
     window on a 6 x 128 grid: boxes 16x or more longer than deep), forward, LSE and every gradient
     against the float64 oracle."""
-    chosen = []
-    default_config = tiles.default_config
-
-    def recording(problem, **kwargs):
-        chosen.append(default_config(problem, **kwargs))
-        return chosen[-1]
-
-    monkeypatch.setattr(tiles, "default_config", recording)
+    chosen = _record_default_configs(monkeypatch)
     check_against_oracle((6, 128), (3, 33), dtype=torch.float32, causal=(True, False), rpb=True)
     assert chosen and any(max(c[k][p]) >= 16 * min(c[k][p]) for c in chosen for k in ("fwd", "dq", "dkdv")
                           for p in ("q", "kv")), chosen
