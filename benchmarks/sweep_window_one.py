@@ -6,9 +6,9 @@ causal axes, dilation of the long axis, rpb and GQA are drawn too. A few seconds
 
     python benchmarks/sweep_window_one.py SEED COUNT [--anisotropic]
 
-``--anisotropic`` draws windows of 2-3 on the short axes instead of 1 and turns
-tiles.THIN_RELATIVE_TO_WINDOW on: the boxes shaped like such windows (16-64x longer than deep)
-that window-relative thinness admits, checked the same way.
+``--anisotropic`` draws windows of 2-3 on the short axes instead of 1: the boxes shaped like
+such windows (16-64x longer than deep) that window-relative thinness (tiles.THIN_RELATIVE_TO_WINDOW,
+the default) admits, checked the same way.
 
 Prints one line per problem (``OK`` or ``FAIL`` with the problem) and the number of failures.
 """
@@ -56,12 +56,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("seed", type=int)
     parser.add_argument("count", type=int)
-    parser.add_argument("--anisotropic", action="store_true",
-                        help="windows of 2-3 on the short axes, tiles.THIN_RELATIVE_TO_WINDOW on")
+    parser.add_argument("--anisotropic", action="store_true", help="windows of 2-3 on the short axes")
     args = parser.parse_args()
-    if args.anisotropic:
-        from haloattn.backends.triton import tiles
-        tiles.THIN_RELATIVE_TO_WINDOW = True
     rng = random.Random(args.seed)
     failures = 0
     for index in range(args.count):

@@ -241,8 +241,7 @@ PACK_MIN_WAVES = 2
 # wherever that was more than 3 % away from it. The forward takes it where that cost is below the
 # Triton forward's (forward_cost at its block's FORWARD_BLOCKS speed). The config's Triton forward
 # runs wherever a call's inputs do not suit the Gluon kernel (gluon_forward_launch.inputs_fit).
-# Only 128-channel 16-bit heads were measured faster: at 64 channels the probe ran 0.86-0.88x the
-# Triton forward.
+# At 64 channels the kernel computes pairs slower (GLUON_HEAD_DIM_RATE below).
 #
 # The split walk (gluon_split_walk_kernel.py): each consumer computes only the key tiles its own
 # half of the box sees (gluon_split_walk.py; the cost counts each half's tile rows on the cut axis,
